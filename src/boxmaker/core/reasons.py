@@ -1,0 +1,34 @@
+"""Reason codes (spec §3, §8). The strings are the contract: records, answers and docs use them."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.StrEnum):
+    # denials (spec §8, "Denial codes")
+    UNKNOWN_TOOL = "unknown_tool"
+    BAD_ARGUMENTS = "bad_arguments"
+    GRANTS_INVALID = "grants_invalid"
+    STATE_UNREADABLE = "state_unreadable"
+    NO_GRANT = "no_grant"
+    DENIED_BY_GRANT = "denied_by_grant"
+    TAINT_EXCEEDED = "taint_exceeded"
+    UNTRUSTED = "untrusted"
+    REFUSED = "refused"
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+    AUDIT_UNAVAILABLE = "audit_unavailable"
+    BROKER_STOPPING = "broker_stopping"
+    # failures of a run (spec §8, "Reason codes of a failed answer")
+    TOOL_ERROR = "tool_error"
+    TIMEOUT = "timeout"
+    NOT_FOUND = "not_found"
+    TOO_LARGE = "too_large"
+    PATH_ESCAPE = "path_escape"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    REQUESTER_GONE = "requester_gone"
+    RESULT_UNRECORDED = "result_unrecorded"
+
+
+AUDIT_UNAVAILABLE_DETAIL = "an earlier write failed; see docs/runbook.md#audit-unavailable"
