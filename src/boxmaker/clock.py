@@ -18,7 +18,10 @@ def format_utc(moment: dt.datetime) -> str:
     >>> format_utc(dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC))
     '2026-01-02T03:04:05.678Z'
     """
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return (
+        moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        + f"{moment.microsecond // 1000:03d}Z"
+    )
 
 
 def parse_utc(text: str) -> dt.datetime:

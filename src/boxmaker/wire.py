@@ -2,14 +2,48 @@
 
 Every JSON or TOML document that enters or leaves boxmaker goes through ``converter``:
 frames, config.toml, grants.toml, state files, ledger records.
+
+The converter is strict where cattrs' defaults are lenient: ``"5"`` is not an int, ``1``
+is not ``true``, ``5`` is not a string, an enum takes only its own values, and times
+are aware UTC datetimes written the way :mod:`boxmaker.clock` writes them. A frame is a
+frozen attrs class; the four unions (broker requests, broker answers, admin requests,
+admin answers) are tagged on ``"kind"``.
+
+>>> frame = decode_broker_request(b'{"kind":"catalogue","v":1}')
+>>> frame
+CatalogueRequest(v=1)
+>>> encode_frame(frame)
+b'{"kind":"catalogue","v":1}\\n'
+>>> decode_broker_request(b'{"kind":"approve","approval":"a-00000000"}')
+Traceback (most recent call last):
+...
+boxmaker.wire.ForbiddenKind: kind 'approve' is not accepted here
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import enum
+import functools
+import math
+import pathlib
 import re
 import secrets
+from collections import abc
+from collections.abc import Callable
+from typing import Any, ClassVar, Final, Literal, TypeAlias, get_args, get_origin
 
+import attrs
+import orjson
+from cattrs.cols import homogenous_tuple_structure_factory, list_structure_factory
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.orjson import make_converter
+from cattrs.strategies import configure_tagged_union
+
+from boxmaker.clock import format_utc, parse_utc
+from boxmaker.core import labels
+from boxmaker.core.reasons import Reason
 
 converter = make_converter(forbid_extra_keys=True)
 """The one converter (STYLE: cattrs' orjson preconf, extra keys are errors)."""
@@ -17,6 +51,10 @@ converter = make_converter(forbid_extra_keys=True)
 CALL_ID = re.compile(r"c-[0-9a-f]{16}")
 SESSION_ID = re.compile(r"s-[0-9a-f]{12}")
 APPROVAL_ID = re.compile(r"a-[0-9a-f]{8}")
+
+MAX_REFUSE_REASON: Final = 500
+"""Spec §6.4: the owner's reason is 1 to 500 characters."""
+MAX_NOTE: Final = 500
 
 
 def new_call_id() -> str:
@@ -44,3 +82,653 @@ def new_approval_id() -> str:
     True
     """
     return "a-" + secrets.token_hex(4)
+
+
+# ---------------------------------------------------------------------------------------
+# Errors and their readable form
+
+
+class WrongType(TypeError):
+    """A value of the wrong JSON/TOML type; the message is what a reader sees."""
+
+
+class InvalidField(ValueError):
+    """An attrs validator's complaint, naming the field.
+
+    cattrs calls ``__init__`` after structuring every field, outside its per-field
+    bookkeeping, so a validator's error would lose its path; carrying the name here
+    puts it back (see :func:`problems`).
+    """
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+        self.message = message
+
+
+KeyPath: TypeAlias = tuple[str | int, ...]
+
+
+def problems(exc: BaseException, path: KeyPath = ()) -> list[tuple[KeyPath, str]]:
+    """Every problem in a cattrs structuring error, as (key path, message).
+
+    Used for ``bad_frame`` details and for config.toml / grants.toml messages, which
+    must name the key (spec §4.1, §12.1).
+
+    >>> @attrs.frozen
+    ... class Point:
+    ...     x: int
+    >>> try:
+    ...     converter.structure({"x": "1", "y": 2}, Point)
+    ... except Exception as exc:
+    ...     problems(exc)
+    [(('x',), 'expected an integer'), (('y',), 'unknown key')]
+    """
+    found: list[tuple[KeyPath, str]] = []
+    if isinstance(exc, ClassValidationError):
+        with_names, without = exc.group_exceptions()
+        for sub, note in with_names:
+            found.extend(problems(sub, (*path, note.name)))
+        for sub in without:
+            found.extend(problems(sub, path))
+    elif isinstance(exc, IterableValidationError):
+        with_index, without = exc.group_exceptions()
+        for sub, index_note in with_index:
+            index = index_note.index
+            found.extend(problems(sub, (*path, index if isinstance(index, int | str) else "?")))
+        for sub in without:
+            found.extend(problems(sub, path))
+    elif isinstance(exc, ForbiddenExtraKeysError):
+        found.extend(((*path, key), "unknown key") for key in sorted(exc.extra_fields))
+    elif isinstance(exc, InvalidField):
+        found.append(((*path, exc.name), exc.message))
+    elif isinstance(exc, KeyError):
+        found.append((path, "required key missing"))
+    elif isinstance(exc, AttributeError) and str(exc).endswith("has no attribute 'items'"):
+        found.append((path, "expected an object"))
+    elif isinstance(exc, WrongType | ValueError):
+        found.append((path, str(exc)))
+    else:
+        found.append((path, f"invalid value ({type(exc).__name__})"))
+    return found
+
+
+def format_path(path: KeyPath) -> str:
+    """``("entries", 0, "grant", "id")`` → ``entries[0].grant.id``.
+
+    >>> format_path(("entries", 0, "grant", "id"))
+    'entries[0].grant.id'
+    >>> format_path(())
+    '(frame)'
+    """
+    text = ""
+    for step in path:
+        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
+    return text or "(frame)"
+
+
+# ---------------------------------------------------------------------------------------
+# Strict structuring of the leaves
+
+
+def _structure_str(value: object, _: object) -> str:
+    if not isinstance(value, str):
+        raise WrongType("expected a string")
+    return value
+
+
+def _structure_int(value: object, _: object) -> int:
+    # bool is an int subclass; JSON's true is not a number.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WrongType("expected an integer")
+    return value
+
+
+def _structure_float(value: object, _: object) -> float:
+    # Durations may be written 300 or 300.0 (spec §12.1). NaN/inf cannot round-trip
+    # through JSON (orjson writes them as null), so they are refused everywhere.
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise WrongType("expected a number")
+    if not math.isfinite(value):
+        raise WrongType("expected a finite number")
+    return float(value)
+
+
+def _structure_bool(value: object, _: object) -> bool:
+    if not isinstance(value, bool):
+        raise WrongType("expected true or false")
+    return value
+
+
+def _structure_path(value: object, _: object) -> pathlib.Path:
+    if not isinstance(value, str) or not value:
+        raise WrongType("expected a non-empty string")
+    return pathlib.Path(value)
+
+
+def _structure_datetime(value: object, _: object) -> dt.datetime:
+    # TOML hands over datetime objects (grants' `expires`); JSON hands over strings.
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise WrongType("expected a time with a zone (e.g. ...Z)")
+        return value.astimezone(dt.UTC)
+    if not isinstance(value, str):
+        raise WrongType("expected a UTC time (ISO 8601)")
+    try:
+        return parse_utc(value)
+    except ValueError:
+        raise WrongType("expected a UTC time (ISO 8601 with a zone)") from None
+
+
+@functools.cache
+def _members(cl: type[enum.Enum]) -> tuple[dict[Any, enum.Enum], str]:
+    by_value = {member.value: member for member in cl}
+    return by_value, "expected one of: " + ", ".join(str(v) for v in by_value)
+
+
+def _structure_enum(value: object, cl: type[enum.Enum]) -> enum.Enum:
+    by_value, words = _members(cl)
+    # A dict lookup alone would let 1 stand for True; the type must match too.
+    for member_value, member in by_value.items():
+        if type(value) is type(member_value) and value == member_value:
+            return member
+    raise WrongType(words)
+
+
+def _is_literal(cl: Any) -> bool:
+    return getattr(cl, "__origin__", None) is Literal
+
+
+def _literal_hook(cl: Any) -> Callable[[object, object], object]:
+    allowed = get_args(cl)
+    words = "expected " + " or ".join(orjson.dumps(v).decode() for v in allowed)
+
+    def structure(value: object, _: object) -> object:
+        for candidate in allowed:
+            if type(value) is type(candidate) and value == candidate:
+                return candidate
+        raise WrongType(words)
+
+    return structure
+
+
+# cattrs tries its singledispatch registrations first, and singledispatch follows the
+# MRO: StrEnum would find the str hook, so the enum bases are registered explicitly.
+converter.register_structure_hook(str, _structure_str)
+converter.register_structure_hook(int, _structure_int)
+converter.register_structure_hook(float, _structure_float)
+converter.register_structure_hook(bool, _structure_bool)
+for _enum_base in (enum.Enum, enum.StrEnum, enum.IntEnum):
+    converter.register_structure_hook(_enum_base, _structure_enum)
+converter.register_structure_hook(pathlib.Path, _structure_path)
+
+
+# cattrs builds a class from anything indexable and a list or tuple from any iterable,
+# so ``"abc"`` would become ``("a", "b", "c")``. Containers are checked first.
+def _is_attrs_class(cl: Any) -> bool:
+    return isinstance(cl, type) and attrs.has(cl) and get_origin(cl) is None
+
+
+def _attrs_factory(cl: Any) -> Callable[[object, object], Any]:
+    inner = converter.gen_structure_attrs_fromdict(cl)
+
+    def structure(value: object, _: object) -> Any:
+        if not isinstance(value, dict):
+            raise WrongType("expected an object")
+        return inner(value, cl)
+
+    return structure
+
+
+def _is_homogeneous_sequence(cl: Any) -> bool:
+    origin = get_origin(cl)
+    if origin in (list, abc.Sequence, abc.MutableSequence):
+        return True
+    return origin is tuple and len(get_args(cl)) == 2 and get_args(cl)[1] is Ellipsis
+
+
+def _sequence_factory(cl: Any) -> Callable[[object, object], Any]:
+    as_tuple = get_origin(cl) in (tuple, abc.Sequence)
+    inner = (homogenous_tuple_structure_factory if as_tuple else list_structure_factory)(
+        cl, converter
+    )
+
+    def structure(value: object, _: object) -> Any:
+        if not isinstance(value, list | tuple):
+            raise WrongType("expected a list")
+        return inner(value, cl)
+
+    return structure
+
+
+converter.register_structure_hook_factory(_is_attrs_class, _attrs_factory)
+converter.register_structure_hook_factory(_is_homogeneous_sequence, _sequence_factory)
+converter.register_structure_hook(dt.datetime, _structure_datetime)
+converter.register_unstructure_hook(dt.datetime, format_utc)
+converter.register_structure_hook_factory(_is_literal, _literal_hook)
+
+
+# ---------------------------------------------------------------------------------------
+# Validators and converters for frame fields
+
+
+def id_of(pattern: re.Pattern[str], words: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    """An attrs validator: the value fully matches ``pattern`` (spec §6.1 ids)."""
+
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise InvalidField(attribute.name, f"expected {words}")
+
+    return check
+
+
+_call_id = id_of(CALL_ID, "c- and 16 hex digits")
+_session_id = id_of(SESSION_ID, "s- and 12 hex digits")
+_approval_id = id_of(APPROVAL_ID, "a- and 8 hex digits")
+
+
+def _text(low: int, high: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None:
+            return
+        if not (low <= len(value) <= high) or (low > 0 and not value.strip()):
+            raise InvalidField(attribute.name, f"expected {low} to {high} characters")
+
+    return check
+
+
+def _non_negative(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value < 0:
+        raise InvalidField(attribute.name, "expected a number >= 0")
+
+
+def to_ms(moment: dt.datetime) -> dt.datetime:
+    """An aware time in UTC, cut to the millisecond: what a record or frame can carry.
+
+    Frames hold times at the precision they are written with, so a frame equals
+    itself after a round trip.
+
+    >>> to_ms(dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC))
+    datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.timezone.utc)
+    """
+    if moment.tzinfo is None:
+        raise ValueError("a time without a zone")
+    moment = moment.astimezone(dt.UTC)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+# ---------------------------------------------------------------------------------------
+# broker.sock (spec §6.1)
+
+
+class Outcome(enum.StrEnum):
+    """The outcome of a final ``answer`` frame."""
+
+    OK = "ok"
+    DENIED = "denied"
+    FAILED = "failed"
+
+
+class ApprovedOutcome(enum.StrEnum):
+    """The outcome an ``approved`` admin answer reports (spec §6.3)."""
+
+    ASK = "ask"
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    WITHDRAWN = "withdrawn"
+
+
+class ErrorCode(enum.StrEnum):
+    """Codes of an ``error`` frame (spec §3, §6.2, §7)."""
+
+    BAD_FRAME = "bad_frame"
+    FORBIDDEN_KIND = "forbidden_kind"
+    PEER_REFUSED = "peer_refused"
+    NO_SUCH_APPROVAL = "no_such_approval"
+    EXPIRED = "expired"
+    INTERNAL = "internal"
+
+
+@attrs.frozen(kw_only=True)
+class ToolRequest:
+    """``tool_request``: the only frame that asks for anything (spec §3)."""
+
+    KIND: ClassVar[str] = "tool_request"
+    v: Literal[1] = 1
+    call: str = attrs.field(validator=_call_id)
+    session: str = attrs.field(validator=_session_id)
+    tool: str
+    arguments: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class CatalogueRequest:
+    KIND: ClassVar[str] = "catalogue"
+    v: Literal[1] = 1
+
+
+@attrs.frozen(kw_only=True)
+class Pending:
+    """``pending``: the only non-final frame, sent for an ask (spec §6.5)."""
+
+    KIND: ClassVar[str] = "pending"
+    final: Literal[False] = False
+    call: str = attrs.field(validator=_call_id)
+    approval: str = attrs.field(validator=_approval_id)
+    grant: str
+    expires_at: dt.datetime = attrs.field(converter=to_ms)
+
+
+def _answer_consistent(answer: Answer, _: attrs.Attribute[Any], reason: Reason | None) -> None:
+    # ok carries no reason; denied and failed always say why (spec §8).
+    if (answer.outcome is Outcome.OK) != (reason is None):
+        words = "must be absent when ok" if answer.outcome is Outcome.OK else "required"
+        raise InvalidField("reason", words)
+
+
+@attrs.frozen(kw_only=True)
+class Answer:
+    """``answer``: the final frame of a tool request; exactly one per call (spec §6.1)."""
+
+    KIND: ClassVar[str] = "answer"
+    final: Literal[True] = True
+    call: str = attrs.field(validator=_call_id)
+    outcome: Outcome
+    content: str | None = None
+    label: labels.Label | None = None
+    reason: Reason | None = attrs.field(default=None, validator=_answer_consistent)
+    detail: str | None = None
+
+    @classmethod
+    def ok(cls, call: str, content: str, label: labels.Label) -> Answer:
+        return cls(call=call, outcome=Outcome.OK, content=content, label=label)
+
+    @classmethod
+    def denied(cls, call: str, reason: Reason, detail: str | None = None) -> Answer:
+        return cls(call=call, outcome=Outcome.DENIED, reason=reason, detail=detail)
+
+    @classmethod
+    def failed(cls, call: str, reason: Reason, detail: str | None = None) -> Answer:
+        return cls(call=call, outcome=Outcome.FAILED, reason=reason, detail=detail)
+
+
+@attrs.frozen(kw_only=True)
+class CatalogueAnswer:
+    KIND: ClassVar[str] = "catalogue"
+    final: Literal[True] = True
+    tools: list[dict[str, Any]]
+
+
+@attrs.frozen(kw_only=True)
+class ErrorFrame:
+    """``error``, on either socket; the connection closes after it on broker.sock."""
+
+    KIND: ClassVar[str] = "error"
+    code: ErrorCode
+    detail: str
+
+
+# ---------------------------------------------------------------------------------------
+# admin.sock (spec §7)
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalsRequest:
+    KIND: ClassVar[str] = "approvals"
+
+
+@attrs.frozen(kw_only=True)
+class Approve:
+    KIND: ClassVar[str] = "approve"
+    approval: str = attrs.field(validator=_approval_id)
+    note: str | None = attrs.field(default=None, validator=_text(0, MAX_NOTE))
+
+
+@attrs.frozen(kw_only=True)
+class Refuse:
+    """``refuse``: the reason (1 to 500 characters, not blank) goes to the model (§6.4)."""
+
+    KIND: ClassVar[str] = "refuse"
+    approval: str = attrs.field(validator=_approval_id)
+    reason: str = attrs.field(validator=_text(1, MAX_REFUSE_REASON))
+
+
+@attrs.frozen(kw_only=True)
+class StatusRequest:
+    KIND: ClassVar[str] = "status"
+
+
+@attrs.frozen(kw_only=True)
+class SessionsRequest:
+    KIND: ClassVar[str] = "sessions"
+
+
+@attrs.frozen(kw_only=True)
+class GrantRef:
+    """The grant an ask matched, as approvals show it (spec §7)."""
+
+    id: str
+    mode: Literal["auto", "ask", "deny"]
+    note: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalView:
+    """One pending entry in an ``approvals`` answer (spec §7)."""
+
+    approval: str = attrs.field(validator=_approval_id)
+    call: str = attrs.field(validator=_call_id)
+    session: str = attrs.field(validator=_session_id)
+    tool: str
+    arguments: dict[str, Any]
+    grant: GrantRef
+    requested_at: dt.datetime = attrs.field(converter=to_ms)
+    expires_at: dt.datetime = attrs.field(converter=to_ms)
+    taint: labels.Taint
+    untrusted: bool
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalsAnswer:
+    KIND: ClassVar[str] = "approvals"
+    entries: list[ApprovalView]
+
+
+@attrs.frozen(kw_only=True)
+class Approved:
+    """``approved``: the outcome of the re-decision and the last look (spec §6.3)."""
+
+    KIND: ClassVar[str] = "approved"
+    outcome: ApprovedOutcome
+    call: str = attrs.field(validator=_call_id)
+    reason: Reason | None
+
+
+@attrs.frozen(kw_only=True)
+class Refused:
+    KIND: ClassVar[str] = "refused"
+    call: str = attrs.field(validator=_call_id)
+
+
+@attrs.frozen(kw_only=True)
+class StatusAnswer:
+    KIND: ClassVar[str] = "status"
+    version: str
+    boot: str
+    head: str
+    ledger_usable: bool
+    grants_valid: bool
+    grants_problem: str | None
+    pending: int = attrs.field(validator=_non_negative)
+    sessions: int = attrs.field(validator=_non_negative)
+    uptime_s: float = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen(kw_only=True)
+class SessionView:
+    session: str = attrs.field(validator=_session_id)
+    taint: labels.Taint
+    untrusted: bool
+    calls: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen(kw_only=True)
+class SessionsAnswer:
+    KIND: ClassVar[str] = "sessions"
+    sessions: list[SessionView]
+
+
+BrokerRequest: TypeAlias = ToolRequest | CatalogueRequest
+BrokerAnswer: TypeAlias = Pending | Answer | CatalogueAnswer | ErrorFrame
+AdminRequest: TypeAlias = ApprovalsRequest | Approve | Refuse | StatusRequest | SessionsRequest
+AdminAnswer: TypeAlias = (
+    ApprovalsAnswer | Approved | Refused | StatusAnswer | SessionsAnswer | ErrorFrame
+)
+Frame: TypeAlias = BrokerRequest | BrokerAnswer | AdminRequest | AdminAnswer
+
+_UNIONS: Final[tuple[Any, ...]] = (BrokerRequest, BrokerAnswer, AdminRequest, AdminAnswer)
+
+
+def _kind_of(cl: type) -> str:
+    kind: str = getattr(cl, "KIND")  # noqa: B009 - a ClassVar that mypy sees on no union
+    return kind
+
+
+# Optional fields are left out when unset, as spec §6.1's examples show; a required
+# field that may be null (approved.reason, status.grants_problem) is always written.
+_OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
+    Answer: ("content", "label", "reason", "detail"),
+    Approve: ("note",),
+    GrantRef: ("note",),
+}
+
+
+@functools.cache
+def _configure() -> None:
+    """Register the frame hooks and the four tagged unions, once, on first use.
+
+    Deferred because generating hooks resolves ``labels.Label``, and core.labels may
+    (through core.catalogue) import this module before it is itself complete.
+    Per-class hooks go first: configure_tagged_union captures them.
+    """
+    for cl, names in _OMIT_UNSET.items():
+        omit: dict[str, Any] = {name: override(omit_if_default=True) for name in names}
+        converter.register_unstructure_hook(cl, make_dict_unstructure_fn(cl, converter, **omit))
+    for union in _UNIONS:
+        configure_tagged_union(union, converter, tag_generator=_kind_of, tag_name="kind")
+
+
+_KINDS: Final[dict[Any, frozenset[str]]] = {
+    union: frozenset(_kind_of(cl) for cl in get_args(union)) for union in _UNIONS
+}
+_ALL_KINDS: Final = frozenset().union(*_KINDS.values())
+_ENCODE_AS: Final[dict[type, Any]] = {cl: union for union in _UNIONS for cl in get_args(union)}
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding and encoding
+
+
+class BadFrame(Exception):
+    """Any malformed frame: answered ``error bad_frame`` (spec §3 step 1, §7).
+
+    ``detail`` is safe to send back and to log: it names keys and expectations and echoes
+    no value but a short unknown kind, quoted with ``repr`` (so no raw control bytes).
+    """
+
+    code: ClassVar[ErrorCode] = ErrorCode.BAD_FRAME
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class ForbiddenKind(BadFrame):
+    """A well-formed JSON object whose kind belongs to another socket or direction.
+
+    On broker.sock it is answered ``error forbidden_kind`` and never recorded (spec §3).
+    A subclass of :class:`BadFrame`, so a caller that only cares "was it usable?" catches
+    one exception; the broker catches this one first.
+    """
+
+    code: ClassVar[ErrorCode] = ErrorCode.FORBIDDEN_KIND
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"kind {kind!r} is not accepted here")
+        self.kind = kind
+
+
+def _load_object(line: bytes) -> tuple[str, dict[str, Any]]:
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        # orjson also refuses invalid UTF-8 here.
+        raise BadFrame("not valid JSON (or not UTF-8)") from None
+    if not isinstance(value, dict):
+        raise BadFrame("not a JSON object")
+    kind = value.get("kind")
+    if not isinstance(kind, str):
+        raise BadFrame("kind: expected a string")
+    return kind, value
+
+
+def _decode(line: bytes, union: Any, *, forbid_known: bool) -> Any:
+    _configure()
+    kind, value = _load_object(line)
+    if kind not in _KINDS[union]:
+        if forbid_known and kind in _ALL_KINDS:
+            raise ForbiddenKind(kind)
+        raise BadFrame(f"unknown kind {kind!r}" if len(kind) <= 40 else "unknown kind")
+    try:
+        return converter.structure(value, union)
+    except KeyError:
+        # cattrs' tagged union raises a bare KeyError for an unknown tag; kinds were
+        # checked above, so only a member's own missing key can land here.
+        raise BadFrame("a required key is missing") from None
+    except Exception as exc:
+        details = "; ".join(f"{format_path(p)}: {m}" for p, m in problems(exc))
+        raise BadFrame(details) from None
+
+
+def decode_broker_request(line: bytes) -> BrokerRequest:
+    """A frame received on broker.sock. Raises :class:`ForbiddenKind` for any other
+    known kind, :class:`BadFrame` for everything else that is wrong (spec §3 step 1).
+
+    >>> decode_broker_request(b'{"kind":"tool_request","v":1,"call":"c-1","session":"s-1",'
+    ...                       b'"tool":"read_file","arguments":{}}')
+    Traceback (most recent call last):
+    ...
+    boxmaker.wire.BadFrame: call: expected c- and 16 hex digits
+    """
+    result: BrokerRequest = _decode(line, BrokerRequest, forbid_known=True)
+    return result
+
+
+def decode_admin_request(line: bytes) -> AdminRequest:
+    """A frame received on admin.sock (spec §7); same exceptions as for broker.sock."""
+    result: AdminRequest = _decode(line, AdminRequest, forbid_known=True)
+    return result
+
+
+def decode_broker_answer(line: bytes) -> BrokerAnswer:
+    """A frame a broker.sock client (loopd's BrokerPort) receives. Raises :class:`BadFrame`."""
+    result: BrokerAnswer = _decode(line, BrokerAnswer, forbid_known=False)
+    return result
+
+
+def decode_admin_answer(line: bytes) -> AdminAnswer:
+    """A frame an admin.sock client (bxctl) receives. Raises :class:`BadFrame`."""
+    result: AdminAnswer = _decode(line, AdminAnswer, forbid_known=False)
+    return result
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """The canonical bytes of a frame: compact JSON, ``kind`` first, one ``\\n`` at the end.
+
+    >>> encode_frame(ErrorFrame(code=ErrorCode.BAD_FRAME, detail="not a JSON object"))
+    b'{"kind":"error","code":"bad_frame","detail":"not a JSON object"}\\n'
+    """
+    _configure()
+    body: dict[str, Any] = converter.unstructure(frame, unstructure_as=_ENCODE_AS[type(frame)])
+    ordered = {"kind": body.pop("kind"), **body}
+    return orjson.dumps(ordered, option=orjson.OPT_APPEND_NEWLINE)

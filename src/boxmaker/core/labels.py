@@ -2,6 +2,9 @@
 
 A label is ``(taint, untrusted)``. A session's state is the join of every label it
 has seen, so it only rises.
+
+This module imports no other part of boxmaker but :mod:`boxmaker.core.paths`:
+``boxmaker.wire`` imports it.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import enum
 
 import attrs
+
+from boxmaker.core.paths import Glob, glob_problem
 
 
 class Taint(enum.StrEnum):
@@ -24,7 +29,7 @@ class Taint(enum.StrEnum):
 
     PUBLIC = "public"
     INTERNAL = "internal"
-    SECRET = "secret"
+    SECRET = "secret"  # noqa: S105 (a taint level, not a password)
 
     @property
     def rank(self) -> int:
@@ -81,3 +86,67 @@ FRESH = Label(Taint.PUBLIC, False)
 
 UNKNOWN = Label(Taint.SECRET, True)
 """What records carry while a session's state is unreadable (spec §4.3)."""
+
+
+DEFAULT_SECRET: tuple[str, ...] = ("**/.env", "**/*.pem", "secrets/**")
+DEFAULT_UNTRUSTED: tuple[str, ...] = ("downloads/**",)
+
+HTTP_GET_LABEL = Label(Taint.PUBLIC, True)
+"""Anything fetched from the network: public, and untrusted (spec §4.3)."""
+
+WRITE_FILE_LABEL = Label(Taint.PUBLIC, False)
+"""Writing tells the session nothing new (spec §8: write_file's label is public)."""
+
+
+def _globs(name: str, patterns: tuple[str, ...]) -> tuple[Glob, ...]:
+    for pattern in patterns:
+        problem = glob_problem(pattern)
+        if problem is not None:
+            raise ValueError(f"[labels] {name}: {pattern!r}: {problem}")
+    return tuple(Glob.compile(pattern) for pattern in patterns)
+
+
+@attrs.frozen
+class LabelRules:
+    """config.toml ``[labels]`` (spec §4.3): which workspace paths are secret or untrusted.
+
+    A bad glob raises ValueError when the rules are built (config loading reports it).
+
+    >>> rules = LabelRules()
+    >>> rules.label_for_path("app/.env")
+    Label(taint=<Taint.SECRET: 'secret'>, untrusted=False)
+    >>> rules.label_for_path("downloads/page.html")
+    Label(taint=<Taint.INTERNAL: 'internal'>, untrusted=True)
+    >>> rules.label_for_path("notes.txt")
+    Label(taint=<Taint.INTERNAL: 'internal'>, untrusted=False)
+    """
+
+    secret: tuple[str, ...] = DEFAULT_SECRET
+    untrusted: tuple[str, ...] = DEFAULT_UNTRUSTED
+    _secret_globs: tuple[Glob, ...] = attrs.field(init=False, eq=False, repr=False)
+    _untrusted_globs: tuple[Glob, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    @_secret_globs.default
+    def _compile_secret(self) -> tuple[Glob, ...]:
+        return _globs("secret", self.secret)
+
+    @_untrusted_globs.default
+    def _compile_untrusted(self) -> tuple[Glob, ...]:
+        return _globs("untrusted", self.untrusted)
+
+    def label_for_path(self, path: str) -> Label:
+        """The label of a workspace file's content (or listing).
+
+        The two rules are independent: a path under both is secret and untrusted."""
+        secret = any(glob.matches(path) for glob in self._secret_globs)
+        untrusted = any(glob.matches(path) for glob in self._untrusted_globs)
+        return Label(Taint.SECRET if secret else Taint.INTERNAL, untrusted)
+
+
+def shell_label(label_taint: Taint | None) -> Label:
+    """Shell output: internal, raised by the matched grant's ``label_taint`` (never lowered).
+
+    >>> shell_label(None).taint, shell_label(Taint.SECRET).taint
+    (<Taint.INTERNAL: 'internal'>, <Taint.SECRET: 'secret'>)
+    """
+    return Label(max(Taint.INTERNAL, label_taint or Taint.INTERNAL), False)

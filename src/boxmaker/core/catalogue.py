@@ -1,0 +1,343 @@
+"""The tool catalogue (spec §8): argument shapes, the served JSON schemas, and checking.
+
+The JSON schema served to the model by the ``catalogue`` frame is the schema that
+:func:`check_arguments` enforces (spec §3 step 3), then the few rules a schema cannot say:
+paths normalize inside the workspace, ``content`` is at most 1 MiB of UTF-8, a URL is
+plain http(s) with a host.
+
+Checking walks the served schema itself (a tiny subset of JSON schema: object,
+properties, required, no additional properties, string/integer, minimum, maximum,
+minLength), so the model is never told one shape and held to another; the shared
+converter then builds the attrs value.
+"""
+
+from __future__ import annotations
+
+import copy
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import attrs
+
+from boxmaker.core.labels import (
+    HTTP_GET_LABEL,
+    WRITE_FILE_LABEL,
+    Label,
+    LabelRules,
+    Taint,
+    shell_label,
+)
+from boxmaker.core.paths import PathProblem, match_form, normalize_path
+from boxmaker.core.reasons import Reason
+from boxmaker.wire import converter
+
+MAX_BYTES: Final = 1024 * 1024
+"""The cap on ``read_file``'s ``max_bytes``, ``write_file``'s ``content`` and http_get."""
+
+ToolName = Literal["read_file", "list_dir", "write_file", "shell", "http_get"]
+TOOL_NAMES: Final[tuple[ToolName, ...]] = (
+    "read_file",
+    "list_dir",
+    "write_file",
+    "shell",
+    "http_get",
+)
+_TOOL_LOOKUP: Final[Mapping[str, ToolName]] = {name: name for name in TOOL_NAMES}
+FILE_TOOLS: Final[frozenset[str]] = frozenset({"read_file", "list_dir", "write_file"})
+
+
+@attrs.frozen
+class ReadFileArgs:
+    path: str
+    max_bytes: int | None = None
+
+
+@attrs.frozen
+class ListDirArgs:
+    path: str
+
+
+@attrs.frozen
+class WriteFileArgs:
+    path: str
+    content: str
+
+
+@attrs.frozen
+class ShellArgs:
+    command: str
+
+
+@attrs.frozen
+class HttpGetArgs:
+    url: str
+
+
+ToolArgs = ReadFileArgs | ListDirArgs | WriteFileArgs | ShellArgs | HttpGetArgs
+
+_ARG_CLASSES: Final[Mapping[str, type[ToolArgs]]] = {
+    "read_file": ReadFileArgs,
+    "list_dir": ListDirArgs,
+    "write_file": WriteFileArgs,
+    "shell": ShellArgs,
+    "http_get": HttpGetArgs,
+}
+
+_PATH = {"type": "string", "description": "A path relative to the workspace root."}
+
+TOOL_SCHEMAS: Final[Mapping[str, Mapping[str, Any]]] = {
+    "read_file": {
+        "name": "read_file",
+        "description": "Read a text file of the workspace.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": _PATH,
+                "max_bytes": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_BYTES,
+                    "description": "Read at most this many bytes (default and cap: 1 MiB).",
+                },
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    },
+    "list_dir": {
+        "name": "list_dir",
+        "description": "List the entries of a directory of the workspace.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": _PATH},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    },
+    "write_file": {
+        "name": "write_file",
+        "description": "Write a text file of the workspace (replaces it atomically).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": _PATH,
+                "content": {"type": "string", "description": "At most 1 MiB of UTF-8."},
+            },
+            "required": ["path", "content"],
+            "additionalProperties": False,
+        },
+    },
+    "shell": {
+        "name": "shell",
+        "description": (
+            "Run a shell command in a sandbox, with the workspace as the working "
+            "directory and no network."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "minLength": 1, "description": "The command line."}
+            },
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    },
+    "http_get": {
+        "name": "http_get",
+        "description": "Fetch an http(s) URL (at most 1 MiB, 10 s).",
+        "parameters": {
+            "type": "object",
+            "properties": {"url": {"type": "string", "description": "An http or https URL."}},
+            "required": ["url"],
+            "additionalProperties": False,
+        },
+    },
+}
+"""Per tool: name, description and the JSON schema of its parameters."""
+
+
+def catalogue_tools() -> list[dict[str, Any]]:
+    """The ``tools`` of the catalogue frame, in OpenAI's tool format (a fresh copy).
+
+    >>> [tool["function"]["name"] for tool in catalogue_tools()]
+    ['read_file', 'list_dir', 'write_file', 'shell', 'http_get']
+    """
+    return [
+        {"type": "function", "function": copy.deepcopy(dict(TOOL_SCHEMAS[name]))}
+        for name in TOOL_NAMES
+    ]
+
+
+@attrs.frozen
+class ArgumentProblem:
+    """Why a request's tool or arguments are refused (spec §3 step 3)."""
+
+    reason: Reason
+    detail: str
+
+
+@attrs.frozen
+class CheckedArguments:
+    """Arguments that fit their tool's schema, with paths normalized (spec §4.2)."""
+
+    tool: ToolName
+    value: ToolArgs
+    paths: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
+    """Every workspace path the call touches."""
+    command: str | None = attrs.field(init=False, eq=False, repr=False)
+    host: str | None = attrs.field(init=False, eq=False, repr=False)
+    """The lower-cased host of an http_get URL."""
+    match_paths: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
+    """``paths`` in the form globs match (:func:`boxmaker.core.paths.match_form`)."""
+
+    # Computed once here, not per grant tried: decide() tries many grants per call.
+    @paths.default
+    def _paths(self) -> tuple[str, ...]:
+        if isinstance(self.value, ReadFileArgs | ListDirArgs | WriteFileArgs):
+            return (self.value.path,)
+        return ()
+
+    @command.default
+    def _command(self) -> str | None:
+        return self.value.command if isinstance(self.value, ShellArgs) else None
+
+    @host.default
+    def _host(self) -> str | None:
+        if isinstance(self.value, HttpGetArgs):
+            return urllib.parse.urlsplit(self.value.url).hostname
+        return None
+
+    @match_paths.default
+    def _match_paths(self) -> tuple[str, ...]:
+        return tuple(match_form(path) for path in self.paths)
+
+    def subject(self) -> str:
+        """What the call is about, for details: the path, the command or the host."""
+        if self.paths:
+            return self.paths[0]
+        if self.command is not None:
+            return self.command if len(self.command) <= 200 else self.command[:200] + "…"
+        return self.host or ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The checked arguments as recorded and run (unset optionals left out)."""
+        raw: dict[str, Any] = converter.unstructure(self.value)
+        return {key: value for key, value in raw.items() if value is not None}
+
+
+_JSON_TYPES: Final[Mapping[str, tuple[type, str]]] = {
+    "string": (str, "a string"),
+    "integer": (int, "an integer"),
+}
+
+
+def _schema_problem(schema: Mapping[str, Any], raw: Mapping[str, Any]) -> str | None:
+    properties: Mapping[str, Mapping[str, Any]] = schema["properties"]
+    for key in raw:
+        if key not in properties:
+            return f"unknown argument {key!r}"
+    for key in schema["required"]:
+        if key not in raw:
+            return f"missing argument {key!r}"
+    for key, rule in properties.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        python_type, words = _JSON_TYPES[rule["type"]]
+        if isinstance(value, bool) or not isinstance(value, python_type):
+            return f"argument {key!r} must be {words}"
+        if "minimum" in rule and value < rule["minimum"]:
+            return f"argument {key!r} must be at least {rule['minimum']}"
+        if "maximum" in rule and value > rule["maximum"]:
+            return f"argument {key!r} must be at most {rule['maximum']}"
+        if "minLength" in rule and isinstance(value, str) and len(value) < rule["minLength"]:
+            return f"argument {key!r} must not be empty"
+    return None
+
+
+def _url_problem(url: str) -> str | None:
+    # Refuse what two URL parsers might read differently, so the host checked against the
+    # grant is the host the runner connects to.
+    if any(ch <= " " or ch == "\\" or ch > "~" for ch in url):
+        return "argument 'url' must be printable ASCII without spaces or backslashes"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018  (a bad port raises here)
+    except ValueError:
+        return "argument 'url' is not a valid URL"
+    if parts.scheme not in ("http", "https"):
+        return "argument 'url' must be an http or https URL"
+    if "@" in parts.netloc:
+        return "argument 'url' must not carry a user or password"
+    if not host:
+        return "argument 'url' has no host"
+    return None
+
+
+def check_arguments(
+    tool: str, raw_arguments: object, *, workspace: str | None = None
+) -> CheckedArguments | ArgumentProblem:
+    """Check a request's tool and arguments (spec §3 step 3); never raises.
+
+    ``workspace`` (the absolute workspace root) lets an absolute path inside it through.
+
+    >>> check_arguments("read_file", {"path": "./notes.txt"}).to_json()
+    {'path': 'notes.txt'}
+    >>> check_arguments("rm_rf", {})
+    ArgumentProblem(reason=<Reason.UNKNOWN_TOOL: 'unknown_tool'>, detail="unknown tool 'rm_rf'")
+    >>> check_arguments("read_file", {"path": "../x"}).detail
+    "argument 'path': '..' leaves the workspace"
+    >>> check_arguments("read_file", {"path": 5}).detail
+    "argument 'path' must be a string"
+    """
+    name = _TOOL_LOOKUP.get(tool)
+    if name is None:
+        return ArgumentProblem(Reason.UNKNOWN_TOOL, f"unknown tool {tool[:100]!r}")
+    if not isinstance(raw_arguments, Mapping) or not all(isinstance(k, str) for k in raw_arguments):
+        return ArgumentProblem(Reason.BAD_ARGUMENTS, "arguments must be a JSON object")
+    problem = _schema_problem(TOOL_SCHEMAS[tool]["parameters"], raw_arguments)
+    if problem is not None:
+        return ArgumentProblem(Reason.BAD_ARGUMENTS, problem)
+    arguments = dict(raw_arguments)
+    if "path" in arguments:
+        path = normalize_path(arguments["path"], workspace)
+        if isinstance(path, PathProblem):
+            return ArgumentProblem(Reason.BAD_ARGUMENTS, f"argument 'path': {path.message}")
+        arguments["path"] = path
+    if (
+        tool == "write_file"
+        and len(arguments["content"].encode("utf-8", "surrogatepass")) > MAX_BYTES
+    ):
+        return ArgumentProblem(Reason.BAD_ARGUMENTS, "argument 'content' is over 1 MiB")
+    if tool == "shell" and "\x00" in arguments["command"]:
+        return ArgumentProblem(Reason.BAD_ARGUMENTS, "argument 'command' contains a NUL byte")
+    if tool == "http_get":
+        problem = _url_problem(arguments["url"])
+        if problem is not None:
+            return ArgumentProblem(Reason.BAD_ARGUMENTS, problem)
+    return CheckedArguments(name, converter.structure(arguments, _ARG_CLASSES[name]))
+
+
+def result_label(
+    arguments: CheckedArguments, rules: LabelRules, label_taint: Taint | None
+) -> Label:
+    """The label of a successful call's result (spec §8's table, §4.3).
+
+    ``label_taint`` is the matched grant's (only shell grants have one).
+
+    >>> url = check_arguments("http_get", {"url": "https://a.example/"})
+    >>> result_label(url, LabelRules(), None)
+    Label(taint=<Taint.PUBLIC: 'public'>, untrusted=True)
+    >>> result_label(check_arguments("read_file", {"path": "x/.env"}), LabelRules(), None).taint
+    <Taint.SECRET: 'secret'>
+    """
+    value = arguments.value
+    if isinstance(value, ReadFileArgs | ListDirArgs):
+        return rules.label_for_path(value.path)
+    if isinstance(value, WriteFileArgs):
+        return WRITE_FILE_LABEL
+    if isinstance(value, ShellArgs):
+        return shell_label(label_taint)
+    return HTTP_GET_LABEL

@@ -1,0 +1,254 @@
+"""Deciding a tool request (spec §3): the ordered pipeline and the pure ``decide()``.
+
+:func:`evaluate` is §3 steps 2-6 in order, each stopping at the first denial:
+
+2. the ledger is usable (else ``audit_unavailable``; that denial alone is not
+   recordable, ``Decision.recordable`` is False);
+3. the tool is in the catalogue and its arguments fit (``unknown_tool``,
+   ``bad_arguments``);
+4. grants.toml is valid (``grants_invalid``) — checked before the state, never after;
+5. the session state is readable (``state_unreadable``);
+6. :func:`decide`.
+
+Approve's re-decision (spec §6.3) is the same :func:`evaluate` on the original
+:class:`ToolRequest` with the grants and state current at approval time, mapped by
+:func:`approval_outcome`: Ask → ``ask``, Run → ``allowed``, Deny → ``denied`` with the
+decision's reason.
+
+Every function here is pure and total: no clock (``now`` is an aware datetime), no files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias
+
+import attrs
+
+from boxmaker.core.catalogue import ArgumentProblem, CheckedArguments, check_arguments
+from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, Mode
+from boxmaker.core.labels import UNKNOWN, Label
+from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
+from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
+
+VerdictKind: TypeAlias = Literal["run", "ask", "deny"]
+
+_PRECEDENCE = (Mode.DENY, Mode.ASK, Mode.AUTO)
+
+
+@attrs.frozen
+class ToolRequest:
+    """A ``tool_request`` frame's content (spec §6.1); ``arguments`` as the model sent them."""
+
+    call: str
+    session: str
+    tool: str
+    arguments: Mapping[str, Any]
+
+
+@attrs.frozen
+class CheckedRequest:
+    """A tool request past §3 step 3: a known tool, arguments that fit, paths normalized."""
+
+    call: str
+    session: str
+    arguments: CheckedArguments
+
+    @property
+    def tool(self) -> str:
+        return self.arguments.tool
+
+
+@attrs.frozen
+class Decision:
+    """What was decided, and on what (the ``decision`` record of spec §5.2).
+
+    ``arguments`` are the checked, normalized arguments, or the raw ones when the
+    denial came before they were checked. ``mode`` is the effective mode (an ``auto``
+    grant asked because the session is untrusted has mode ``ask``). ``note`` is the
+    grant's note. ``state`` is the state decided on: UNKNOWN (secret, untrusted) when it
+    could not be read.
+    """
+
+    call: str
+    session: str
+    tool: str
+    arguments: Mapping[str, Any]
+    verdict: VerdictKind
+    reason: Reason | None = None
+    detail: str | None = None
+    grant: str | None = None
+    mode: Mode | None = None
+    note: str | None = None
+    state: Label = UNKNOWN
+    recordable: bool = True
+    """False only for ``audit_unavailable`` (spec §3 step 2: it cannot be recorded)."""
+
+
+@attrs.frozen
+class Run:
+    decision: Decision
+
+
+@attrs.frozen
+class Ask:
+    decision: Decision
+
+
+@attrs.frozen
+class Deny:
+    decision: Decision
+
+
+Verdict: TypeAlias = Run | Ask | Deny
+
+
+def _deny(
+    request: CheckedRequest,
+    state: Label,
+    reason: Reason,
+    detail: str,
+    grant: Grant | None = None,
+    mode: Mode | None = None,
+) -> Deny:
+    return Deny(
+        Decision(
+            call=request.call,
+            session=request.session,
+            tool=request.tool,
+            arguments=request.arguments.to_json(),
+            verdict="deny",
+            reason=reason,
+            detail=detail,
+            grant=grant.id if grant else None,
+            mode=mode,
+            note=grant.note if grant else None,
+            state=state,
+        )
+    )
+
+
+def _pick(request: CheckedRequest, grants: GrantSet, now: dt.datetime) -> Grant | None:
+    """Spec §3 step 6 precedence: deny, then ask, then auto; file order within a mode."""
+    arguments = request.arguments
+    for mode in _PRECEDENCE:
+        for grant in grants.for_tool_and_mode(arguments.tool, mode):
+            if grant.covers(arguments, now):
+                return grant
+    return None
+
+
+def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.datetime) -> Verdict:
+    """The heart of the system (spec §3 step 6): pure, total, deterministic.
+
+    ``now`` must be an aware datetime. Only the grant picked by precedence is held to
+    its conditions: when it denies, no lower grant is tried.
+
+    >>> from boxmaker.core.catalogue import check_arguments
+    >>> from boxmaker.core.grants import parse_grants
+    >>> from boxmaker.core.labels import FRESH
+    >>> req = CheckedRequest("c-0", "s-0", check_arguments("read_file", {"path": "notes.txt"}))
+    >>> now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    >>> decide(req, GrantSet(), FRESH, now).decision.detail
+    'no grant allows read_file on notes.txt'
+    >>> grants = parse_grants('[[grant]]\\nid = "r"\\ntool = "read_file"\\nmode = "auto"')
+    >>> type(decide(req, grants, FRESH, now)).__name__
+    'Run'
+    """
+    grant = _pick(request, grants, now)
+    if grant is None:
+        detail = f"no grant allows {request.tool} on {request.arguments.subject()}"
+        return _deny(request, state, Reason.NO_GRANT, detail)
+    if grant.mode is Mode.DENY:
+        detail = f"grant {grant.id} denies {request.tool} on {request.arguments.subject()}"
+        return _deny(request, state, Reason.DENIED_BY_GRANT, detail, grant, Mode.DENY)
+    if state.taint > grant.max_taint:
+        detail = (
+            f"the session's taint {state.taint} is above grant {grant.id}'s "
+            f"max_taint {grant.max_taint}"
+        )
+        return _deny(request, state, Reason.TAINT_EXCEEDED, detail, grant, grant.mode)
+    mode = grant.mode
+    why: str | None = None
+    if state.untrusted:
+        if grant.if_untrusted is Mode.DENY:
+            detail = f"the session is untrusted and grant {grant.id} says if_untrusted = deny"
+            return _deny(request, state, Reason.UNTRUSTED, detail, grant, grant.mode)
+        if grant.if_untrusted is Mode.ASK and mode is Mode.AUTO:
+            mode = Mode.ASK
+            why = f"the session is untrusted and grant {grant.id} says if_untrusted = ask"
+    decision = Decision(
+        call=request.call,
+        session=request.session,
+        tool=request.tool,
+        arguments=request.arguments.to_json(),
+        verdict="ask" if mode is Mode.ASK else "run",
+        detail=why,
+        grant=grant.id,
+        mode=mode,
+        note=grant.note,
+        state=state,
+    )
+    return Ask(decision) if mode is Mode.ASK else Run(decision)
+
+
+def evaluate(
+    request: ToolRequest,
+    *,
+    ledger_usable: bool,
+    grants: GrantSet | GrantsProblem,
+    state: Label | StateUnreadable,
+    now: dt.datetime,
+    workspace: str | None = None,
+) -> Verdict:
+    """Spec §3 steps 2-6, in order; total (never raises for any request).
+
+    ``workspace`` is the absolute workspace root (an absolute path inside it is accepted,
+    spec §4.2). The same call with the current grants and state is approve's re-decision
+    (spec §6.3).
+    """
+    seen = state if isinstance(state, Label) else UNKNOWN
+
+    def early(reason: Reason, detail: str, arguments: Mapping[str, Any]) -> Deny:
+        return Deny(
+            Decision(
+                call=request.call,
+                session=request.session,
+                tool=request.tool,
+                arguments=arguments,
+                verdict="deny",
+                reason=reason,
+                detail=detail,
+                state=seen,
+                recordable=reason is not Reason.AUDIT_UNAVAILABLE,
+            )
+        )
+
+    if not ledger_usable:
+        return early(Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL, request.arguments)
+    checked = check_arguments(request.tool, request.arguments, workspace=workspace)
+    if isinstance(checked, ArgumentProblem):
+        return early(checked.reason, checked.detail, request.arguments)
+    if isinstance(grants, GrantsProblem):
+        return early(Reason.GRANTS_INVALID, grants.detail(), checked.to_json())
+    if isinstance(state, StateUnreadable):
+        detail = f"{state.detail}; see {RUNBOOK_STATE}"
+        return early(Reason.STATE_UNREADABLE, detail, checked.to_json())
+    return decide(CheckedRequest(request.call, request.session, checked), grants, state, now)
+
+
+ApprovalOutcome: TypeAlias = Literal["ask", "allowed", "denied"]
+
+
+def approval_outcome(verdict: Verdict) -> ApprovalOutcome:
+    """What approve's re-decision means (spec §6.3).
+
+    >>> approval_outcome(Deny(Decision("c", "s", "shell", {}, "deny")))
+    'denied'
+    """
+    if isinstance(verdict, Ask):
+        return "ask"
+    if isinstance(verdict, Run):
+        return "allowed"
+    return "denied"

@@ -1,0 +1,419 @@
+"""grants.toml: parse, validate and match (spec §4.1, §4.2). Pure: text in, values out.
+
+:func:`parse_grants` turns any text into a :class:`GrantSet` or exactly one
+:class:`GrantsProblem` (the first one found, in file order) and never raises. The checks
+are explicit rather than a cattrs structure because every message must name the grant and
+the key, and because a TOML string must not pass for a list (of its characters).
+
+Matching (:meth:`Grant.matches`):
+
+- ``paths``: globs (:mod:`boxmaker.core.paths`) against the normalized workspace path; a
+  file-tool grant without ``paths`` matches every workspace path;
+- ``commands``: :func:`fnmatch.fnmatchcase` on the whole command line, so ``*`` also
+  matches ``;``, ``&&`` and newlines (``git status*`` matches ``git status; rm x``);
+- ``hosts``: the URL's host, lower-cased, equals the entry, or the entry is ``*.suffix``
+  and the host ends with ``.suffix`` (``*.example.com`` matches ``a.example.com`` and
+  ``a.b.example.com``, never ``example.com`` itself);
+- ``expires``: a grant matches strictly before it (``now >= expires`` → no match).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import fnmatch
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from boxmaker.core.catalogue import FILE_TOOLS, TOOL_NAMES, CheckedArguments, ToolName
+from boxmaker.core.labels import Taint
+from boxmaker.core.paths import Glob, any_glob, glob_problem
+
+GRANT_ID: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+RUNBOOK_GRANTS: Final = "docs/runbook.md#grants"
+
+
+class Mode(enum.StrEnum):
+    """A grant's ``mode`` and ``if_untrusted``."""
+
+    AUTO = "auto"
+    ASK = "ask"
+    DENY = "deny"
+
+
+@attrs.frozen
+class Grant:
+    """One ``[[grant]]`` table, validated, globs and command patterns compiled."""
+
+    id: str
+    tool: ToolName
+    mode: Mode
+    paths: tuple[Glob, ...] | None = None
+    """File tools: None = every workspace path."""
+    commands: tuple[str, ...] | None = None
+    """shell: None = every command."""
+    hosts: tuple[str, ...] = ()
+    """http_get: exact hosts and ``*.suffix`` entries, lower-cased."""
+    max_taint: Taint = Taint.SECRET
+    if_untrusted: Mode = Mode.ASK
+    label_taint: Taint | None = None
+    expires: dt.datetime | None = None
+    note: str | None = None
+    # Compiled once, at parse time: one regex per grant keeps decide() fast.
+    _path_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
+    _command_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
+    _exact_hosts: frozenset[str] = attrs.field(eq=False, repr=False, init=False)
+    _host_suffixes: tuple[str, ...] = attrs.field(eq=False, repr=False, init=False)
+
+    @_path_re.default
+    def _compile_paths(self) -> re.Pattern[str] | None:
+        return None if self.paths is None else any_glob(self.paths)
+
+    @_command_re.default
+    def _compile_commands(self) -> re.Pattern[str] | None:
+        if self.commands is None:
+            return None
+        return re.compile("|".join(fnmatch.translate(p) for p in self.commands))
+
+    @_exact_hosts.default
+    def _hosts_exact(self) -> frozenset[str]:
+        return frozenset(h for h in self.hosts if not h.startswith("*."))
+
+    @_host_suffixes.default
+    def _hosts_suffixes(self) -> tuple[str, ...]:
+        return tuple(h[1:] for h in self.hosts if h.startswith("*."))
+
+    def expired(self, now: dt.datetime) -> bool:
+        """At or after ``expires`` the grant does not match (the boundary is ``>=``)."""
+        return self.expires is not None and now >= self.expires
+
+    def matches(self, tool: str, arguments: CheckedArguments, now: dt.datetime) -> bool:
+        """Does this grant cover the call (spec §4.2)? ``now`` is an aware datetime."""
+        return tool == self.tool and self.covers(arguments, now)
+
+    def covers(self, arguments: CheckedArguments, now: dt.datetime) -> bool:
+        """:meth:`matches` for arguments already known to be for this grant's tool."""
+        expires = self.expires
+        if expires is not None and now >= expires:
+            return False
+        path_re = self._path_re
+        if path_re is not None:
+            for path in arguments.match_paths:
+                if path_re.fullmatch(path) is None:
+                    return False
+        command_re = self._command_re
+        if command_re is not None:
+            command = arguments.command
+            if command is None or command_re.match(command) is None:
+                return False
+        if self.tool == "http_get":
+            # Fail closed: an http_get grant without hosts (only built by hand) allows none.
+            host = arguments.host
+            return host is not None and (
+                host in self._exact_hosts or host.endswith(self._host_suffixes)
+            )
+        return True
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """``pattern`` is a grant's host entry; ``host`` a lower-cased URL host.
+
+    >>> host_matches("docs.python.org", "docs.python.org")
+    True
+    >>> host_matches("*.example.com", "a.b.example.com")
+    True
+    >>> host_matches("*.example.com", "example.com")
+    False
+    >>> host_matches("*.example.com", "badexample.com")
+    False
+    """
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:])
+    return host == pattern
+
+
+@attrs.frozen
+class GrantSet:
+    """A valid grants.toml: the grants in file order, indexed by tool for speed."""
+
+    grants: tuple[Grant, ...] = ()
+    _by_tool: Mapping[str, tuple[Grant, ...]] = attrs.field(eq=False, repr=False, init=False)
+    _by_tool_mode: Mapping[tuple[str, Mode], tuple[Grant, ...]] = attrs.field(
+        eq=False, repr=False, init=False
+    )
+
+    @_by_tool.default
+    def _index(self) -> Mapping[str, tuple[Grant, ...]]:
+        return {tool: tuple(g for g in self.grants if g.tool == tool) for tool in TOOL_NAMES}
+
+    @_by_tool_mode.default
+    def _index_modes(self) -> Mapping[tuple[str, Mode], tuple[Grant, ...]]:
+        return {
+            (tool, mode): tuple(g for g in self.grants if g.tool == tool and g.mode is mode)
+            for tool in TOOL_NAMES
+            for mode in Mode
+        }
+
+    def for_tool(self, tool: str) -> tuple[Grant, ...]:
+        """The grants for ``tool``, in file order."""
+        return self._by_tool.get(tool, ())
+
+    def for_tool_and_mode(self, tool: str, mode: Mode) -> tuple[Grant, ...]:
+        """The grants for ``tool`` with ``mode``, in file order."""
+        return self._by_tool_mode.get((tool, mode), ())
+
+    def matching(self, tool: str, arguments: CheckedArguments, now: dt.datetime) -> list[Grant]:
+        """Every unexpired grant that matches, in file order."""
+        return [g for g in self.for_tool(tool) if g.covers(arguments, now)]
+
+
+@attrs.frozen
+class GrantsProblem:
+    """Why grants.toml is invalid: the first problem, naming file, grant and key."""
+
+    file: str
+    grant_id: str | None
+    key: str | None
+    message: str
+
+    def describe(self) -> str:
+        """One line for logs, ``bxctl grants check`` and ``grants_invalid`` details.
+
+        >>> GrantsProblem("grants.toml", "read-notes", "mode", "expected auto").describe()
+        "grants.toml, grant 'read-notes', key 'mode': expected auto"
+        """
+        where = [self.file]
+        if self.grant_id is not None:
+            where.append(f"grant {self.grant_id!r}")
+        if self.key is not None:
+            where.append(f"key {self.key!r}")
+        return ", ".join(where) + ": " + self.message
+
+    def detail(self) -> str:
+        """The ``grants_invalid`` denial detail (spec §3 step 4)."""
+        return f"{self.describe()}; see {RUNBOOK_GRANTS}"
+
+
+class _Invalid(Exception):
+    """Internal: carries one problem out of the nested checks."""
+
+    def __init__(self, grant_id: str | None, key: str | None, message: str) -> None:
+        super().__init__(message)
+        self.grant_id = grant_id
+        self.key = key
+        self.message = message
+
+
+_KEYS: Final = (
+    "id",
+    "tool",
+    "mode",
+    "paths",
+    "commands",
+    "hosts",
+    "max_taint",
+    "if_untrusted",
+    "label_taint",
+    "expires",
+    "note",
+)
+_APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
+    "paths": lambda tool: tool in FILE_TOOLS,
+    "commands": lambda tool: tool == "shell",
+    "hosts": lambda tool: tool == "http_get",
+    "label_taint": lambda tool: tool == "shell",
+}
+# A DNS name, a *.suffix, or an IPv6 address as urllib gives it (no brackets).
+_HOST: Final = re.compile(r"(?:\*\.)?[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|[0-9a-f:]+")
+_MAX_NOTE: Final = 500
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_name(value: object) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string"}
+    names |= {list: "an array", dict: "a table", dt.datetime: "a datetime"}
+    names |= {dt.date: "a date", dt.time: "a time"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _enum(gid: str | None, key: str, value: object, kind: type[enum.StrEnum]) -> Any:
+    words = ", ".join(m.value for m in kind)
+    if not isinstance(value, str):
+        raise _Invalid(gid, key, f"expected one of {words} (a string), got {_type_name(value)}")
+    try:
+        return kind(value)
+    except ValueError:
+        raise _Invalid(gid, key, f"expected one of {words}, got {_show(value)}") from None
+
+
+def _strings(gid: str | None, key: str, value: object) -> list[str]:
+    if not isinstance(value, list):
+        raise _Invalid(gid, key, f"expected an array of strings, got {_type_name(value)}")
+    if not value:
+        raise _Invalid(gid, key, "an empty array matches nothing (leave the key out instead)")
+    for item in value:
+        if not isinstance(item, str):
+            raise _Invalid(gid, key, f"expected an array of strings, got {_type_name(item)} in it")
+        if not item:
+            raise _Invalid(gid, key, "an empty string in the array")
+    return value
+
+
+def _paths(gid: str | None, value: object) -> tuple[Glob, ...]:
+    globs = []
+    for pattern in _strings(gid, "paths", value):
+        problem = glob_problem(pattern)
+        if problem is not None:
+            raise _Invalid(gid, "paths", f"{_show(pattern)}: {problem}")
+        globs.append(Glob.compile(pattern))
+    return tuple(globs)
+
+
+def _commands(gid: str | None, value: object) -> tuple[str, ...]:
+    commands = _strings(gid, "commands", value)
+    for pattern in commands:
+        if "\x00" in pattern:
+            raise _Invalid(gid, "commands", "NUL byte in a command pattern")
+    return tuple(commands)
+
+
+def _hosts(gid: str | None, value: object) -> tuple[str, ...]:
+    hosts = []
+    for entry in _strings(gid, "hosts", value):
+        host = entry.lower()
+        if not _HOST.fullmatch(host):
+            raise _Invalid(
+                gid,
+                "hosts",
+                f"{_show(entry)}: expected a host name or *.suffix (no scheme, port, path)",
+            )
+        hosts.append(host)
+    return tuple(hosts)
+
+
+def _expires(gid: str | None, value: object) -> dt.datetime:
+    if not isinstance(value, dt.datetime) or value.tzinfo is None:
+        what = (
+            "a datetime without an offset" if isinstance(value, dt.datetime) else _type_name(value)
+        )
+        raise _Invalid(
+            gid, "expires", f"expected an offset datetime (e.g. 2026-12-31T00:00:00Z), got {what}"
+        )
+    return value.astimezone(dt.UTC)
+
+
+def _note(gid: str | None, value: object) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(gid, "note", f"expected a string, got {_type_name(value)}")
+    if len(value) > _MAX_NOTE:
+        raise _Invalid(gid, "note", f"at most {_MAX_NOTE} characters")
+    return value
+
+
+def _grant(index: int, raw: object, seen: set[str]) -> Grant:
+    nth = f"[[grant]] #{index + 1}"
+    if not isinstance(raw, dict):
+        raise _Invalid(None, None, f"{nth} must be a table, got {_type_name(raw)}")
+    if "id" not in raw:
+        raise _Invalid(None, "id", f"{nth} has no id")
+    gid = raw["id"]
+    if not isinstance(gid, str):
+        raise _Invalid(None, "id", f"{nth}: expected a string id, got {_type_name(gid)}")
+    if not GRANT_ID.fullmatch(gid):
+        raise _Invalid(None, "id", f"{nth}: id {_show(gid)} must match [a-z0-9][a-z0-9-]{{0,62}}")
+    if gid in seen:
+        raise _Invalid(gid, "id", "duplicate id")
+    unknown = sorted(key for key in raw if key not in _KEYS)
+    if unknown:
+        raise _Invalid(gid, unknown[0], "unknown key")
+    for key in ("tool", "mode"):
+        if key not in raw:
+            raise _Invalid(gid, key, "required key missing")
+    tool = raw["tool"]
+    if not isinstance(tool, str) or tool not in TOOL_NAMES:
+        words = ", ".join(TOOL_NAMES)
+        raise _Invalid(gid, "tool", f"expected one of {words}, got {_show(tool)}")
+    mode = _enum(gid, "mode", raw["mode"], Mode)
+    for key in _KEYS:
+        if key in raw and key in _APPLIES and not _APPLIES[key](tool):
+            raise _Invalid(gid, key, f"does not apply to tool {tool}")
+    if tool == "http_get" and "hosts" not in raw:
+        raise _Invalid(gid, "hosts", "required for http_get (there is no default)")
+    label_taint = None
+    if "label_taint" in raw:
+        label_taint = _enum(gid, "label_taint", raw["label_taint"], Taint)
+        if label_taint is Taint.PUBLIC:
+            raise _Invalid(gid, "label_taint", "may only raise shell output: internal or secret")
+    grant = Grant(
+        id=gid,
+        tool=TOOL_NAMES[TOOL_NAMES.index(tool)],
+        mode=mode,
+        paths=_paths(gid, raw["paths"]) if "paths" in raw else None,
+        commands=_commands(gid, raw["commands"]) if "commands" in raw else None,
+        hosts=_hosts(gid, raw["hosts"]) if "hosts" in raw else (),
+        max_taint=_enum(gid, "max_taint", raw["max_taint"], Taint)
+        if "max_taint" in raw
+        else Taint.SECRET,
+        if_untrusted=_enum(gid, "if_untrusted", raw["if_untrusted"], Mode)
+        if "if_untrusted" in raw
+        else Mode.ASK,
+        label_taint=label_taint,
+        expires=_expires(gid, raw["expires"]) if "expires" in raw else None,
+        note=_note(gid, raw["note"]) if "note" in raw else None,
+    )
+    seen.add(gid)
+    return grant
+
+
+def _grant_set(document: Mapping[str, Any]) -> GrantSet:
+    for key in document:
+        if key != "grant":
+            raise _Invalid(None, key, "unknown top-level key (only [[grant]] tables)")
+    raw_grants = document.get("grant", [])
+    if not isinstance(raw_grants, list):
+        raise _Invalid(None, "grant", f"expected [[grant]] tables, got {_type_name(raw_grants)}")
+    seen: set[str] = set()
+    return GrantSet(tuple(_grant(i, raw, seen) for i, raw in enumerate(raw_grants)))
+
+
+def grants_from_document(
+    document: Mapping[str, Any], file: str = "grants.toml"
+) -> GrantSet | GrantsProblem:
+    """Validate a parsed TOML document (spec §4.1); never raises.
+
+    >>> grants_from_document({"grant": [{"id": "a", "tool": "read_file", "mode": "auto"}]})
+    GrantSet(grants=(Grant(id='a', tool='read_file', mode=<Mode.AUTO: 'auto'>, ...),))
+    >>> grants_from_document({"grants": []}).key
+    'grants'
+    """
+    try:
+        return _grant_set(document)
+    except _Invalid as invalid:
+        return GrantsProblem(file, invalid.grant_id, invalid.key, invalid.message)
+
+
+def parse_grants(text: str, file: str = "grants.toml") -> GrantSet | GrantsProblem:
+    """Parse grants.toml text (spec §4.1): a GrantSet, or the first problem; never raises.
+
+    ``file`` is how problems name the file (the caller's path, for messages only).
+
+    >>> problem = parse_grants('[[grant]]\\nid = "read-notes"\\ntool = "read_file"\\nmode = "x"')
+    >>> problem.grant_id, problem.key, problem.message
+    ('read-notes', 'mode', "expected one of auto, ask, deny, got 'x'")
+    >>> parse_grants("").grants
+    ()
+    """
+    try:
+        document = tomllib.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # tomllib's own messages carry the line and column.
+        return GrantsProblem(file, None, None, f"TOML syntax: {exc}")
+    return grants_from_document(document, file)

@@ -1,0 +1,26 @@
+"""Reading grants.toml from disk (spec §4.1). The parsing itself is pure (core.grants)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from boxmaker.core.grants import GrantSet, GrantsProblem, parse_grants
+
+
+def load_grants(path: Path) -> GrantSet | GrantsProblem:
+    """The grant set in ``path``, or the one problem that makes it invalid; never raises.
+
+    A missing or unreadable file is a problem too: the owner meant some grants to be
+    there, and with none known the only safe answer is to deny (spec §3 step 4).
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return GrantsProblem(str(path), None, None, "no such file (`bxctl init` creates it)")
+    except OSError as exc:
+        return GrantsProblem(str(path), None, None, f"cannot read it ({exc.strerror})")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return GrantsProblem(str(path), None, None, "not UTF-8")
+    return parse_grants(text, str(path))

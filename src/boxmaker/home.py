@@ -1,0 +1,425 @@
+"""The home directory and config.toml (spec §12.1, §6.2).
+
+A :class:`Home` knows every path of the system; :meth:`Home.create` and
+:meth:`Home.ensure_run_dir` make its directories private (0700, tightened when looser,
+refused when another user owns them). :func:`load_config` reads config.toml into
+:class:`Config` through the shared converter: every key optional, unknown keys and wrong
+types are a :class:`ConfigError` naming the file and the key.
+
+>>> home = Home(Path("/tmp/bx"))
+>>> home.broker_sock
+PosixPath('/tmp/bx/run/broker.sock')
+>>> home.session_state("s-0123456789ab")
+PosixPath('/tmp/bx/state/sessions/s-0123456789ab.json')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import attrs
+
+from boxmaker.core.labels import DEFAULT_SECRET, DEFAULT_UNTRUSTED, LabelRules
+from boxmaker.wire import SESSION_ID, InvalidField, converter, format_path, problems
+
+HOME_ENV: Final = "BOXMAKER_HOME"
+DEFAULT_HOME: Final = "~/.local/state/boxmaker"
+DIR_MODE: Final = 0o700
+FILE_MODE: Final = 0o600
+_PROGRAM: Final = re.compile(r"[a-z][a-z0-9-]{0,31}")
+
+
+class HomeError(Exception):
+    """A home directory that cannot be used safely (wrong owner, not a directory, ...)."""
+
+
+class ConfigError(Exception):
+    """config.toml could not be used; each problem names the file and the key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = tuple(problems)
+
+
+def _ensure_private_dir(path: Path, *, follow_symlinks: bool) -> None:
+    """``path`` exists, is a directory we own, and has mode exactly 0700 (spec §6.2)."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(DIR_MODE)
+    try:
+        info = path.stat(follow_symlinks=follow_symlinks)
+    except OSError as exc:
+        raise HomeError(f"{path}: cannot inspect it ({exc.strerror})") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        what = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
+        raise HomeError(f"{path}: {what}; boxmaker needs a private directory here")
+    if info.st_uid != os.getuid():
+        raise HomeError(
+            f"{path}: owned by uid {info.st_uid}, not by you (uid {os.getuid()}); "
+            "refusing to use it"
+        )
+    # Exactly 0700, not merely "no group/other bits": mkdir is subject to the umask.
+    if stat.S_IMODE(info.st_mode) != DIR_MODE:
+        path.chmod(DIR_MODE)
+
+
+@attrs.frozen
+class Home:
+    """Every path under ``$BOXMAKER_HOME`` (spec §12.1). Pure: nothing is touched until
+    :meth:`create` or :meth:`ensure_run_dir`."""
+
+    root: Path
+
+    @property
+    def config_toml(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def grants_toml(self) -> Path:
+        return self.root / "grants.toml"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def broker_sock(self) -> Path:
+        return self.run_dir / "broker.sock"
+
+    @property
+    def admin_sock(self) -> Path:
+        return self.run_dir / "admin.sock"
+
+    @property
+    def loop_sock(self) -> Path:
+        return self.run_dir / "loop.sock"
+
+    @property
+    def infer_sock(self) -> Path:
+        return self.run_dir / "infer.sock"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.root / "ledger"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.ledger_dir / "audit.jsonl"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.state_dir / "sessions"
+
+    @property
+    def conversations_dir(self) -> Path:
+        return self.state_dir / "conversations"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def default_workspace(self) -> Path:
+        return self.root / "workspace"
+
+    def session_state(self, session: str) -> Path:
+        """``state/sessions/<session>.json`` (spec §4.3). The id is checked, so a name
+        from a frame can never leave the directory."""
+        return self.sessions_dir / f"{_session(session)}.json"
+
+    def conversation(self, session: str) -> Path:
+        """``state/conversations/<session>.jsonl`` (spec §9)."""
+        return self.conversations_dir / f"{_session(session)}.jsonl"
+
+    def pid_file(self, program: str) -> Path:
+        return self.run_dir / f"{_program(program)}.pid"
+
+    def log_file(self, program: str) -> Path:
+        return self.logs_dir / f"{_program(program)}.log"
+
+    @property
+    def directories(self) -> tuple[Path, ...]:
+        """Every directory of the home, parents first."""
+        return (
+            self.root,
+            self.run_dir,
+            self.ledger_dir,
+            self.state_dir,
+            self.sessions_dir,
+            self.conversations_dir,
+            self.logs_dir,
+            self.default_workspace,
+        )
+
+    def create(self) -> None:
+        """Make every directory, mode 0700; tighten looser ones; refuse another user's.
+
+        The root may be a symlink to a directory we own (people move state around);
+        the directories inside it may not, so none of them can point elsewhere.
+        """
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        for directory in self.directories:
+            _ensure_private_dir(directory, follow_symlinks=directory == self.root)
+
+    def ensure_run_dir(self) -> Path:
+        """``run/`` before the sockets are bound (spec §6.2): 0700, a looser one
+        tightened, one owned by another user (or not a directory) refused."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        _ensure_private_dir(self.root, follow_symlinks=True)
+        _ensure_private_dir(self.run_dir, follow_symlinks=False)
+        return self.run_dir
+
+    def write_defaults(self) -> list[Path]:
+        """Write config.toml and grants.toml, mode 0600, where they do not exist yet
+        (``bxctl init``). Returns the files written; an existing file is never touched."""
+        written = []
+        for path, text in (
+            (self.config_toml, default_config_text()),
+            (self.grants_toml, DEFAULT_GRANTS_TEXT),
+        ):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                os.fchmod(file.fileno(), FILE_MODE)
+                file.write(text)
+            written.append(path)
+        return written
+
+
+def _session(session: str) -> str:
+    if not SESSION_ID.fullmatch(session):
+        raise ValueError("a session id is s- and 12 hex digits")
+    return session
+
+
+def _program(program: str) -> str:
+    if not _PROGRAM.fullmatch(program):
+        raise ValueError(f"not a program name: {program!r}")
+    return program
+
+
+def resolve_home(arg: str | None = None) -> Home:
+    """``--home`` if given, else ``$BOXMAKER_HOME``, else ``~/.local/state/boxmaker``.
+
+    >>> resolve_home("/srv/bx").root
+    PosixPath('/srv/bx')
+    """
+    text = arg or os.environ.get(HOME_ENV) or DEFAULT_HOME
+    return Home(Path(text).expanduser().absolute())
+
+
+# ---------------------------------------------------------------------------------------
+# config.toml
+
+
+def _at_least(low: float) -> Any:
+    def check(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+        if value < low:
+            raise InvalidField(attribute.name, f"expected at least {low}")
+
+    return check
+
+
+def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise InvalidField(attribute.name, "expected a number above 0")
+
+
+def _port(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise InvalidField(attribute.name, "expected a port, 0 to 65535 (0: none)")
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """``[model]``: no url means the embedded model (spec §12.4)."""
+
+    url: str | None = None
+    name: str = "default"
+    max_tokens: int = attrs.field(default=1024, validator=_at_least(1))
+
+
+@attrs.frozen(kw_only=True)
+class BrokerConfig:
+    pending_timeout: float = attrs.field(default=300.0, validator=_positive)
+    loopd_uid: int = attrs.field(factory=os.getuid, validator=_at_least(0))
+
+
+@attrs.frozen(kw_only=True)
+class LoopConfig:
+    max_steps: int = attrs.field(default=16, validator=_at_least(1))
+    reply_timeout: float = attrs.field(default=10.0, validator=_positive)
+    first_step: Literal["auto", "tool"] = "auto"
+
+
+@attrs.frozen(kw_only=True)
+class ProxyConfig:
+    tcp_port: int = attrs.field(default=0, validator=_port)
+
+
+@attrs.frozen(kw_only=True)
+class RunnerConfig:
+    shell_timeout: float = attrs.field(default=30.0, validator=_positive)
+    output_cap: int = attrs.field(default=65536, validator=_at_least(1))
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """config.toml (spec §12.1). ``workspace`` is absolute: a relative one in the file
+    is taken relative to the home."""
+
+    workspace: Path
+    model: ModelConfig = attrs.Factory(ModelConfig)
+    broker: BrokerConfig = attrs.Factory(BrokerConfig)
+    loop: LoopConfig = attrs.Factory(LoopConfig)
+    proxy: ProxyConfig = attrs.Factory(ProxyConfig)
+    labels: LabelRules = attrs.Factory(LabelRules)
+    runner: RunnerConfig = attrs.Factory(RunnerConfig)
+
+    @classmethod
+    def defaults(cls, home: Home) -> Config:
+        return cls(workspace=home.default_workspace)
+
+
+def _workspace_problem(home: Home, workspace: Path) -> str | None:
+    # The workspace is bound read-write into the sandbox (spec §8): it must not expose
+    # the ledger, grants, state or sockets.
+    root = Path(os.path.normpath(home.root))
+    if workspace == root or root.is_relative_to(workspace):
+        return "must not be the home or contain it"
+    if workspace.is_relative_to(root) and not workspace.is_relative_to(home.default_workspace):
+        return "inside the home, only workspace/ may be used"
+    return None
+
+
+def _describe(file: Path, path: tuple[str | int, ...], message: str) -> str:
+    if len(path) >= 2 and isinstance(path[0], str):
+        where = f"[{path[0]}] {format_path(path[1:])}"
+    elif path:
+        where = format_path(path)
+    else:
+        where = "(file)"
+    # core.labels' validators already say "[labels] key: ..." themselves.
+    if len(path) == 1 and message.startswith(f"[{path[0]}] "):
+        return f"{file.name}: {message}"
+    return f"{file.name}: {where}: {message}"
+
+
+def parse_config(text: str, home: Home, *, file: Path | None = None) -> Config:
+    """Parse config.toml's text. Raises :class:`ConfigError`.
+
+    >>> parse_config("[broker]\\npending_timeout = 'soon'\\n", Home(Path("/tmp/bx")))
+    Traceback (most recent call last):
+    ...
+    boxmaker.home.ConfigError: config.toml: [broker] pending_timeout: expected a number
+    """
+    file = file or home.config_toml
+    try:
+        raw: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{file.name}: TOML syntax: {exc}"]) from None
+    workspace = raw.get("workspace")
+    if workspace is None:
+        raw["workspace"] = str(home.default_workspace)
+    elif isinstance(workspace, str) and workspace:
+        resolved = home.root / Path(workspace).expanduser()
+        raw["workspace"] = os.path.normpath(resolved)
+    try:
+        config = converter.structure(raw, Config)
+    except Exception as exc:
+        found = [_describe(file, path, message) for path, message in problems(exc)]
+        raise ConfigError(found) from None
+    problem = _workspace_problem(home, config.workspace)
+    if problem is not None:
+        raise ConfigError([f"{file.name}: workspace: {problem}"])
+    return config
+
+
+def load_config(home: Home) -> Config:
+    """Read ``config.toml``; a missing file means every default (spec §12.1)."""
+    path = home.config_toml
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Config.defaults(home)
+    except OSError as exc:
+        raise ConfigError([f"{path.name}: cannot read it ({exc.strerror})"]) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path.name}: not UTF-8"]) from None
+    return parse_config(text, home, file=path)
+
+
+def _toml_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
+def default_config_text() -> str:
+    """A config.toml with every key, commented out at its default (``bxctl init``).
+
+    >>> "# pending_timeout = 300.0" in default_config_text()
+    True
+    """
+    return f"""\
+# boxmaker configuration (spec §12.1). Every key is optional; the commented values are
+# the defaults. Durations are seconds (floats allowed). Unknown keys are errors.
+
+# The directory the tools work in (bound read-write into the sandbox).
+# Relative paths are relative to the home. Default: <home>/workspace
+# workspace = "workspace"
+
+[model]
+# The llama-server to use; no url: the embedded model (bxctl up starts it).
+# url = "http://127.0.0.1:8080"
+# name = "default"
+# max_tokens = 1024
+
+[broker]
+# How long an ask waits for bxctl approve / refuse before it expires.
+# pending_timeout = 300.0
+# The uid allowed on broker.sock (loopd's). Default: the owner's uid.
+# loopd_uid = {os.getuid()}
+
+[loop]
+# max_steps = 16
+# reply_timeout = 10.0
+# "tool": the first model call of a turn asks for a tool call (for tiny models).
+# first_step = "auto"
+
+[proxy]
+# inferproxy's extra TCP listener on 127.0.0.1; 0: none.
+# tcp_port = 0
+
+[labels]
+# Workspace paths whose content is secret / untrusted (globs; other files: internal).
+# secret = {_toml_list(DEFAULT_SECRET)}
+# untrusted = {_toml_list(DEFAULT_UNTRUSTED)}
+
+[runner]
+# shell_timeout = 30.0
+# output_cap = 65536
+"""
+
+
+DEFAULT_GRANTS_TEXT: Final = """\
+# boxmaker grants (spec §4.1). With no grant, every tool call is denied (no_grant).
+#
+# [[grant]]
+# id = "read-notes"
+# tool = "read_file"
+# mode = "ask"
+# paths = ["notes/**"]
+# note = "why this grant exists"
+"""

@@ -1,0 +1,477 @@
+"""grants.toml: parsing, every problem (file, grant id, key), matching (spec §4.1, §4.2)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from boxmaker.core.catalogue import CheckedArguments, check_arguments
+from boxmaker.core.grants import (
+    Grant,
+    GrantSet,
+    GrantsProblem,
+    Mode,
+    grants_from_document,
+    host_matches,
+    parse_grants,
+)
+from boxmaker.core.labels import Taint
+
+NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
+
+FULL = """
+[[grant]]
+id = "read-notes"
+tool = "read_file"
+mode = "ask"
+paths = ["notes/**", "*.md"]
+max_taint = "internal"
+if_untrusted = "deny"
+expires = 2026-12-31T00:00:00Z
+note = "why this grant exists"
+
+[[grant]]
+id = "git"
+tool = "shell"
+mode = "auto"
+commands = ["git status*", "ls"]
+label_taint = "secret"
+
+[[grant]]
+id = "docs"
+tool = "http_get"
+mode = "auto"
+hosts = ["docs.python.org", "*.Example.com"]
+if_untrusted = "auto"
+"""
+
+
+def grant_text(**keys: Any) -> str:
+    """One [[grant]] with the given keys (values written as TOML via JSON, which agrees
+    with TOML for strings, integers, booleans and arrays)."""
+    lines = ["[[grant]]"]
+    for key, value in keys.items():
+        rendered = value if isinstance(value, Raw) else json.dumps(value)
+        lines.append(f"{key} = {rendered}")
+    return "\n".join(lines) + "\n"
+
+
+class Raw(str):
+    """A TOML value written as is (datetimes, tables)."""
+
+
+BASE = {"id": "g", "tool": "read_file", "mode": "auto"}
+
+
+def parsed(text: str) -> GrantSet:
+    result = parse_grants(text)
+    assert isinstance(result, GrantSet), result
+    return result
+
+
+def problem(text: str) -> GrantsProblem:
+    result = parse_grants(text, file="/home/me/grants.toml")
+    assert isinstance(result, GrantsProblem), result
+    return result
+
+
+def args(tool: str, **arguments: object) -> CheckedArguments:
+    checked = check_arguments(tool, arguments)
+    assert isinstance(checked, CheckedArguments), checked
+    return checked
+
+
+def test_full_example_parses_in_file_order() -> None:
+    grants = parsed(FULL).grants
+    assert [g.id for g in grants] == ["read-notes", "git", "docs"]
+    notes, git, docs = grants
+    assert notes.tool == "read_file"
+    assert notes.mode is Mode.ASK
+    assert notes.paths is not None
+    assert [g.pattern for g in notes.paths] == ["notes/**", "*.md"]
+    assert notes.max_taint is Taint.INTERNAL
+    assert notes.if_untrusted is Mode.DENY
+    assert notes.expires == dt.datetime(2026, 12, 31, tzinfo=dt.UTC)
+    assert notes.note == "why this grant exists"
+    assert git.commands == ("git status*", "ls")
+    assert git.label_taint is Taint.SECRET
+    assert docs.hosts == ("docs.python.org", "*.example.com")
+
+
+def test_defaults() -> None:
+    (grant,) = parsed(grant_text(**BASE)).grants
+    assert grant.paths is None
+    assert grant.commands is None
+    assert grant.hosts == ()
+    assert grant.max_taint is Taint.SECRET
+    assert grant.if_untrusted is Mode.ASK
+    assert grant.label_taint is None
+    assert grant.expires is None
+    assert grant.note is None
+
+
+def test_empty_and_comment_only_files_are_empty_sets() -> None:
+    assert parsed("").grants == ()
+    assert parsed("# nothing granted yet\n").grants == ()
+    assert parsed("grant = []").grants == ()
+
+
+def test_expires_with_an_offset_is_converted_to_utc() -> None:
+    (grant,) = parsed(grant_text(**BASE, expires=Raw("2026-07-01T02:00:00+02:00"))).grants
+    assert grant.expires == dt.datetime(2026, 7, 1, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "grant_id", "key", "message"),
+    [
+        # not a grant at all
+        ("[grant\n", None, None, None),
+        ('title = "x"\n' + grant_text(**BASE), None, "title", None),
+        ('grant = "x"', None, "grant", "expected [[grant]] tables, got a string"),
+        ("grant = [1]", None, None, "[[grant]] #1 must be a table, got an integer"),
+        # id
+        (grant_text(tool="read_file", mode="auto"), None, "id", "[[grant]] #1 has no id"),
+        (grant_text(**{**BASE, "id": 5}), None, "id", None),
+        (grant_text(**{**BASE, "id": "Read"}), None, "id", None),
+        (grant_text(**{**BASE, "id": "-x"}), None, "id", None),
+        (grant_text(**{**BASE, "id": "a" * 64}), None, "id", None),
+        (grant_text(**{**BASE, "id": ""}), None, "id", None),
+        (grant_text(**BASE) + grant_text(**BASE), "g", "id", "duplicate id"),
+        # unknown keys, required keys
+        (grant_text(**BASE, colour="red"), "g", "colour", "unknown key"),
+        (grant_text(**BASE, path=["x"]), "g", "path", "unknown key"),
+        (grant_text(id="g", mode="auto"), "g", "tool", "required key missing"),
+        (grant_text(id="g", tool="read_file"), "g", "mode", "required key missing"),
+        # tool and mode
+        (grant_text(**{**BASE, "tool": "rm"}), "g", "tool", None),
+        (grant_text(**{**BASE, "tool": 1}), "g", "tool", None),
+        (
+            grant_text(**{**BASE, "mode": "sometimes"}),
+            "g",
+            "mode",
+            "expected one of auto, ask, deny, got 'sometimes'",
+        ),
+        (grant_text(**{**BASE, "mode": "AUTO"}), "g", "mode", None),
+        (grant_text(**{**BASE, "mode": True}), "g", "mode", None),
+        # keys that do not apply to the tool
+        (grant_text(**BASE, commands=["ls"]), "g", "commands", "does not apply to tool read_file"),
+        (grant_text(**BASE, hosts=["a.org"]), "g", "hosts", "does not apply to tool read_file"),
+        (grant_text(**BASE, label_taint="secret"), "g", "label_taint", None),
+        (grant_text(id="g", tool="shell", mode="auto", paths=["a"]), "g", "paths", None),
+        (grant_text(id="g", tool="http_get", mode="auto", paths=["a"]), "g", "paths", None),
+        (grant_text(id="g", tool="http_get", mode="auto", commands=["a"]), "g", "commands", None),
+        (
+            grant_text(id="g", tool="http_get", mode="auto", label_taint="secret"),
+            "g",
+            "label_taint",
+            "does not apply to tool http_get",
+        ),
+        (
+            grant_text(id="g", tool="http_get", mode="auto"),
+            "g",
+            "hosts",
+            "required for http_get (there is no default)",
+        ),
+        # lists
+        (grant_text(**BASE, paths="notes/**"), "g", "paths", None),
+        (grant_text(**BASE, paths=[]), "g", "paths", None),
+        (grant_text(**BASE, paths=["notes/**", ""]), "g", "paths", "an empty string in the array"),
+        (grant_text(**BASE, paths=["notes/**", 3]), "g", "paths", None),
+        (grant_text(**BASE, paths=["/etc/**"]), "g", "paths", None),
+        (grant_text(**BASE, paths=["a/../b"]), "g", "paths", None),
+        (grant_text(id="g", tool="shell", mode="auto", commands=[""]), "g", "commands", None),
+        (grant_text(id="g", tool="shell", mode="auto", commands="ls"), "g", "commands", None),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=[]), "g", "hosts", None),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=[""]), "g", "hosts", None),
+        (
+            grant_text(id="g", tool="http_get", mode="auto", hosts=["https://a.org/"]),
+            "g",
+            "hosts",
+            None,
+        ),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=["a.org:80"]), "g", "hosts", None),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=["*"]), "g", "hosts", None),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=["a.*.org"]), "g", "hosts", None),
+        # taints and modes of conditions
+        (grant_text(**BASE, max_taint="top"), "g", "max_taint", None),
+        (grant_text(**BASE, max_taint=2), "g", "max_taint", None),
+        (grant_text(**BASE, if_untrusted="maybe"), "g", "if_untrusted", None),
+        (
+            grant_text(id="g", tool="shell", mode="auto", label_taint="top"),
+            "g",
+            "label_taint",
+            None,
+        ),
+        (
+            grant_text(id="g", tool="shell", mode="auto", label_taint="public"),
+            "g",
+            "label_taint",
+            "may only raise shell output: internal or secret",
+        ),
+        # expires
+        (grant_text(**BASE, expires="2026-12-31T00:00:00Z"), "g", "expires", None),
+        (grant_text(**BASE, expires=Raw("2026-12-31T00:00:00")), "g", "expires", None),
+        (grant_text(**BASE, expires=Raw("2026-12-31")), "g", "expires", None),
+        (grant_text(**BASE, expires=Raw("00:00:00")), "g", "expires", None),
+        (grant_text(**BASE, expires=1), "g", "expires", None),
+        # note
+        (grant_text(**BASE, note=1), "g", "note", "expected a string, got an integer"),
+        (grant_text(**BASE, note="x" * 501), "g", "note", "at most 500 characters"),
+    ],
+)
+def test_each_problem_names_file_grant_and_key(
+    text: str, grant_id: str | None, key: str | None, message: str | None
+) -> None:
+    found = problem(text)
+    assert found.file == "/home/me/grants.toml"
+    assert (found.grant_id, found.key) == (grant_id, key)
+    if message is not None:
+        assert found.message == message
+
+
+def test_a_problem_in_a_later_grant_invalidates_the_whole_set() -> None:
+    text = FULL + grant_text(id="bad", tool="read_file", mode="never")
+    assert problem(text) == GrantsProblem(
+        "/home/me/grants.toml", "bad", "mode", "expected one of auto, ask, deny, got 'never'"
+    )
+
+
+def test_the_first_problem_in_file_order_is_reported() -> None:
+    text = grant_text(id="one", tool="read_file", mode="x") + grant_text(id="Two")
+    assert (problem(text).grant_id, problem(text).key) == ("one", "mode")
+
+
+def test_syntax_problem_carries_the_position() -> None:
+    found = problem('[[grant]]\nid = "a"\nmode = \n')
+    assert found.message.startswith("TOML syntax: ")
+    assert "line 3" in found.message
+
+
+def test_problem_descriptions() -> None:
+    found = problem(grant_text(**BASE, colour="red"))
+    assert found.describe() == "/home/me/grants.toml, grant 'g', key 'colour': unknown key"
+    assert found.detail().endswith("; see docs/runbook.md#grants")
+    assert problem("[x").describe().startswith("/home/me/grants.toml: TOML syntax: ")
+
+
+@pytest.mark.parametrize("good_id", ["a", "0", "read-notes", "a" * 63, "a-", "9-9"])
+def test_good_ids(good_id: str) -> None:
+    assert parsed(grant_text(**{**BASE, "id": good_id})).grants[0].id == good_id
+
+
+# --- matching ---------------------------------------------------------------------------
+
+
+def one(text: str) -> Grant:
+    (grant,) = parsed(text).grants
+    return grant
+
+
+def test_paths_match_the_normalized_path() -> None:
+    grant = one(grant_text(**BASE, paths=["notes/**"]))
+    assert grant.matches("read_file", args("read_file", path="./notes/a/../b.txt"), NOW)
+    assert grant.matches("read_file", args("read_file", path="notes"), NOW)
+    assert not grant.matches("read_file", args("read_file", path="notesx/b.txt"), NOW)
+    assert not grant.matches("read_file", args("read_file", path="."), NOW)
+
+
+def test_no_paths_matches_every_workspace_path_including_the_root() -> None:
+    grant = one(grant_text(id="g", tool="list_dir", mode="auto"))
+    assert grant.matches("list_dir", args("list_dir", path="."), NOW)
+    assert grant.matches("list_dir", args("list_dir", path="a/b/c"), NOW)
+
+
+def test_tool_must_be_equal() -> None:
+    grant = one(grant_text(**BASE))
+    assert not grant.matches("list_dir", args("list_dir", path="a"), NOW)
+    assert not grant.matches("write_file", args("write_file", path="a", content=""), NOW)
+
+
+def test_expiry_boundary_is_ge() -> None:
+    expires = dt.datetime(2026, 12, 31, tzinfo=dt.UTC)
+    grant = one(grant_text(**BASE, expires=Raw("2026-12-31T00:00:00Z")))
+    checked = args("read_file", path="a")
+    assert grant.matches("read_file", checked, expires - dt.timedelta(microseconds=1))
+    assert not grant.matches("read_file", checked, expires)
+    assert not grant.matches("read_file", checked, expires + dt.timedelta(microseconds=1))
+    assert not grant.expired(expires - dt.timedelta(microseconds=1))
+    assert grant.expired(expires)
+    assert not one(grant_text(**BASE)).expired(expires)
+    # the same instant in another zone
+    paris = dt.timezone(dt.timedelta(hours=1))
+    assert not grant.matches("read_file", checked, expires.astimezone(paris))
+
+
+def test_shell_commands_use_fnmatch_on_the_whole_line() -> None:
+    grant = one(grant_text(id="g", tool="shell", mode="auto", commands=["git status*", "ls"]))
+
+    def ok(command: str) -> bool:
+        return grant.matches("shell", args("shell", command=command), NOW)
+
+    assert ok("git status")
+    assert ok("git status --short")
+    assert ok("git status; rm -rf x")  # documented: * matches the rest of the line
+    assert ok("ls")
+    assert not ok("ls -la")
+    assert not ok(" git status")
+    assert not ok("Git status")
+
+
+def test_shell_without_commands_matches_every_command() -> None:
+    grant = one(grant_text(id="g", tool="shell", mode="auto"))
+    assert grant.matches("shell", args("shell", command="anything at all"), NOW)
+
+
+def test_hosts() -> None:
+    grant = one(
+        grant_text(id="g", tool="http_get", mode="auto", hosts=["docs.python.org", "*.example.com"])
+    )
+
+    def ok(url: str) -> bool:
+        return grant.matches("http_get", args("http_get", url=url), NOW)
+
+    assert ok("https://docs.python.org/3/")
+    assert ok("http://DOCS.Python.ORG:8080/x")
+    assert ok("https://a.example.com/")
+    assert ok("https://a.b.example.com/")
+    assert not ok("https://example.com/")
+    assert not ok("https://badexample.com/")
+    assert not ok("https://docs.python.org.evil.net/")
+    assert not ok("https://python.org/")
+
+
+def test_an_http_get_grant_without_hosts_matches_nothing() -> None:
+    grant = Grant(id="g", tool="http_get", mode=Mode.AUTO)
+    assert not grant.matches("http_get", args("http_get", url="https://a.org/"), NOW)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "host", "expected"),
+    [
+        ("a.org", "a.org", True),
+        ("a.org", "b.a.org", False),
+        ("*.a.org", "b.a.org", True),
+        ("*.a.org", "a.org", False),
+        ("*.a.org", "ba.org", False),
+    ],
+)
+def test_host_matches(pattern: str, host: str, expected: bool) -> None:
+    assert host_matches(pattern, host) is expected
+
+
+def test_matching_lists_every_unexpired_match_in_file_order() -> None:
+    text = (
+        grant_text(id="a", tool="read_file", mode="auto")
+        + grant_text(id="b", tool="read_file", mode="deny", paths=["x/**"])
+        + grant_text(id="c", tool="read_file", mode="ask", expires=Raw("2026-01-01T00:00:00Z"))
+        + grant_text(id="d", tool="list_dir", mode="auto")
+        + grant_text(id="e", tool="read_file", mode="ask")
+    )
+    grants = parsed(text)
+    assert [g.id for g in grants.matching("read_file", args("read_file", path="x/y"), NOW)] == [
+        "a",
+        "b",
+        "e",
+    ]
+    assert [g.id for g in grants.for_tool("list_dir")] == ["d"]
+    assert grants.for_tool("nope") == ()
+
+
+# --- never another exception ---------------------------------------------------------------
+
+
+@given(st.text(max_size=300))
+def test_any_text_gives_a_set_or_one_problem(text: str) -> None:
+    assert isinstance(parse_grants(text), GrantSet | GrantsProblem)
+
+
+toml_ish = st.text(alphabet="[]{}=.\"'#\n abc-_,0123456789tTZ:+grant", max_size=200)
+
+
+@given(toml_ish)
+def test_toml_ish_text_gives_a_set_or_one_problem(text: str) -> None:
+    assert isinstance(parse_grants(text), GrantSet | GrantsProblem)
+
+
+def test_deep_nesting_is_a_problem_not_a_crash() -> None:
+    assert isinstance(parse_grants("x = " + "[" * 100_000), GrantsProblem)
+
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.sampled_from(
+        ["read_file", "list_dir", "write_file", "shell", "http_get", "auto", "ask", "deny"]
+    ),
+    st.sampled_from(["public", "internal", "secret", "notes/**", "", "/x", "*.a.org", "g"]),
+    st.datetimes(timezones=st.none() | st.just(dt.UTC)),
+    st.dates(),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)
+GRANT_KEYS = ["id", "tool", "mode", "paths", "commands", "hosts", "max_taint", "if_untrusted"]
+grant_keys = st.sampled_from([*GRANT_KEYS, "label_taint", "expires", "note", "other"])
+grant_dicts = st.dictionaries(grant_keys, values, max_size=8)
+documents = st.dictionaries(
+    st.sampled_from(["grant", "grants", "x"]),
+    st.lists(grant_dicts | values, max_size=4) | values,
+    max_size=2,
+)
+
+
+@given(documents)
+def test_any_document_gives_a_set_or_one_problem(document: dict[str, Any]) -> None:
+    result = grants_from_document(document)
+    assert isinstance(result, GrantSet | GrantsProblem)
+    if isinstance(result, GrantSet):
+        assert all(isinstance(g, Grant) for g in result.grants)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, str):
+        # JSON's \uD800-style pairs are not TOML; raw DEL is not allowed in a TOML string.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+toml_scalars = st.one_of(
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12),
+    st.sampled_from(["read_file", "shell", "http_get", "auto", "ask", "deny", "secret", "g"]),
+    st.sampled_from(["public", "notes/**", "", "*.a.org", "docs.python.org", "git *"]),
+    st.datetimes(timezones=st.none() | st.just(dt.UTC)),
+)
+toml_values = toml_scalars | st.lists(toml_scalars, max_size=3)
+
+
+@given(st.lists(st.dictionaries(grant_keys, toml_values, max_size=9), max_size=4))
+def test_documents_written_as_toml_give_a_set_or_one_problem(
+    grants: list[dict[str, Any]],
+) -> None:
+    text = "".join(
+        "[[grant]]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in grant.items())
+        for grant in grants
+    )
+    result = parse_grants(text)
+    assert isinstance(result, GrantSet | GrantsProblem)
+    if isinstance(result, GrantsProblem):
+        # Everything written here is valid TOML: the problem is about the content.
+        assert not result.message.startswith("TOML syntax")
