@@ -1,0 +1,90 @@
+"""The hash-chained audit ledger (spec §5): records, the single writer, verification.
+
+- :mod:`boxmaker.ledger.records`: record bodies and their canonical bytes (pure);
+- :mod:`boxmaker.ledger.writer`: open/repair, and the trio writer task (group commit);
+- :mod:`boxmaker.ledger.verify`: streaming verification (pure core, file wrapper).
+"""
+
+from __future__ import annotations
+
+from boxmaker.ledger.records import (
+    Approval,
+    ApprovalBy,
+    ApprovalOutcome,
+    BadRecord,
+    Body,
+    Decision,
+    Genesis,
+    Kind,
+    Record,
+    Repair,
+    Result,
+    ResultStatus,
+    Start,
+    Stop,
+    VerdictCode,
+    decode_line,
+    encode_line,
+    format_head,
+    line_hash,
+    new_boot_id,
+    parse_head,
+)
+from boxmaker.ledger.verify import (
+    CallCounts,
+    Problem,
+    Report,
+    iter_lines,
+    verify_file,
+    verify_lines,
+)
+from boxmaker.ledger.writer import (
+    Appended,
+    LedgerFile,
+    LedgerStopped,
+    LedgerTorn,
+    LedgerWriter,
+    OsLedgerFile,
+    Tail,
+    open_ledger,
+    repair,
+)
+
+__all__ = [
+    "Appended",
+    "Approval",
+    "ApprovalBy",
+    "ApprovalOutcome",
+    "BadRecord",
+    "Body",
+    "CallCounts",
+    "Decision",
+    "Genesis",
+    "Kind",
+    "LedgerFile",
+    "LedgerStopped",
+    "LedgerTorn",
+    "LedgerWriter",
+    "OsLedgerFile",
+    "Problem",
+    "Record",
+    "Repair",
+    "Report",
+    "Result",
+    "ResultStatus",
+    "Start",
+    "Stop",
+    "Tail",
+    "VerdictCode",
+    "decode_line",
+    "encode_line",
+    "format_head",
+    "iter_lines",
+    "line_hash",
+    "new_boot_id",
+    "open_ledger",
+    "parse_head",
+    "repair",
+    "verify_file",
+    "verify_lines",
+]

@@ -1,0 +1,345 @@
+"""Streaming ledger verification (spec §5.6): one pass, raw bytes, no re-serializing.
+
+:func:`verify_lines` is the pure core. It takes the lines as iterating a binary file
+yields them: each ends with ``\n`` except perhaps the last (any iterable of such lines
+will do). :func:`verify_file` is the thin file wrapper.
+
+What is checked, per line: it is a JSON object with ``seq``, ``prev``, ``at`` (a string)
+and ``kind``; ``seq`` is the next number; ``prev`` is the SHA-256 of the previous line's
+exact bytes (64 zeros for the first); ``kind`` is known, and the first record (only the
+first) is ``genesis``; the per-call order is decision → at most one approval → at most
+one result, with an approval only after an ``ask`` verdict and a result only after a
+``run`` verdict or an approval whose outcome is ``ask``/``allowed``. The last line must
+end with a newline. With ``expect_head``, that seq must be in the file with that hash.
+
+Where a problem is reported (its ``seq``): the position the line holds in the chain,
+i.e. the seq the line should have. After a wrong ``seq`` the count follows the line's
+own number, so one gap or swap is one problem and not a cascade. A broken ``prev`` link
+is reported at the later line (the one whose ``prev`` does not match), since either line
+may be the one that changed.
+
+Call states (the summary):
+
+- ``complete``: has a result (``ok``, or ``failed`` for a reason other than
+  ``requester_gone``);
+- ``denied``: a ``deny`` verdict, or an approval with outcome ``denied``;
+- ``refused``, ``expired``: the approval's outcome;
+- ``withdrawn``: an approval ``withdrawn``, or a result ``failed`` with reason
+  ``requester_gone`` (spec §5.3 step 3: nothing ran, the requester left first);
+- ``pending``: asked, no approval yet, in the newest boot while it has not stopped;
+- ``running``: decided to run (``run`` verdict, or approval ``ask``/``allowed``), no
+  result yet, in the newest boot while it has not stopped;
+- ``unfinished``: pending or running, but from an earlier boot or a stopped one: that
+  brokerd is gone, so the call never ends (spec §5.3 step 4 leaves such calls).
+
+The newest boot is that of the last ``start`` record; a ledger written without ``start``
+records is one boot. A ``stop`` of the newest boot ends it.
+
+Memory, and what it costs: only open calls (asked, or running) are kept, in a dict, so
+memory follows the open calls and not the file. A finished call is forgotten. The
+trade-off: a call id is checked to name at most one *open* call at a time; a decision
+that reuses the id of a call that already ended starts a new call and is not reported
+(an approval or result after its call ended is: it has no open decision). Keeping every
+id ever seen would catch that reuse, but it costs ~100 bytes a call and, measured, a
+third of the speed. Problems are capped at ``max_problems`` (the rest are counted).
+
+Performance: the loop works on ``orjson.loads``' dict and ``hashlib`` directly, with no
+attrs/cattrs per record; tools/bench_ledger.py compares it with a bare hash+parse loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import attrs
+import orjson
+
+from boxmaker.ledger.records import GENESIS_PREV, format_head, parse_head
+
+READ_BUFFER = 1 << 20
+MAX_PROBLEMS = 1000
+
+# Phases of an open call.
+_ASKED = 0
+_RUNNING = 1  # a run verdict: an approval would be out of order
+_APPROVED = 2  # an approval let it run: a second approval would be out of order
+
+_NOT_JSON = object()
+
+
+@attrs.frozen
+class Problem:
+    seq: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"seq {self.seq}: {self.what}"
+
+
+@attrs.frozen
+class CallCounts:
+    complete: int = 0
+    denied: int = 0
+    refused: int = 0
+    expired: int = 0
+    withdrawn: int = 0
+    pending: int = 0
+    running: int = 0
+    unfinished: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(attrs.astuple(self))
+
+
+@attrs.frozen
+class Report:
+    problems: tuple[Problem, ...]
+    records: int
+    head: str | None
+    calls: CallCounts
+    problems_left_out: int = 0
+    """Problems found beyond ``max_problems``, counted but not kept."""
+
+    @property
+    def sound(self) -> bool:
+        return not self.problems
+
+
+def iter_lines(path: Path) -> Iterator[bytes]:
+    """The file's lines, newline kept, through a large buffer (one pass, streaming)."""
+    with path.open("rb", buffering=READ_BUFFER) as file:
+        yield from file
+
+
+def verify_file(path: Path, expect_head: str | None = None) -> Report:
+    """Verify the ledger at ``path``. I/O errors propagate (the CLI's exit 2)."""
+    # The file object itself, not iter_lines: a generator would cost a resume per line.
+    with path.open("rb", buffering=READ_BUFFER) as file:
+        return verify_lines(file, expect_head)
+
+
+def verify_lines(  # one flat loop: helpers per record would cost a call each
+    lines: Iterable[bytes],
+    expect_head: str | None = None,
+    *,
+    max_problems: int = MAX_PROBLEMS,
+) -> Report:
+    """Check a ledger given as its lines (spec §5.6); see the module docstring.
+
+    >>> from boxmaker.ledger.records import encode_line, Genesis, line_hash
+    >>> first = encode_line(0, "2026-01-02T03:04:05.678Z", GENESIS_PREV, Genesis("l-1"))
+    >>> report = verify_lines([first + b"\\n"])
+    >>> report.sound, report.records, report.head == "0:" + line_hash(first)
+    (True, 1, True)
+    >>> [str(p) for p in verify_lines([first]).problems]
+    ['seq 0: torn last line (no newline)']
+    """
+    want_seq, want_hash = parse_head(expect_head) if expect_head is not None else (-1, "")
+    head_found = False
+    problems: list[Problem] = []
+    left_out = 0
+
+    def problem(seq: int, what: str) -> None:
+        nonlocal left_out
+        if len(problems) < max_problems:
+            problems.append(Problem(seq, what))
+        else:
+            left_out += 1
+
+    sha256 = hashlib.sha256
+    loads = orjson.loads
+    decode_error = orjson.JSONDecodeError
+    # Open calls only: call -> boot tag + phase (the tag, a multiple of 4, changes with
+    # each boot, so no tuple is built per call). Finished calls are forgotten.
+    open_calls: dict[str, int] = {}
+    boot_tag = 0
+    complete = denied = withdrawn = 0
+    approval_ends = dict.fromkeys(("denied", "refused", "expired", "withdrawn"), 0)
+    newest_boot: object = None
+    boot_stopped = False
+    seq = -1
+    records = 0
+    prev_hash = GENESIS_PREV
+    digest = ""
+
+    lines = iter(lines)
+    first = next(lines, None)
+    if first is None:
+        return Report(problems=(), records=0, head=None, calls=CallCounts())
+    # Checked here, once, rather than by a test on every line of the loop.
+    try:
+        first_kind = loads(first)["kind"]
+    except (decode_error, KeyError, TypeError):
+        first_kind = None
+    if first_kind != "genesis":
+        problem(0, f"the first record is {first_kind!r}, not genesis")
+
+    for records, raw in enumerate(itertools.chain((first,), lines), 1):
+        seq += 1
+        # Every line but a file's last ends with a newline; the last is checked after
+        # the loop, which keeps a test off this path.
+        line = raw[:-1]
+        digest = sha256(line).hexdigest()
+        try:
+            rec = loads(line)
+        except decode_error:
+            rec = _NOT_JSON
+            if raw[-1:] != b"\n":
+                # The torn last line: judge it by all of its bytes, not less its last.
+                digest = sha256(raw).hexdigest()
+                with contextlib.suppress(decode_error):
+                    rec = loads(raw)
+            if rec is _NOT_JSON:
+                problem(seq, "not valid JSON")
+                if seq == want_seq:
+                    head_found = True
+                    problem(seq, f"line hash differs from the expected head {expect_head}")
+                prev_hash = digest
+                continue
+        try:
+            own_seq = rec["seq"]
+            own_prev = rec["prev"]
+            at = rec["at"]
+            kind = rec["kind"]
+        except (KeyError, TypeError):
+            problem(seq, _shape_problem(rec))
+            if seq == want_seq:
+                head_found = True
+                problem(seq, f"line hash differs from the expected head {expect_head}")
+            prev_hash = digest
+            continue
+        if own_seq != seq or type(own_seq) is not int:
+            problem(seq, f"seq {own_seq!r} where {seq} was expected")
+            if type(own_seq) is int:
+                seq = own_seq
+        if own_prev != prev_hash:
+            problem(seq, f"prev does not match the hash of the line before ({prev_hash[:12]}…)")
+        prev_hash = digest
+        if seq == want_seq:
+            head_found = True
+            if digest != want_hash:
+                problem(seq, f"line hash differs from the expected head {expect_head}")
+        if type(at) is not str:
+            problem(seq, f"at {at!r} is not a UTC time")
+
+        try:
+            if kind == "decision":
+                call = rec["call"]
+                verdict = rec["verdict"]
+                if type(call) is not str:
+                    problem(seq, f"decision with call id {call!r}")
+                    continue
+                if call in open_calls:
+                    problem(seq, f"a second decision for call {call} while it is open")
+                elif verdict == "run":
+                    open_calls[call] = boot_tag + _RUNNING
+                elif verdict == "ask":
+                    open_calls[call] = boot_tag + _ASKED
+                elif verdict == "deny":
+                    denied += 1
+                else:
+                    problem(seq, f"decision for call {call} with unknown verdict {verdict!r}")
+
+            elif kind == "result":
+                call = rec["call"]
+                status = rec["status"]
+                state = open_calls.get(call)
+                if state is None or state & 3 == _ASKED:
+                    problem(seq, _out_of_order("result", call, state))
+                elif status == "ok":
+                    del open_calls[call]
+                    complete += 1
+                elif status == "failed":
+                    del open_calls[call]
+                    if rec["reason"] == "requester_gone":
+                        withdrawn += 1
+                    else:
+                        complete += 1
+                else:
+                    problem(seq, f"result for call {call} with unknown status {status!r}")
+
+            elif kind == "approval":
+                call = rec["call"]
+                outcome = rec["outcome"]
+                state = open_calls.get(call)
+                if state is None or state & 3 != _ASKED:
+                    problem(seq, _out_of_order("approval", call, state))
+                elif outcome == "ask" or outcome == "allowed":
+                    open_calls[call] = state - _ASKED + _APPROVED
+                elif outcome in approval_ends:
+                    del open_calls[call]
+                    approval_ends[outcome] += 1
+                else:
+                    problem(seq, f"approval for call {call} with unknown outcome {outcome!r}")
+
+            elif kind == "start":
+                newest_boot = rec["boot"]
+                boot_stopped = False
+                boot_tag += 4
+            elif kind == "stop":
+                if rec["boot"] == newest_boot:
+                    boot_stopped = True
+            elif kind == "genesis":
+                if records != 1:
+                    problem(seq, "a genesis record after the first")
+            elif kind != "repair":
+                problem(seq, f"unknown kind {kind!r}")
+        except KeyError as missing:
+            problem(seq, f"{kind} record without {missing}")
+        except TypeError:  # an unhashable value where an id or code belongs
+            problem(seq, f"{kind} record with a field of the wrong type")
+
+    if raw[-1:] != b"\n":
+        # A write cut short (spec §5.5). The head is the hash of all of its bytes.
+        problem(seq, "torn last line (no newline)")
+        digest = sha256(raw).hexdigest()
+    if want_seq >= 0 and not head_found:
+        problem(want_seq, f"the expected head {expect_head} is not in the ledger (truncated?)")
+
+    pending = running = unfinished = 0
+    for state in open_calls.values():
+        if boot_stopped or state & ~3 != boot_tag:
+            unfinished += 1
+        elif state & 3 == _ASKED:
+            pending += 1
+        else:
+            running += 1
+    return Report(
+        problems=tuple(problems),
+        records=records,
+        head=format_head(seq, digest) if records else None,
+        calls=CallCounts(
+            complete=complete,
+            denied=denied + approval_ends["denied"],
+            refused=approval_ends["refused"],
+            expired=approval_ends["expired"],
+            withdrawn=withdrawn + approval_ends["withdrawn"],
+            pending=pending,
+            running=running,
+            unfinished=unfinished,
+        ),
+        problems_left_out=left_out,
+    )
+
+
+def _shape_problem(rec: object) -> str:
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    missing = [name for name in ("seq", "at", "kind", "prev") if name not in rec]
+    return "missing " + ", ".join(missing)
+
+
+def _out_of_order(kind: str, call: str, state: int | None) -> str:
+    if state is None:
+        return f"{kind} for call {call} with no open decision (none, or the call had ended)"
+    phase = state & 3
+    if phase == _ASKED:
+        return f"{kind} for call {call} before its approval"
+    if phase == _RUNNING:
+        return f"{kind} for call {call} whose verdict was run, not ask"
+    return f"a second {kind} for call {call}"

@@ -1,0 +1,439 @@
+"""The single ledger writer (spec §5.3-5.5): opening, torn-tail repair, group commit, stop.
+
+Three layers:
+
+- :func:`open_ledger` and :func:`repair` are synchronous and run before brokerd serves:
+  create the ledger with its genesis record, or read only the tail (seeking from the
+  end) to learn the next ``seq`` and ``prev``. A torn tail (no newline, or a last line
+  that is not a JSON object with an integer ``seq``) raises :class:`LedgerTorn`.
+- :class:`LedgerFile` is the file layer (write + fsync); :class:`OsLedgerFile` is the
+  real one (``O_APPEND``). Tests inject their own to fail a write or an fsync.
+- :class:`LedgerWriter` is the trio task that owns the file (spec §5.5): callers send
+  ``(body, reply channel)``; the task takes every record waiting, writes them, fsyncs
+  once, and only then answers. Any failed write or fsync stops it for good in this
+  process (spec §5.4): :attr:`LedgerWriter.usable` turns False and every append raises
+  :class:`LedgerStopped`.
+
+A write that fails half-way may leave a partial line in the file; the writer stops, and
+the next start finds the torn tail (spec §5.5) instead of continuing a broken chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+import orjson
+import trio
+
+from boxmaker.clock import format_utc, utc_now
+from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
+from boxmaker.ledger.records import (
+    GENESIS_PREV,
+    Body,
+    Genesis,
+    Repair,
+    encode_line,
+    format_head,
+    line_hash,
+    new_ledger_id,
+)
+
+log = logging.getLogger("boxmaker.ledger")
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+TAIL_CHUNK = 1 << 16
+MAX_BATCH = 1024
+"""Records per group commit at most, so one write stays bounded under a burst."""
+TORN_ANCHOR = "docs/runbook.md#ledger-torn"
+
+
+class LedgerTorn(Exception):
+    """The ledger's last line is torn; brokerd refuses to start (spec §5.5)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: the ledger's last line is torn ({why}); see {TORN_ANCHOR}")
+        self.path = path
+        self.why = why
+
+
+class LedgerStopped(Exception):
+    """An append after the ledger stopped (spec §5.4), or after it was closed."""
+
+
+@attrs.frozen
+class Tail:
+    """Where the next record goes: its seq and the hash of the last line."""
+
+    next_seq: int
+    prev: str
+
+    @property
+    def head(self) -> str:
+        return format_head(self.next_seq - 1, self.prev)
+
+
+@attrs.frozen
+class Appended:
+    """A record that is written and fsynced. ``line`` has no newline."""
+
+    seq: int
+    head: str
+    line: bytes
+
+
+@attrs.frozen
+class _Torn:
+    offset: int
+    data: bytes
+    why: str
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _inspect_tail(fd: int) -> Tail | _Torn:
+    """Read backwards from the end to the last line; never the whole file."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return _Torn(0, b"", "an empty file")
+    buf = b""
+    pos = size
+    while True:
+        step = min(TAIL_CHUNK, pos)
+        pos -= step
+        buf = os.pread(fd, step, pos) + buf
+        # The file's final byte is excluded: it ends the last line, or is torn data.
+        cut = buf.rfind(b"\n", 0, len(buf) - 1)
+        if cut >= 0:
+            start = pos + cut + 1
+            last = buf[cut + 1 :]
+            break
+        if pos == 0:
+            start, last = 0, buf
+            break
+    if not last.endswith(b"\n"):
+        return _Torn(start, last, "no newline")
+    line = last[:-1]
+    try:
+        fields = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return _Torn(start, last, "not valid JSON")
+    seq = fields.get("seq") if isinstance(fields, dict) else None
+    if type(seq) is not int or seq < 0:
+        return _Torn(start, last, "not a record with a seq")
+    return Tail(next_seq=seq + 1, prev=line_hash(line))
+
+
+def _create(path: Path, now: dt.datetime) -> Tail:
+    """Write genesis to a temp file and rename it, so no empty ledger is ever seen."""
+    line = encode_line(0, format_utc(now), GENESIS_PREV, Genesis(ledger=new_ledger_id()))
+    tmp = path.with_name(path.name + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.write(fd, line + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp.rename(path)
+    _fsync_dir(path.parent)
+    return Tail(next_seq=1, prev=line_hash(line))
+
+
+def open_ledger(path: Path, *, now: dt.datetime | None = None) -> Tail:
+    """Create the ledger with its genesis record, or read where the existing one ends.
+
+    Raises :class:`LedgerTorn` for a torn tail (spec §5.5). Blocking: call it before
+    serving, or through ``trio.to_thread.run_sync``.
+    """
+    path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _create(path, now or utc_now())
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, FILE_MODE)  # spec §5.1: 0600, whatever left it looser
+        found = _inspect_tail(fd)
+    finally:
+        os.close(fd)
+    if isinstance(found, _Torn):
+        raise LedgerTorn(path, found.why)
+    return found
+
+
+def torn_name(now: dt.datetime) -> str:
+    """The file a torn tail is moved to: ``torn-<UTC, compact>.bin``.
+
+    >>> torn_name(dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC))
+    'torn-20260102T030405678Z.bin'
+    """
+    moment = now.astimezone(dt.UTC)
+    return f"torn-{moment:%Y%m%dT%H%M%S}{moment.microsecond // 1000:03d}Z.bin"
+
+
+def _write_new(path: Path, data: bytes) -> Path:
+    """Create a file that did not exist (a suffix avoids clobbering an earlier repair)."""
+    candidate = path
+    for n in range(1, 1000):
+        try:
+            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        except FileExistsError:
+            candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+            continue
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return candidate
+    raise FileExistsError(f"no free name for {path}")
+
+
+def repair(path: Path, *, now: dt.datetime | None = None) -> Repair | None:
+    """Move a torn tail aside (spec §5.5); None when the tail is sound.
+
+    The torn bytes go to ``torn-<UTC>.bin`` beside the ledger (fsynced, with the
+    directory) before the ledger is truncated, so no byte is lost if this is cut short.
+    When nothing sound is left, a new genesis record is written so that the chain can
+    go on. The caller appends the returned :class:`Repair` body through the writer.
+    """
+    moment = now or utc_now()
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        found = _inspect_tail(fd)
+        if isinstance(found, Tail):
+            return None
+        saved = _write_new(path.with_name(torn_name(moment)), found.data)
+        _fsync_dir(path.parent)
+        os.ftruncate(fd, found.offset)
+        if found.offset == 0:
+            genesis = Genesis(ledger=new_ledger_id())
+            os.pwrite(fd, encode_line(0, format_utc(moment), GENESIS_PREV, genesis) + b"\n", 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    log.warning("moved a torn ledger tail (%d bytes) to %s", len(found.data), saved)
+    return Repair(file=saved.name, sha256=hashlib.sha256(found.data).hexdigest())
+
+
+class LedgerFile(Protocol):
+    """The writer's view of the file; blocking, called from a worker thread."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def fsync(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@attrs.define
+class OsLedgerFile:
+    """The real file, opened ``O_APPEND`` so every write lands at the end."""
+
+    fd: int
+
+    @classmethod
+    def open(cls, path: Path) -> OsLedgerFile:
+        return cls(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+_Reply = Appended | BaseException
+_Request = tuple[Body, trio.MemorySendChannel[_Reply]]
+
+
+class LedgerWriter:
+    """The one task that appends to the ledger (spec §5.5).
+
+    Start it with ``await nursery.start(writer.run)``; append with
+    ``await writer.append(body)``; end it with ``await writer.aclose()``, which writes
+    every record already sent before the task returns.
+    """
+
+    def __init__(
+        self,
+        file: LedgerFile,
+        tail: Tail,
+        *,
+        clock: Callable[[], dt.datetime] = utc_now,
+    ) -> None:
+        self._file = file
+        self._next_seq = tail.next_seq
+        self._prev = tail.prev
+        self._clock = clock
+        # Unbounded: the callers are bounded by connections, and a bounded buffer would
+        # make a caller wait on other callers rather than on the disk.
+        self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
+        self._failure: OSError | None = None
+        self._closing = False
+        self._started = False
+        self._done = trio.Event()
+
+    @classmethod
+    def open(cls, path: Path, *, clock: Callable[[], dt.datetime] = utc_now) -> LedgerWriter:
+        """Open (or create) the ledger at ``path``. Blocking; raises :class:`LedgerTorn`."""
+        tail = open_ledger(path, now=clock())
+        return cls(OsLedgerFile.open(path), tail, clock=clock)
+
+    @property
+    def usable(self) -> bool:
+        """False once a write or fsync failed (spec §3 step 2, §5.4)."""
+        return self._failure is None
+
+    @property
+    def failure(self) -> OSError | None:
+        return self._failure
+
+    @property
+    def head(self) -> str:
+        """``SEQ:HASH`` of the last durable record."""
+        return format_head(self._next_seq - 1, self._prev)
+
+    async def append(self, body: Body) -> Appended:
+        """Write one record; returns only after it is fsynced.
+
+        Raises :class:`LedgerStopped` at once, without I/O, once the ledger stopped.
+        If the caller is cancelled while waiting, the record may still be written.
+        """
+        if self._failure is not None:
+            raise LedgerStopped(AUDIT_UNAVAILABLE_DETAIL) from self._failure
+        if self._closing:
+            raise LedgerStopped("the ledger writer is closed")
+        reply_send, reply_receive = trio.open_memory_channel[_Reply](1)
+        try:
+            self._send.send_nowait((body, reply_send))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise LedgerStopped("the ledger writer is closed") from None
+        with reply_receive:
+            try:
+                reply = await reply_receive.receive()
+            except trio.EndOfChannel:
+                raise LedgerStopped("the ledger writer ended before answering") from None
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The writer task. Returns after :meth:`aclose`, having written what was sent."""
+        if self._started:
+            raise RuntimeError("a LedgerWriter runs once")
+        self._started = True
+        try:
+            task_status.started()
+            async for first in self._receive:
+                batch = [first]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                # Shielded: a write already handed to a thread completes anyway, so
+                # its callers are answered and seq/prev follow what is on disk.
+                with trio.CancelScope(shield=True):
+                    await self._commit(batch)
+        finally:
+            self._closing = True
+            self._abandon_waiting()
+            self._file.close()
+            self._done.set()
+
+    async def aclose(self) -> None:
+        """Stop taking records, write those already sent, close the file."""
+        self._closing = True
+        self._send.close()
+        if self._started:
+            await self._done.wait()
+        else:
+            self._file.close()
+            await trio.lowlevel.checkpoint()
+
+    async def _commit(self, batch: list[_Request]) -> None:
+        if self._failure is not None:
+            for _, reply in batch:
+                self._answer(reply, self._stopped())
+            return
+        at = format_utc(self._clock())
+        seq, prev = self._next_seq, self._prev
+        accepted: list[tuple[trio.MemorySendChannel[_Reply], Appended]] = []
+        for body, reply in batch:
+            try:
+                line = encode_line(seq, at, prev, body)
+            except (TypeError, ValueError) as exc:
+                # A body that cannot be encoded is the caller's bug, not a disk failure:
+                # it takes no seq and does not stop the ledger.
+                self._answer(reply, exc)
+                continue
+            prev = line_hash(line)
+            accepted.append((reply, Appended(seq=seq, head=format_head(seq, prev), line=line)))
+            seq += 1
+        if not accepted:
+            return
+        data = b"".join([appended.line + b"\n" for _, appended in accepted])
+        try:
+            await trio.to_thread.run_sync(self._write_and_sync, data)
+        except OSError as exc:
+            self._failure = exc
+            log.exception(
+                "a ledger append failed; the ledger is stopped (%s)", AUDIT_UNAVAILABLE_DETAIL
+            )
+            for reply, _ in accepted:
+                self._answer(reply, self._stopped())
+            return
+        self._next_seq, self._prev = seq, prev
+        for reply, appended in accepted:
+            self._answer(reply, appended)
+
+    def _abandon_waiting(self) -> None:
+        """The task is ending (cancelled): nobody may wait for ever on an unread record."""
+        while True:
+            try:
+                _, reply = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            self._answer(reply, LedgerStopped("the ledger writer ended before writing this"))
+        self._receive.close()
+
+    def _write_and_sync(self, data: bytes) -> None:
+        self._file.write(data)
+        self._file.fsync()
+
+    def _stopped(self) -> LedgerStopped:
+        # A fresh exception per caller: one instance raised in many tasks would share
+        # (and mangle) a traceback.
+        stopped = LedgerStopped(AUDIT_UNAVAILABLE_DETAIL)
+        stopped.__cause__ = self._failure
+        return stopped
+
+    @staticmethod
+    def _answer(reply: trio.MemorySendChannel[_Reply], value: _Reply) -> None:
+        # The caller may have been cancelled and closed its end; the record stands.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            reply.send_nowait(value)
+        reply.close()

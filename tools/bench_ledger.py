@@ -1,0 +1,162 @@
+"""Time ledger verification against a bare hash+parse loop (spec §5.6 performance).
+
+Builds a realistic 200,000-record ledger in a temporary directory (encode_line directly,
+no fsync), then times, best of 3:
+
+- raw: for each line, ``hashlib.sha256(line).hexdigest()`` and ``orjson.loads(line)``;
+- verify: ``boxmaker.ledger.verify.verify_file``.
+
+Run: ``python tools/bench_ledger.py [RECORDS]``. The target is a ratio of at least 0.70.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+
+from boxmaker import __version__
+from boxmaker.clock import format_utc
+from boxmaker.core.labels import Label, Taint
+from boxmaker.core.reasons import Reason
+from boxmaker.ledger.records import (
+    GENESIS_PREV,
+    Approval,
+    ApprovalBy,
+    ApprovalOutcome,
+    Body,
+    Decision,
+    Genesis,
+    Result,
+    ResultStatus,
+    Start,
+    Stop,
+    VerdictCode,
+    encode_line,
+    line_hash,
+)
+from boxmaker.ledger.verify import READ_BUFFER, verify_file
+
+RECORDS = 200_000
+TARGET = 0.70
+
+
+def _bodies(rng: random.Random) -> Iterator[Body]:
+    """A plausible mix: boots, denials, auto runs, asks with every outcome."""
+    yield Genesis(ledger="l-" + rng.randbytes(8).hex())
+    while True:
+        boot = "b-" + rng.randbytes(8).hex()
+        yield Start(boot=boot, version=__version__)
+        session = "s-" + rng.randbytes(6).hex()
+        for _ in range(rng.randint(200, 2000)):
+            call = "c-" + rng.randbytes(8).hex()
+            arguments = {"path": f"notes/day-{rng.randint(1, 999)}.md"}
+            roll = rng.random()
+            verdict = (
+                VerdictCode.DENY
+                if roll < 0.2
+                else VerdictCode.ASK
+                if roll < 0.5
+                else VerdictCode.RUN
+            )
+            yield Decision(
+                call=call,
+                session=session,
+                tool="read_file",
+                arguments=arguments,
+                verdict=verdict,
+                reason=Reason.NO_GRANT if verdict is VerdictCode.DENY else None,
+                grant=None if verdict is VerdictCode.DENY else "read-notes",
+                taint=Taint.INTERNAL,
+                untrusted=False,
+                boot=boot,
+            )
+            if verdict is VerdictCode.DENY:
+                continue
+            if verdict is VerdictCode.ASK:
+                outcome = rng.choice(list(ApprovalOutcome))
+                yield Approval(
+                    call=call,
+                    approval="a-" + rng.randbytes(4).hex(),
+                    outcome=outcome,
+                    reason=None,
+                    by=ApprovalBy.OWNER,
+                    taint=Taint.INTERNAL,
+                    untrusted=False,
+                )
+                if outcome not in (ApprovalOutcome.ASK, ApprovalOutcome.ALLOWED):
+                    continue
+            size = rng.randint(0, 65536)
+            yield Result(
+                call=call,
+                status=ResultStatus.OK,
+                reason=None,
+                label=Label(Taint.INTERNAL, False),
+                taint_after=Taint.INTERNAL,
+                untrusted_after=False,
+                output_sha256=rng.randbytes(32).hex(),
+                output_bytes=size,
+            )
+        yield Stop(boot=boot)
+
+
+def build(path: Path, records: int) -> None:
+    rng = random.Random(5)
+    moment = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    prev = GENESIS_PREV
+    with path.open("wb") as file:
+        for seq, body in zip(range(records), _bodies(rng), strict=False):
+            line = encode_line(seq, format_utc(moment + dt.timedelta(seconds=seq)), prev, body)
+            prev = line_hash(line)
+            file.write(line + b"\n")
+
+
+def raw_loop(path: Path) -> int:
+    sha256, loads, count = hashlib.sha256, orjson.loads, 0
+    with path.open("rb", buffering=READ_BUFFER) as file:
+        for line in file:
+            sha256(line).hexdigest()
+            loads(line)
+            count += 1
+    return count
+
+
+def best_of(runs: int, work: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def main() -> int:
+    records = int(sys.argv[1]) if len(sys.argv) > 1 else RECORDS
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "audit.jsonl"
+        build(path, records)
+        report = verify_file(path)
+        if not report.sound:
+            print(f"the benchmark ledger does not verify: {report.problems[0]}")
+            return 1
+        raw = best_of(3, lambda: raw_loop(path))
+        verify = best_of(3, lambda: verify_file(path))
+        size = path.stat().st_size
+    ratio = raw / verify
+    print(f"records: {records} ({size / records:.0f} bytes a line)")
+    print(f"calls: {report.calls}")
+    print(f"raw hash+parse: {records / raw:,.0f} records/s")
+    print(f"verify_file:    {records / verify:,.0f} records/s")
+    print(f"ratio: {ratio:.2f} (target {TARGET:.2f}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}")
+    return 0 if ratio >= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
