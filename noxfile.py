@@ -1,0 +1,80 @@
+"""Every task of boxmaker is a nox session (spec §13). `nox --list` shows them."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["gate"]
+nox.options.error_on_missing_interpreters = True
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+PYTHON = "3.11"
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    session.install("-e", ".")
+    for group in groups:
+        session.install(*nox.project.dependency_groups(PYPROJECT, group))
+
+
+def _lint(session: nox.Session) -> None:
+    session.run("ruff", "check", "src", "tests", "tools", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "tools", "noxfile.py")
+
+
+def _typing(session: nox.Session) -> None:
+    session.run("mypy", "--strict", "src/boxmaker")
+
+
+def _tests(session: nox.Session) -> None:
+    session.run("pytest", *session.posargs)
+
+
+def _docs(session: nox.Session) -> None:
+    session.run("python", "tools/check_docs.py")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    _install(session, "lint")
+    _lint(session)
+
+
+@nox.session(python=PYTHON)
+def typing(session: nox.Session) -> None:
+    """mypy --strict on src."""
+    _install(session, "typing")
+    _typing(session)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """pytest: unit, doctests, tests/stateful, tests/e2e (posargs go to pytest)."""
+    _install(session, "test")
+    _tests(session)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Every runbook anchor named in src exists; every egress is listed in docs/egress.md."""
+    _docs(session)
+
+
+@nox.session(python=PYTHON)
+def gate(session: nox.Session) -> None:
+    """The whole gate in one environment: lint, typing, docs, tests (spec §13)."""
+    _install(session, "test", "lint", "typing")
+    _lint(session)
+    _typing(session)
+    _docs(session)
+    _tests(session)
+
+
+@nox.session(python=PYTHON, default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks with ratios against baselines measured in the same run (docs/performance.md)."""
+    _install(session)
+    session.run("python", "tools/bench_decide.py")
+    session.run("python", "tools/bench_ledger.py")

@@ -1,0 +1,24 @@
+"""bxctl, the owner's CLI (spec §11). One sub-app per noun."""
+
+from __future__ import annotations
+
+from cyclopts import App
+
+from boxmaker import __version__
+from boxmaker.cli.audit import audit_app
+from boxmaker.cli.grants import grants_app
+from boxmaker.cli.init import init
+
+app = App(
+    name="bxctl",
+    help="The owner's CLI for boxmaker: grants, approvals and the audit ledger.",
+    version=__version__,
+)
+app.command(init)
+app.command(grants_app)
+app.command(audit_app)
+
+
+def main() -> None:
+    """Console entry point: a command's return value is the exit code (spec §11)."""
+    app()

@@ -1,0 +1,174 @@
+"""``bxctl audit``: verify and show the ledger (spec §5.6, §11)."""
+
+from __future__ import annotations
+
+import collections
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+from cyclopts import App
+
+from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.ledger.records import parse_head
+from boxmaker.ledger.verify import iter_lines, verify_file
+
+audit_app = App(name="audit", help="The hash-chained audit ledger.")
+
+# Fields shown after the common ones, in this order, when a record has them.
+SHOWN_FIELDS = (
+    "session",
+    "tool",
+    "arguments",
+    "verdict",
+    "approval",
+    "outcome",
+    "status",
+    "reason",
+    "grant",
+    "by",
+    "taint",
+    "untrusted",
+    "taint_after",
+    "untrusted_after",
+    "output_bytes",
+    "boot",
+    "version",
+    "ledger",
+    "file",
+)
+
+
+@audit_app.command
+def verify(*, expect_head: str | None = None, common: Common = DEFAULT) -> Exit:
+    """Check the whole ledger: each line, the seq, the hash chain, the order per call.
+
+    Prints one line per problem, then the records, the calls by state and the head.
+    Exit 0 when sound, 1 when a problem is found, 2 on a usage or I/O error.
+
+    Parameters
+    ----------
+    expect_head
+        A head noted earlier (SEQ:HASH): the ledger must still contain it, which
+        detects the removal of the newest records (spec §14).
+    """
+    if expect_head is not None:
+        try:
+            parse_head(expect_head)
+        except ValueError as exc:
+            return fail(str(exc), Exit.USAGE)
+    path = common.resolve().audit_log
+    try:
+        report = verify_file(path, expect_head)
+    except OSError as exc:
+        return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    if common.json:
+        print_json(
+            {
+                "sound": report.sound,
+                "file": str(path),
+                "records": report.records,
+                "head": report.head,
+                "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
+                "problems_left_out": report.problems_left_out,
+                "calls": attrs.asdict(report.calls),
+            }
+        )
+    else:
+        for problem in report.problems:
+            print(problem)
+        if report.problems_left_out:
+            print(f"... and {report.problems_left_out} more problem(s)")
+        states = ", ".join(f"{name} {n}" for name, n in attrs.asdict(report.calls).items())
+        print(f"records: {report.records}")
+        print(f"calls: {report.calls.total} ({states})")
+        print(f"head: {report.head}")
+        verdict = "sound" if report.sound else f"{len(report.problems)} problem(s) found"
+        print(f"ledger: {verdict}")
+    return Exit.DONE if report.sound else Exit.FAILED
+
+
+def _records(path: Path) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
+    """Each line with its parsed record; a line that is not a JSON object gives None."""
+    for raw in iter_lines(path):
+        line = raw.rstrip(b"\n")
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            yield line, None
+            continue
+        yield line, record if isinstance(record, dict) else None
+
+
+def _selected(
+    path: Path, call: str | None, session: str | None, tail: int | None
+) -> list[tuple[bytes, dict[str, Any] | None]]:
+    # Approvals and results name only the call; the session is on its decision.
+    calls_of_session: set[str] = set()
+    kept: collections.deque[tuple[bytes, dict[str, Any] | None]] = collections.deque(maxlen=tail)
+    for line, record in _records(path):
+        if record is None:
+            if call is None and session is None:
+                kept.append((line, None))
+            continue
+        if session is not None:
+            if record.get("kind") == "decision" and record.get("session") == session:
+                calls_of_session.add(str(record.get("call")))
+            if record.get("call") not in calls_of_session:
+                continue
+        if call is not None and record.get("call") != call:
+            continue
+        kept.append((line, record))
+    return list(kept)
+
+
+def _describe(record: dict[str, Any]) -> str:
+    parts = [f"{record.get('seq')!s:>6}", str(record.get("at")), f"{record.get('kind')!s:<8}"]
+    if "call" in record:
+        parts.append(str(record["call"]))
+    for name in SHOWN_FIELDS:
+        if record.get(name) is not None:
+            value = record[name]
+            shown = orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+            parts.append(f"{name}={shown}")
+    return "  ".join(parts)
+
+
+@audit_app.command
+def show(
+    *,
+    call: str | None = None,
+    session: str | None = None,
+    tail: int | None = None,
+    common: Common = DEFAULT,
+) -> Exit:
+    """Print ledger records, one line each (with --json: the records' own JSON lines).
+
+    Parameters
+    ----------
+    call
+        Only the records of this call (c-…).
+    session
+        Only the records of this session's calls (s-…).
+    tail
+        Only the last N of the selected records.
+    """
+    if tail is not None and tail < 1:
+        return fail("--tail takes a number of records, 1 or more", Exit.USAGE)
+    path = common.resolve().audit_log
+    try:
+        selected = _selected(path, call, session, tail)
+    except OSError as exc:
+        return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    for line, record in selected:
+        if common.json:
+            sys.stdout.buffer.write(line + b"\n")
+        elif record is None:
+            print(f"(not a record) {line[:120]!r}")
+        else:
+            print(_describe(record))
+    sys.stdout.flush()
+    return Exit.DONE

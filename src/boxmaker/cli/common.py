@@ -1,0 +1,50 @@
+"""What every bxctl command shares: --home and --json, exit codes, output (spec §11)."""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Any
+
+import attrs
+import orjson
+from cyclopts import Parameter
+
+from boxmaker.home import Home, resolve_home
+
+
+class Exit(enum.IntEnum):
+    """bxctl's exit codes (spec §11)."""
+
+    DONE = 0
+    FAILED = 1  # the operation failed, or verify found a problem
+    USAGE = 2  # also: the ledger could not be read (spec §5.6)
+    UNREACHABLE = 3  # a daemon is unreachable
+
+
+@Parameter(name="*")
+@attrs.frozen
+class Common:
+    """Options every command takes."""
+
+    home: str | None = None
+    "The boxmaker home. Default: $BOXMAKER_HOME, else ~/.local/state/boxmaker."
+
+    json: bool = False
+    "Print machine-readable JSON instead of text."
+
+    def resolve(self) -> Home:
+        return resolve_home(self.home)
+
+
+DEFAULT = Common()
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def fail(message: str, code: Exit = Exit.FAILED) -> Exit:
+    """Say what went wrong on stderr and return the exit code for it."""
+    sys.stderr.write(f"bxctl: {message}\n")
+    return code

@@ -1,0 +1,281 @@
+"""bxctl's file-only commands, in process (spec §11): init, grants check, audit verify/show."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+
+from boxmaker.cli.app import app
+from boxmaker.core.labels import Label, Taint
+from boxmaker.core.reasons import Reason
+from boxmaker.ledger.records import (
+    Approval,
+    ApprovalBy,
+    ApprovalOutcome,
+    Decision,
+    Result,
+    ResultStatus,
+    Start,
+    VerdictCode,
+)
+from boxmaker.ledger.writer import LedgerWriter
+
+CALL_A = "c-" + "a" * 16
+CALL_B = "c-" + "b" * 16
+SESSION_1 = "s-" + "1" * 12
+SESSION_2 = "s-" + "2" * 12
+BOOT = "b-" + "0" * 16
+
+
+def bxctl(*args: str) -> int:
+    return int(app(list(args), result_action="return_value"))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    root = tmp_path / "home"
+    assert bxctl("init", "--home", str(root)) == 0
+    return root
+
+
+def decision(call: str, session: str, verdict: VerdictCode, reason: Reason | None) -> Decision:
+    return Decision(
+        call=call,
+        session=session,
+        tool="read_file",
+        arguments={"path": "notes.txt"},
+        verdict=verdict,
+        reason=reason,
+        grant="read-notes" if reason is None else None,
+        taint=Taint.PUBLIC,
+        untrusted=False,
+        boot=BOOT,
+    )
+
+
+async def write_calls(home: Path) -> None:
+    """Call A: asked, approved, ran. Call B (another session): denied no_grant."""
+    writer = LedgerWriter.open(home / "ledger" / "audit.jsonl")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.append(Start(boot=BOOT, version="test"))
+        await writer.append(decision(CALL_A, SESSION_1, VerdictCode.ASK, None))
+        await writer.append(decision(CALL_B, SESSION_2, VerdictCode.DENY, Reason.NO_GRANT))
+        await writer.append(
+            Approval(
+                call=CALL_A,
+                approval="a-12345678",
+                outcome=ApprovalOutcome.ASK,
+                reason=None,
+                by=ApprovalBy.OWNER,
+                taint=Taint.PUBLIC,
+                untrusted=False,
+            )
+        )
+        await writer.append(
+            Result(
+                call=CALL_A,
+                status=ResultStatus.OK,
+                reason=None,
+                label=Label(Taint.INTERNAL, False),
+                taint_after=Taint.INTERNAL,
+                untrusted_after=False,
+                output_sha256="0" * 64,
+                output_bytes=5,
+            )
+        )
+        await writer.aclose()
+
+
+def json_out(capsys: pytest.CaptureFixture[str]) -> Any:
+    return orjson.loads(capsys.readouterr().out)
+
+
+# --- init -----------------------------------------------------------------------------
+
+
+def test_init_creates_a_private_home_with_a_sound_ledger(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for directory in ("", "run", "ledger", "state/sessions", "state/conversations", "logs"):
+        assert stat.S_IMODE((home / directory).stat().st_mode) == 0o700, directory
+    for file in ("config.toml", "grants.toml", "ledger/audit.jsonl"):
+        assert stat.S_IMODE((home / file).stat().st_mode) == 0o600, file
+    assert (home / "workspace").is_dir()
+    capsys.readouterr()
+    assert bxctl("audit", "verify", "--home", str(home), "--json") == 0
+    report = json_out(capsys)
+    assert report["sound"] is True
+    assert report["records"] == 1
+
+
+def test_init_again_keeps_the_owners_files(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (home / "grants.toml").write_text("# mine\n")
+    ledger_before = (home / "ledger" / "audit.jsonl").read_bytes()
+    capsys.readouterr()
+    assert bxctl("init", "--home", str(home), "--json") == 0
+    assert json_out(capsys)["written"] == []
+    assert (home / "grants.toml").read_text() == "# mine\n"
+    assert (home / "ledger" / "audit.jsonl").read_bytes() == ledger_before
+
+
+def test_init_with_a_bad_config_names_the_key_and_the_runbook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "home"
+    root.mkdir(mode=0o700)
+    (root / "config.toml").write_text("[broker]\npending_timout = 3\n")
+    assert bxctl("init", "--home", str(root)) == 1
+    err = capsys.readouterr().err
+    assert "config.toml" in err
+    assert "pending_timout" in err
+    assert "docs/runbook.md#config" in err
+
+
+# --- grants check -----------------------------------------------------------------------
+
+
+def test_grants_check_valid(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (home / "grants.toml").write_text(
+        '[[grant]]\nid = "read-notes"\ntool = "read_file"\nmode = "ask"\npaths = ["notes/**"]\n'
+    )
+    capsys.readouterr()
+    assert bxctl("grants", "check", "--home", str(home), "--json") == 0
+    assert json_out(capsys)["grants"] == [{"id": "read-notes", "tool": "read_file", "mode": "ask"}]
+
+
+def test_grants_check_names_file_grant_and_key(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / "grants.toml").write_text(
+        '[[grant]]\nid = "run-git"\ntool = "shell"\nmode = "auto"\npaths = ["x/**"]\n'
+    )
+    capsys.readouterr()
+    assert bxctl("grants", "check", "--home", str(home)) == 1
+    out = capsys.readouterr().out
+    assert "grants.toml" in out
+    assert "run-git" in out
+    assert "paths" in out
+    assert "docs/runbook.md#grants" in out
+    assert bxctl("grants", "check", "--home", str(home), "--json") == 1
+    problem = json_out(capsys)
+    assert (problem["valid"], problem["grant"], problem["key"]) == (False, "run-git", "paths")
+
+
+def test_grants_check_missing_file_is_invalid(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / "grants.toml").unlink()
+    assert bxctl("grants", "check", "--home", str(home)) == 1
+    assert "no such file" in capsys.readouterr().out
+
+
+# --- audit verify -------------------------------------------------------------------------
+
+
+async def test_verify_counts_calls_by_state(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    await write_calls(home)
+    capsys.readouterr()
+    assert bxctl("audit", "verify", "--home", str(home), "--json") == 0
+    report = json_out(capsys)
+    assert report["records"] == 6
+    assert report["calls"]["complete"] == 1
+    assert report["calls"]["denied"] == 1
+    assert report["head"].startswith("5:")
+
+
+async def test_verify_finds_a_flipped_byte_and_exits_1(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_calls(home)
+    ledger = home / "ledger" / "audit.jsonl"
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    lines[3] = lines[3].replace(b"no_grant", b"no_grunt")
+    ledger.write_bytes(b"".join(lines))
+    capsys.readouterr()
+    assert bxctl("audit", "verify", "--home", str(home)) == 1
+    out = capsys.readouterr().out
+    # seq 3 itself still parses; the chain breaks at the next line, whose prev no longer matches.
+    assert out.splitlines()[0].startswith("seq 4:")
+    assert "problem(s) found" in out
+
+
+async def test_verify_expect_head_detects_truncation(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_calls(home)
+    assert bxctl("audit", "verify", "--home", str(home), "--json") == 0
+    head = json_out(capsys)["head"]
+    assert bxctl("audit", "verify", "--home", str(home), "--expect-head", head) == 0
+    ledger = home / "ledger" / "audit.jsonl"
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    ledger.write_bytes(b"".join(lines[:-1]))
+    capsys.readouterr()
+    # Without the noted head the shorter chain is sound (spec §14); with it, not.
+    assert bxctl("audit", "verify", "--home", str(home)) == 0
+    assert bxctl("audit", "verify", "--home", str(home), "--expect-head", head) == 1
+
+
+def test_verify_usage_and_io_errors_exit_2(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bxctl("audit", "verify", "--home", str(home), "--expect-head", "nonsense") == 2
+    (home / "ledger" / "audit.jsonl").unlink()
+    assert bxctl("audit", "verify", "--home", str(home)) == 2
+    assert "audit.jsonl" in capsys.readouterr().err
+
+
+def test_unknown_option_is_a_usage_error(home: Path) -> None:
+    with pytest.raises(SystemExit) as exited:
+        app(["audit", "verify", "--home", str(home), "--bogus"], result_action="return_value")
+    assert exited.value.code == 2
+
+
+# --- audit show -------------------------------------------------------------------------
+
+
+async def test_show_by_call_session_and_tail(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_calls(home)
+    capsys.readouterr()
+
+    def shown(*args: str) -> list[dict[str, Any]]:
+        assert bxctl("audit", "show", "--home", str(home), "--json", *args) == 0
+        return [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    assert [r["kind"] for r in shown("--call", CALL_A)] == ["decision", "approval", "result"]
+    assert [r["call"] for r in shown("--session", SESSION_2)] == [CALL_B]
+    assert [r["seq"] for r in shown("--tail", "2")] == [4, 5]
+    assert len(shown()) == 6
+    assert bxctl("audit", "show", "--home", str(home), "--call", CALL_B) == 0
+    line = capsys.readouterr().out.strip()
+    assert "decision" in line
+    assert "reason=no_grant" in line
+
+
+def test_show_rejects_a_tail_below_one(home: Path) -> None:
+    assert bxctl("audit", "show", "--home", str(home), "--tail", "0") == 2
+
+
+# --- the console script -------------------------------------------------------------------
+
+
+def test_console_script_exit_code_is_the_commands(home: Path) -> None:
+    (home / "grants.toml").write_text("[[grant]]\nid = 'Bad'\n")
+    env = {**os.environ, "BOXMAKER_HOME": str(home)}
+    done = subprocess.run(
+        [sys.executable, "-c", "from boxmaker.cli.app import main; main()", "grants", "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "invalid" in done.stdout
