@@ -72,6 +72,16 @@ def gate(session: nox.Session) -> None:
     _tests(session)
 
 
+@nox.session(python=PYTHON)
+def mutate(session: nox.Session) -> None:
+    """mutmut over the pure core and the ledger's records and verify; fails below the
+    kill rate docs/testing.md states."""
+    _install(session, "test", "mutate")
+    session.run("mutmut", "run", "--max-children", "2", *session.posargs)
+    session.run("mutmut", "export-cicd-stats")
+    session.run("python", "tools/mutation_gate.py")
+
+
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks with ratios against baselines measured in the same run (docs/performance.md)."""
