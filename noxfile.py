@@ -88,3 +88,4 @@ def bench(session: nox.Session) -> None:
     _install(session)
     session.run("python", "tools/bench_decide.py")
     session.run("python", "tools/bench_ledger.py")
+    session.run("python", "tools/bench_runner.py")

@@ -22,7 +22,7 @@ ANCHOR_REFERENCE = re.compile(r"docs/runbook\.md#([a-z0-9-]+)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.MULTILINE)
 # What opens a connection: an HTTP client, or a raw socket connect.
 EGRESS_MARKERS = re.compile(
-    r"httpx\.(?:AsyncClient|Client|get|post|stream)\b|\.connect\(|open_tcp_stream"
+    r"httpx\.(?:AsyncClient|Client|get|post|stream)\b|\.connect\(|open_tcp_stream|open_unix_socket"
 )
 
 

@@ -1,0 +1,125 @@
+"""Unix listeners and peer checks for broker.sock and admin.sock (spec §6.2).
+
+trio has no Unix-socket listener helper (STYLE): the socket is made with
+``trio.socket``, bound, chmod 0600, listened on and wrapped in
+:class:`trio.SocketListener`. The sockets live in ``run/`` (0700, see
+:meth:`boxmaker.home.Home.ensure_run_dir`), so the short window between bind and chmod
+is not visible to other users.
+
+A path already there is removed only if it *is* a socket and nobody answers on it: a
+live socket means another brokerd serves this home, and removing it would silently
+take its clients away. Anything else (a file, a directory) is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import socket
+import stat
+import struct
+from pathlib import Path
+from typing import Final
+
+import attrs
+import trio
+
+from boxmaker.wire import ErrorCode, ErrorFrame, encode_frame
+
+log = logging.getLogger("boxmaker.brokerd")
+
+SOCKET_MODE: Final = 0o600
+BACKLOG: Final = 128
+_UCRED: Final = struct.Struct("3i")
+"""``struct ucred``: pid, uid, gid (Linux SO_PEERCRED)."""
+REFUSE_SEND_S: Final = 1.0
+
+
+class ListenerError(Exception):
+    """A socket path that cannot be served; brokerd refuses to start."""
+
+
+@attrs.define(eq=False)
+class UnixListener:
+    """A bound, listening Unix socket, and what is needed to remove exactly it."""
+
+    path: Path
+    listener: trio.SocketListener
+    inode: int
+
+    def remove_path(self) -> None:
+        """Remove our socket file, unless something else has taken the path since."""
+        with contextlib.suppress(OSError):
+            if self.path.lstat().st_ino == self.inode:
+                self.path.unlink()
+
+
+def _remove_stale(path: Path) -> None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ListenerError(f"{path}: exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # stale: left by a brokerd that did not stop cleanly
+    except OSError as exc:
+        raise ListenerError(f"{path}: cannot probe the old socket ({exc.strerror})") from exc
+    else:
+        raise ListenerError(f"{path}: another process is serving on it (is brokerd running?)")
+    finally:
+        probe.close()
+    path.unlink(missing_ok=True)
+    log.info("removed a stale socket %s", path)
+
+
+def _make_private(path: Path) -> int:
+    """chmod 0600 before listen(), so no connection is accepted at the umask's mode;
+    returns the inode that identifies our socket file for removal."""
+    path.chmod(SOCKET_MODE)
+    return path.lstat().st_ino
+
+
+async def open_unix_listener(path: Path) -> UnixListener:
+    """Bind ``path`` (mode 0600) and listen (spec §6.2). Raises :class:`ListenerError`."""
+    await trio.to_thread.run_sync(_remove_stale, path)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await sock.bind(str(path))
+        inode = await trio.to_thread.run_sync(_make_private, path)
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenerError(f"{path}: address in use") from exc
+        raise ListenerError(f"{path}: cannot listen ({exc.strerror})") from exc
+    return UnixListener(path, trio.SocketListener(sock), inode)
+
+
+def peer_uid(stream: trio.SocketStream) -> int | None:
+    """The connecting process's uid (SO_PEERCRED), or None when it cannot be learnt."""
+    try:
+        raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except OSError:
+        return None
+    _pid, uid, _gid = _UCRED.unpack(raw)
+    return int(uid)
+
+
+async def check_peer(stream: trio.SocketStream, *, allowed: int, name: str) -> bool:
+    """True if the peer is ``allowed``; otherwise answer ``error peer_refused``, log a
+    line, and return False (the caller closes). Spec §6.2."""
+    uid = peer_uid(stream)
+    if uid == allowed:
+        return True
+    who = "an unknown uid" if uid is None else f"uid {uid}"
+    log.warning("%s: refused a peer with %s (only uid %d may connect)", name, who, allowed)
+    frame = ErrorFrame(code=ErrorCode.PEER_REFUSED, detail=f"{who} may not use {name}")
+    # The peer may not read; the refusal must not hold the connection open.
+    with trio.move_on_after(REFUSE_SEND_S), contextlib.suppress(trio.BrokenResourceError):
+        await stream.send_all(encode_frame(frame))
+    return False

@@ -1,0 +1,744 @@
+"""The runner (spec §8): what runs for a decided call, and running it.
+
+Nothing runs without a :class:`RunSpec`, and a RunSpec is made only by
+:meth:`RunSpec.for_call` from a decision whose verdict is ``run`` (or ``ask`` that the
+owner approved, spec §6.3). :func:`execute` runs it and maps every tool failure to a
+:class:`RunResult` with one of spec §8's reason codes; it never raises for a tool failure
+and lets ``trio.Cancelled`` through.
+
+Choices where spec §8 leaves room (docs/decisions.md repeats them):
+
+- Symlinks (spec §4.2, §8): the file tools follow a symlink only while it stays inside
+  the workspace. The path is resolved (``realpath``), checked to be inside the workspace's real path
+  (else ``path_escape``), and then walked segment by segment from a descriptor of the
+  workspace root with ``O_NOFOLLOW`` on every segment, so a link swapped in after the
+  check (the sandboxed shell shares the workspace) fails instead of being followed. The
+  result's label is the join of the requested path's label and the real path's (a link
+  ``notes.txt -> .env`` reads as secret).
+- ``read_file``: without ``max_bytes`` a file over 1 MiB is ``too_large``; with it, the
+  first ``max_bytes`` bytes are read (the schema says "read at most") and a marker says
+  the content was cut. Only regular files are read (a FIFO or device is ``tool_error``).
+- ``list_dir``: sorted names, one per line; a directory ends in ``/``, a symlink in
+  ``@`` (never followed); a listing over 1 MiB is ``too_large``.
+- ``write_file``: the parent directory must exist (else ``not_found``); a symlink at the
+  final name is ``path_escape`` and the rename replaces a name, never a link's target. A
+  new file gets mode 0o666 less the umask; a replaced file keeps its permission bits.
+- ``shell``: stdout, then stderr after a ``[stderr]`` line when there is any, cut at the
+  output cap as a whole. Exit status non-zero is ``tool_error`` with the stderr tail.
+  A sandbox that bwrap could not set up (it never reported the command's exit) is
+  ``sandbox_unavailable``, like a missing bwrap. The sandbox sees ``/usr``, the host's
+  ``/bin``, ``/sbin``, ``/lib*`` (as symlinks when the host's are), and :data:`ETC_FILES`
+  — no ``/etc/passwd``: host user names stay out, so ``whoami`` fails inside.
+  All capabilities are dropped (brokerd may run as root).
+- ``http_get``: no redirect is followed (a 3xx is ``tool_error`` naming the Location,
+  so the next URL goes through decide() again); a status of 400 or more is
+  ``tool_error``; the body is capped after content decoding (no zip bombs); proxies and
+  .netrc from brokerd's environment are ignored. The host is checked against the
+  grant's ``hosts`` again right before connecting.
+- bwrap is forked from the trio thread, not a worker thread: ``--die-with-parent`` is
+  tied to the forking thread, and trio retires idle workers after 10 s.
+- A RunSpec's private token stops accidental construction, not a determined caller
+  (``attrs.evolve`` copies it): Python has no private constructors.
+- File tools run in a worker thread and are not timed: a thread cannot be stopped, and
+  answering ``timeout`` for a write that then lands would be a lie.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import attrs
+import httpx
+import orjson
+import trio
+
+from boxmaker.core.catalogue import (
+    MAX_BYTES,
+    ArgumentProblem,
+    CheckedArguments,
+    HttpGetArgs,
+    ListDirArgs,
+    ReadFileArgs,
+    ShellArgs,
+    ToolName,
+    WriteFileArgs,
+    check_arguments,
+    result_label,
+)
+from boxmaker.core.decide import Decision
+from boxmaker.core.grants import Grant, host_matches
+from boxmaker.core.labels import Label, LabelRules
+from boxmaker.core.paths import ROOT
+from boxmaker.core.reasons import Reason
+from boxmaker.home import RunnerConfig
+
+logger = logging.getLogger("boxmaker.brokerd.runner")
+
+RUNBOOK_SANDBOX: Final = "docs/runbook.md#sandbox"
+NO_BWRAP_DETAIL: Final = (
+    "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
+    "see docs/runbook.md#sandbox"
+)
+HTTP_TIMEOUT: Final = 10.0
+"""Seconds for a whole http_get: connect, headers and body (spec §8)."""
+STDERR_TAIL: Final = 2048
+"""How much of a failed command's stderr becomes the ``tool_error`` detail."""
+SANDBOX_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+SANDBOX_ENV: Final[Mapping[str, str]] = {
+    "PATH": SANDBOX_PATH,
+    "HOME": "/workspace",
+    "LANG": "C.UTF-8",
+}
+SYSTEM_DIRS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+"""Top-level host dirs shown read-only (or as the same symlink) when the host has them."""
+ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+"""The only /etc entries the sandbox sees: the loader's cache, Debian's alternatives
+(``/usr/bin/awk`` links through it) and the time zone."""
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted in the workspace must not hang the worker thread.
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK: Final = 65536
+
+
+@attrs.frozen
+class RunResult:
+    """How a run ended: ``ok`` with content, or failed with a reason (spec §8)."""
+
+    ok: bool
+    reason: Reason | None
+    """None when ok; else tool_error, timeout, not_found, too_large, path_escape or
+    sandbox_unavailable."""
+    detail: str | None
+    content: str
+    """What the model is given on success; "" on failure."""
+    label: Label
+    """The result's label (spec §4.3); a failure carries the label of what it touched."""
+
+    @classmethod
+    def success(cls, content: str, label: Label) -> RunResult:
+        return cls(True, None, None, content, label)
+
+    @classmethod
+    def failure(cls, reason: Reason, detail: str, label: Label) -> RunResult:
+        return cls(False, reason, detail, "", label)
+
+
+_FOR_CALL: Final = object()
+
+
+def _only_for_call(instance: object, attribute: object, value: object) -> None:
+    if value is not _FOR_CALL:
+        raise TypeError("a RunSpec is made only by RunSpec.for_call")
+
+
+@functools.cache
+def _system_mounts() -> tuple[str, ...]:
+    # The host's layout does not change while brokerd runs: computed once.
+    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+    for name in SYSTEM_DIRS:
+        host = Path("/", name)
+        if host.is_symlink():
+            args += ["--symlink", str(host.readlink()), str(host)]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), str(host)]
+    for etc in ETC_FILES:
+        if Path(etc).exists():
+            args += ["--ro-bind", etc, etc]
+    return tuple(args)
+
+
+def _bwrap_argv(bwrap: str, workspace: Path, command: str) -> tuple[str, ...]:
+    env: list[str] = []
+    for key, value in SANDBOX_ENV.items():
+        env += ["--setenv", key, value]
+    return (
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+        *env,
+        *_system_mounts(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",  # noqa: S108  (a fresh tmpfs inside the sandbox, not the host's /tmp)
+        "--bind",
+        str(workspace),
+        "/workspace",
+        # Last, so the mounts above exist: the sandbox's root (and /etc in it) read-only.
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/workspace",
+        "/bin/sh",
+        "-c",
+        command,
+    )
+
+
+@attrs.frozen
+class RunSpec:
+    """What runs for one decided call (spec §8); made only by :meth:`for_call`."""
+
+    _call: str
+    _arguments: CheckedArguments
+    _workspace: Path
+    _rules: LabelRules
+    _label: Label
+    _time_limit: float | None
+    _output_cap: int
+    _argv: tuple[str, ...] | None
+    _hosts: tuple[str, ...]
+    _grant: str | None
+    _token: object = attrs.field(validator=_only_for_call, repr=False)
+
+    @classmethod
+    def for_call(
+        cls,
+        decision: Decision,
+        *,
+        grant: Grant | None,
+        workspace: Path,
+        runner: RunnerConfig,
+        labels: LabelRules,
+        approved: bool = False,
+    ) -> RunSpec:
+        """The RunSpec of a ``run`` decision, or of an ``ask`` one the owner approved.
+
+        ``grant`` is the decision's grant (its ``label_taint`` and ``hosts`` apply).
+        Raises ValueError for anything else: nothing runs without a run decision.
+        """
+        if decision.verdict == "ask" and not approved:
+            raise ValueError(f"call {decision.call}: an ask decision runs only once approved")
+        if decision.verdict not in ("run", "ask"):
+            raise ValueError(f"call {decision.call}: a {decision.verdict} decision never runs")
+        if grant is None or decision.grant != grant.id:
+            raise ValueError(
+                f"call {decision.call}: the grant passed is not the decision's ({decision.grant!r})"
+            )
+        if grant.tool != decision.tool:
+            raise ValueError(f"call {decision.call}: grant {grant.id} is not for {decision.tool}")
+        checked = check_arguments(decision.tool, decision.arguments, workspace=str(workspace))
+        if isinstance(checked, ArgumentProblem):
+            raise ValueError(f"call {decision.call}: {checked.detail}")  # noqa: TRY004
+        label = result_label(checked, labels, grant.label_taint)
+        value = checked.value
+        time_limit: float | None = None
+        output_cap = MAX_BYTES
+        argv: tuple[str, ...] | None = None
+        if isinstance(value, ShellArgs):
+            time_limit = runner.shell_timeout
+            output_cap = runner.output_cap
+            bwrap = shutil.which("bwrap")
+            if bwrap is not None:
+                argv = _bwrap_argv(bwrap, workspace, value.command)
+        elif isinstance(value, HttpGetArgs):
+            time_limit = HTTP_TIMEOUT
+        return cls(
+            decision.call,
+            checked,
+            workspace,
+            labels,
+            label,
+            time_limit,
+            output_cap,
+            argv,
+            grant.hosts,
+            grant.id,
+            _FOR_CALL,
+        )
+
+    @property
+    def call(self) -> str:
+        return self._call
+
+    @property
+    def tool(self) -> ToolName:
+        return self._arguments.tool
+
+    @property
+    def arguments(self) -> CheckedArguments:
+        return self._arguments
+
+    @property
+    def workspace(self) -> Path:
+        return self._workspace
+
+    @property
+    def label(self) -> Label:
+        """The result's label as decided; a file tool may raise it by the real path."""
+        return self._label
+
+    @property
+    def time_limit(self) -> float | None:
+        """Seconds: shell's RunnerConfig.shell_timeout, http_get's 10; file tools None."""
+        return self._time_limit
+
+    @property
+    def output_cap(self) -> int:
+        """Bytes of output kept: shell's RunnerConfig.output_cap, else 1 MiB."""
+        return self._output_cap
+
+    @property
+    def argv(self) -> tuple[str, ...] | None:
+        """shell: the bwrap command line (mounts and env included; the runner adds only
+        ``--json-status-fd``). None for the other tools, and when there is no bwrap."""
+        return self._argv
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The whole environment of a shell command (``--clearenv``); empty otherwise."""
+        return SANDBOX_ENV if self.tool == "shell" else {}
+
+    @property
+    def network(self) -> tuple[str, ...]:
+        """Hosts the call may reach: the grant's for http_get, none for every other tool."""
+        return self._hosts if self.tool == "http_get" else ()
+
+    @property
+    def grant(self) -> str | None:
+        return self._grant
+
+
+class _Failed(Exception):
+    """Internal: a tool failure with its reason code, raised inside the worker thread."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+async def execute(spec: RunSpec) -> RunResult:
+    """Run ``spec`` (spec §8). Never raises for a tool failure; lets Cancelled through."""
+    value = spec.arguments.value
+    try:
+        if isinstance(value, ReadFileArgs):
+            return await trio.to_thread.run_sync(_read_file, spec, value)
+        if isinstance(value, ListDirArgs):
+            return await trio.to_thread.run_sync(_list_dir, spec, value)
+        if isinstance(value, WriteFileArgs):
+            return await trio.to_thread.run_sync(_write_file, spec, value)
+        if isinstance(value, ShellArgs):
+            return await _shell(spec)
+        return await _http_get(spec, value)
+    except _Failed as failed:
+        return RunResult.failure(failed.reason, failed.detail, spec.label)
+    except Exception as exc:
+        # Cancelled is not an Exception: it passes. Anything else is the tool's failure.
+        logger.debug("call %s: %s failed", spec.call, spec.tool, exc_info=True)
+        return RunResult.failure(Reason.TOOL_ERROR, _describe(exc), spec.label)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"[:STDERR_TAIL]
+
+
+# --- the file tools (worker thread) -------------------------------------------------
+
+
+def _escape(path: str) -> _Failed:
+    return _Failed(Reason.PATH_ESCAPE, f"{path}: a symlink leads outside the workspace")
+
+
+def _real_relative(workspace: Path, path: str) -> tuple[str, str]:
+    """(the workspace's real path, ``path``'s real path relative to it), or path_escape."""
+    root = os.path.realpath(workspace)
+    full = os.path.realpath(os.path.join(root, path))  # noqa: PTH118
+    if full == root:
+        return root, ROOT
+    if not full.startswith(root.rstrip("/") + "/"):
+        raise _escape(path)
+    return root, full[len(root.rstrip("/")) + 1 :]
+
+
+def _walk(root: str, relative: str, path: str) -> int:
+    """A descriptor of the directory ``relative`` (real, symlink-free) under ``root``.
+
+    Every segment is opened with O_NOFOLLOW: a symlink swapped in after the realpath
+    check (ELOOP) is an escape attempt, not something to follow.
+    """
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for segment in [] if relative == ROOT else relative.split("/"):
+            child = _open_at(fd, segment, _DIR_FLAGS, path)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_at(dir_fd: int, name: str, flags: int, path: str) -> int:
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        # O_NOFOLLOW meets a symlink as ELOOP, or as ENOTDIR with O_DIRECTORY.
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            with contextlib.suppress(OSError):
+                if stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode):
+                    raise _escape(path) from None
+        raise _os_failure(exc, path) from None
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return True
+
+
+def _os_failure(exc: OSError, path: str) -> _Failed:
+    if exc.errno == errno.ELOOP:
+        return _escape(path)
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return _Failed(Reason.NOT_FOUND, f"{path}: no such file or directory")
+    return _Failed(Reason.TOOL_ERROR, f"{path}: {exc.strerror or exc}")
+
+
+def _split(relative: str) -> tuple[str, str]:
+    parent, _, name = relative.rpartition("/")
+    return parent or ROOT, name
+
+
+def _read_file(spec: RunSpec, args: ReadFileArgs) -> RunResult:
+    root, real = _real_relative(spec.workspace, args.path)
+    label = spec.label.join(spec._rules.label_for_path(real))
+    if real == ROOT:
+        raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
+    parent, name = _split(real)
+    dir_fd = _walk(root, parent, args.path)
+    try:
+        fd = _open_at(dir_fd, name, _READ_FLAGS, args.path)
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise _Failed(Reason.TOOL_ERROR, f"{args.path}: not a regular file")
+        limit = args.max_bytes if args.max_bytes is not None else MAX_BYTES
+        # One byte more than the limit tells a file that grew past it since fstat.
+        data = _read_up_to(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) <= limit:
+        return RunResult.success(data.decode("utf-8", errors="replace"), label)
+    if args.max_bytes is None:
+        raise _Failed(
+            Reason.TOO_LARGE,
+            f"{args.path}: over {MAX_BYTES} bytes; pass max_bytes to read the start of it",
+        )
+    size = max(info.st_size, len(data))
+    text = data[:limit].decode("utf-8", errors="replace")
+    return RunResult.success(f"{text}\n[file cut at {limit} of {size} bytes]", label)
+
+
+def _read_up_to(fd: int, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(_CHUNK, size - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def _list_dir(spec: RunSpec, args: ListDirArgs) -> RunResult:
+    root, real = _real_relative(spec.workspace, args.path)
+    label = spec.label.join(spec._rules.label_for_path(real))
+    parent, name = _split(real)
+    if real == ROOT:
+        fd = _walk(root, ROOT, args.path)
+    else:
+        dir_fd = _walk(root, parent, args.path)
+        try:
+            fd = _open_at(dir_fd, name, _DIR_FLAGS, args.path)
+        except _Failed as failed:
+            if (failed.reason is Reason.NOT_FOUND) and _exists(dir_fd, name):
+                raise _Failed(Reason.TOOL_ERROR, f"{args.path}: not a directory") from None
+            raise
+        finally:
+            os.close(dir_fd)
+    try:
+        names = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    names.append(entry.name + "@")
+                elif entry.is_dir(follow_symlinks=False):
+                    names.append(entry.name + "/")
+                else:
+                    names.append(entry.name)
+    finally:
+        os.close(fd)
+    content = "\n".join(sorted(names))
+    if len(content.encode("utf-8", errors="surrogateescape")) > MAX_BYTES:
+        raise _Failed(Reason.TOO_LARGE, f"{args.path}: the listing is over {MAX_BYTES} bytes")
+    return RunResult.success(content, label)
+
+
+def _write_file(spec: RunSpec, args: WriteFileArgs) -> RunResult:
+    parent_path, name = _split(args.path)
+    if args.path == ROOT:
+        raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
+    root, real_parent = _real_relative(spec.workspace, parent_path)
+    dir_fd = _walk(root, real_parent, args.path)
+    try:
+        mode: int | None = None
+        try:
+            info = os.lstat(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISLNK(info.st_mode):
+                raise _escape(args.path)
+            if stat.S_ISDIR(info.st_mode):
+                raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
+            mode = stat.S_IMODE(info.st_mode)
+        data = args.content.encode("utf-8", errors="surrogatepass")
+        temp = f".{name[:100]}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temp, _TEMP_FLAGS, 0o666, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as file:
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                view = memoryview(data)
+                while view:
+                    view = view[file.write(view) or 0 :]
+                os.fsync(fd)
+            # rename replaces the name itself: a symlink raced in at the final name is
+            # replaced, its target is never written.
+            os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+            raise
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return RunResult.success(f"wrote {len(data)} bytes to {args.path}", spec.label)
+
+
+# --- shell ---------------------------------------------------------------------------
+
+
+@attrs.define
+class _Capture:
+    """Keeps the first ``cap`` bytes and the last STDERR_TAIL of a stream, counts all."""
+
+    cap: int
+    head: bytearray = attrs.Factory(bytearray)
+    tail: bytearray = attrs.Factory(bytearray)
+    total: int = 0
+
+    def add(self, chunk: bytes | bytearray) -> None:
+        room = self.cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+        self.total += len(chunk)
+        self.tail += chunk[-STDERR_TAIL:]
+        del self.tail[:-STDERR_TAIL]
+
+
+async def _drain(stream: trio.abc.ReceiveStream, capture: _Capture) -> None:
+    # Read to EOF even past the cap: a writer blocked on a full pipe would never exit.
+    async for chunk in stream:
+        capture.add(chunk)
+
+
+def _spawn(argv: list[str], stdout: int, stderr: int, status: int) -> subprocess.Popen[bytes]:
+    # Forked from the trio thread on purpose, not through trio.lowlevel.open_process
+    # (which forks in a worker thread): bwrap's --die-with-parent is PR_SET_PDEATHSIG,
+    # which fires when the *thread* that forked it exits, and trio retires idle worker
+    # threads after 10 s — every longer command would be killed. The trio thread lives
+    # as long as brokerd, which is exactly whom the sandbox must not outlive.
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        # Its own process group to kill (spec §8). A new group, not a new session: bwrap
+        # gives the command its own session (--new-session), and a second setsid here
+        # measurably slowed every call (tools/bench_runner.py).
+        process_group=0,
+        pass_fds=(status,),
+    )
+
+
+async def _wait(process: subprocess.Popen[bytes]) -> int:
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:
+        # A kernel without pidfd (before 5.3): wait in a thread; forking is not involved.
+        return await trio.to_thread.run_sync(process.wait, abandon_on_cancel=True)
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+    return process.wait()
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    # bwrap leads its own process group (process_group=0); killing it takes the
+    # sandbox's pid 1 with it (--die-with-parent), and the pid namespace dies with that.
+    # poll() first: an unreaped pid cannot have been reused by another group.
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _command_ran(status: bytes) -> bool:
+    """Did bwrap report the command's exit (``--json-status-fd``)? If not, the sandbox
+    was never set up."""
+    for line in status.splitlines():
+        with contextlib.suppress(orjson.JSONDecodeError):
+            report = orjson.loads(line)
+            if isinstance(report, dict) and "exit-code" in report:
+                return True
+    return False
+
+
+def _tail(capture: _Capture) -> str:
+    return bytes(capture.tail).decode("utf-8", errors="replace").strip()
+
+
+async def _shell(spec: RunSpec) -> RunResult:
+    argv = spec.argv
+    if argv is None:
+        return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, NO_BWRAP_DETAIL, spec.label)
+    pipes = [os.pipe() for _ in range(3)]
+    (_, out_write), (_, err_write), (_, status_write) = pipes
+    command = [argv[0], "--json-status-fd", str(status_write), *argv[1:]]
+    try:
+        process = _spawn(command, out_write, err_write, status_write)
+    except OSError as exc:
+        for read_end, _ in pipes:
+            os.close(read_end)
+        detail = f"bubblewrap (bwrap) could not be started: {_describe(exc)}; see {RUNBOOK_SANDBOX}"
+        return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
+    finally:
+        for _, write_end in pipes:
+            os.close(write_end)
+    streams = [trio.lowlevel.FdStream(read_end) for read_end, _ in pipes]
+    out = _Capture(spec.output_cap)
+    err = _Capture(spec.output_cap)
+    status = _Capture(4096)
+    limit = spec.time_limit if spec.time_limit is not None else float("inf")
+    try:
+        with trio.move_on_after(limit) as scope:
+            async with trio.open_nursery() as nursery:
+                for stream, capture in zip(streams, (out, err, status), strict=True):
+                    nursery.start_soon(_drain, stream, capture)
+            await _wait(process)
+    finally:
+        _kill_group(process)
+        with trio.CancelScope(shield=True):
+            await _wait(process)
+            for stream in streams:
+                await stream.aclose()
+    if scope.cancelled_caught:
+        detail = f"killed after {spec.time_limit:g} s (the time limit)"
+        return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
+    if not _command_ran(bytes(status.head)):
+        detail = f"bubblewrap could not set up the sandbox: {_tail(err)}; see {RUNBOOK_SANDBOX}"
+        return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
+    if process.returncode != 0:
+        detail = f"exit status {process.returncode}"
+        if err.total:
+            detail += ": " + _tail(err)
+        return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
+    return RunResult.success(_shell_content(out, err, spec.output_cap), spec.label)
+
+
+def _shell_content(out: _Capture, err: _Capture, cap: int) -> str:
+    body = bytes(out.head)
+    if err.total:
+        body += b"\n[stderr]\n" + bytes(err.head)
+    cut = out.total > cap or err.total > cap or len(body) > cap
+    text = body[:cap].decode("utf-8", errors="replace")
+    return f"{text}\n[output cut at {cap} bytes]" if cut else text
+
+
+# --- http_get ------------------------------------------------------------------------
+
+
+async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
+    host = spec.arguments.host
+    # Fail closed on the run path too: the host must be the grant's, and httpx must
+    # read the URL's host the way the check did.
+    if (
+        host is None
+        or not any(host_matches(pattern, host) for pattern in spec.network)
+        or httpx.URL(args.url).host != host
+    ):
+        detail = f"host {host!r} is not allowed by grant {spec.grant}"
+        return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
+    body = bytearray()
+    encoding = "utf-8"
+    with trio.move_on_after(HTTP_TIMEOUT) as scope:
+        try:
+            async with (
+                httpx.AsyncClient(
+                    follow_redirects=False, trust_env=False, timeout=HTTP_TIMEOUT
+                ) as client,
+                client.stream("GET", args.url) as response,
+            ):
+                if response.is_redirect:
+                    location = response.headers.get("location", "")[:500]
+                    detail = (
+                        f"HTTP {response.status_code}: redirect to {location} "
+                        "(not followed; ask for that URL)"
+                    )
+                    raise _Failed(Reason.TOOL_ERROR, detail)
+                if response.status_code >= 400:
+                    detail = f"HTTP {response.status_code} {response.reason_phrase}"
+                    raise _Failed(Reason.TOOL_ERROR, detail)
+                over = False
+                # Stopping by cancellation, not by leaving the loop: the exception then
+                # unwinds httpx's chain of async generators instead of abandoning them.
+                with trio.CancelScope() as reading:
+                    async for chunk in response.aiter_bytes():
+                        if over:
+                            continue
+                        body += chunk
+                        if len(body) > MAX_BYTES:
+                            over = True
+                            reading.cancel()
+                if over:
+                    raise _Failed(Reason.TOO_LARGE, f"{args.url}: over {MAX_BYTES} bytes")
+                encoding = response.encoding or "utf-8"
+        except httpx.HTTPError as exc:
+            raise _Failed(Reason.TOOL_ERROR, f"{type(exc).__name__}: {exc}"[:500]) from None
+    if scope.cancelled_caught:
+        detail = f"{args.url}: no complete answer within {HTTP_TIMEOUT:g} s"
+        return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
+    try:
+        text = bytes(body).decode(encoding, errors="replace")
+    except LookupError:
+        text = bytes(body).decode("utf-8", errors="replace")
+    return RunResult.success(text, spec.label)

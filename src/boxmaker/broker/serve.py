@@ -1,0 +1,260 @@
+"""``brokerd serve``: the broker daemon (spec §2, §5.5, §6.2).
+
+One nursery holds the ledger writer, the grants watcher, the signal task and the two
+listeners (broker.sock, admin.sock); each accepted connection runs in its own task of a
+connection nursery (broker calls and admin clients in separate ones, so shutdown can
+treat them differently). Readiness is ``task_status.started(broker)``, so tests start
+the real daemon with ``await nursery.start(serve_broker, home)``.
+
+Start: load config.toml (exit 2 on a problem), make the home private and ``run/`` 0700,
+open the ledger (a torn tail refuses to start, exit 1; ``--repair`` moves it aside),
+bind the sockets, append ``start``.
+
+Clean stop (SIGINT/SIGTERM, spec §2): stop accepting; answer every pending entry
+withdrawn (``broker_stopping``); cancel idle admin connections; give running calls up
+to 5 s; append ``stop``; flush and close the ledger; remove our sockets; exit 0.
+SIGHUP re-reads grants.toml.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Final
+
+import attrs
+import trio
+from cyclopts import App, Parameter
+
+from boxmaker import __version__
+from boxmaker.broker.admin import handle_admin_connection
+from boxmaker.broker.connection import handle_broker_connection
+from boxmaker.broker.listeners import ListenerError, UnixListener, open_unix_listener
+from boxmaker.broker.state import Broker, GrantsWatcher
+from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
+from boxmaker.ledger.writer import (
+    LedgerFile,
+    LedgerTorn,
+    LedgerWriter,
+    OsLedgerFile,
+    Tail,
+    open_ledger,
+    repair,
+)
+
+log = logging.getLogger("boxmaker.brokerd")
+
+GRACE_S: Final = 5.0
+"""Spec §2: running calls get up to 5 s to finish on a clean stop."""
+GRANTS_POLL_S: Final = 2.0
+"""The watcher also looks between calls, so a broken file is logged while idle."""
+CONFIG_ANCHOR: Final = "docs/runbook.md#config"
+
+LedgerOpener = Callable[[Path], LedgerFile]
+
+
+@attrs.frozen
+class _Prepared:
+    config: Config
+    tail: Tail
+    file: LedgerFile
+    repaired: Repair | None
+
+
+def _prepare(home: Home, *, repair_torn: bool, open_file: LedgerOpener) -> _Prepared:
+    """The blocking part of a start; raises ConfigError, HomeError, LedgerTorn."""
+    config = load_config(home)
+    # Every directory of the home 0700 (a looser run/ tightened, another user's refused,
+    # spec §6.2); state/sessions must exist before the first state is raised.
+    home.create()
+    repaired = None
+    if repair_torn and home.audit_log.exists():
+        repaired = repair(home.audit_log)
+    tail = open_ledger(home.audit_log)
+    return _Prepared(config, tail, open_file(home.audit_log), repaired)
+
+
+async def serve_broker(
+    home: Home,
+    *,
+    repair_torn: bool = False,
+    open_file: LedgerOpener = OsLedgerFile.open,
+    handle_signals: bool = False,
+    owner_uid: int | None = None,
+    task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
+    ``handle_signals``). Startup problems raise before ``started()``: ConfigError,
+    HomeError, LedgerTorn, ListenerError.
+
+    ``open_file`` opens the ledger's file layer (tests inject one that fails);
+    ``owner_uid`` is who may use admin.sock (default: our own uid).
+    """
+    prepared = await trio.to_thread.run_sync(
+        functools.partial(_prepare, home, repair_torn=repair_torn, open_file=open_file)
+    )
+    writer = LedgerWriter(prepared.file, prepared.tail)
+    listeners: list[UnixListener] = []
+    try:
+        for path in (home.broker_sock, home.admin_sock):
+            listeners.append(await open_unix_listener(path))
+    except BaseException:
+        for listener in listeners:
+            await listener.listener.aclose()
+            listener.remove_path()
+        await writer.aclose()
+        raise
+    broker = Broker(
+        home=home,
+        config=prepared.config,
+        writer=writer,
+        boot=new_boot_id(),
+        version=__version__,
+        owner_uid=os.getuid() if owner_uid is None else owner_uid,
+        grants=GrantsWatcher(home.grants_toml),
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            if not await broker.record(Start(boot=broker.boot, version=broker.version)):
+                log.error("the start record could not be written; every call will be denied")
+            if prepared.repaired is not None:
+                await broker.record(prepared.repaired)
+            await broker.grants.current()
+            nursery.start_soon(_watch_grants, broker)
+            if handle_signals:
+                nursery.start_soon(_signals, broker)
+            await _serve_connections(broker, listeners[0], listeners[1], task_status)
+            if not await broker.record(Stop(boot=broker.boot)):
+                log.error("the stop record could not be written")
+            await writer.aclose()
+            log.info("brokerd stopped (boot %s, head %s)", broker.boot, writer.head)
+            nursery.cancel_scope.cancel()
+    finally:
+        for listener in listeners:
+            listener.remove_path()
+
+
+async def _serve_connections(
+    broker: Broker,
+    broker_listener: UnixListener,
+    admin_listener: UnixListener,
+    task_status: trio.TaskStatus[Broker],
+) -> None:
+    """Accept until a stop is requested, then shut down as spec §2 says."""
+    async with trio.open_nursery() as calls:
+        async with trio.open_nursery() as admins:
+            async with trio.open_nursery() as accept:
+                await accept.start(
+                    functools.partial(
+                        trio.serve_listeners,
+                        functools.partial(handle_broker_connection, broker),
+                        [broker_listener.listener],
+                        handler_nursery=calls,
+                    )
+                )
+                await accept.start(
+                    functools.partial(
+                        trio.serve_listeners,
+                        functools.partial(handle_admin_connection, broker),
+                        [admin_listener.listener],
+                        handler_nursery=admins,
+                    )
+                )
+                log.info(
+                    "brokerd %s serving %s and %s (boot %s)",
+                    broker.version,
+                    broker_listener.path,
+                    admin_listener.path,
+                    broker.boot,
+                )
+                task_status.started(broker)
+                await broker.wait_stop_requested()
+                log.info("stopping: no new connections")
+                accept.cancel_scope.cancel()
+            # serve_listeners closed the listeners; remove the paths at once, so a client
+            # sees "not running" rather than a socket nobody accepts on.
+            broker_listener.remove_path()
+            admin_listener.remove_path()
+            withdrawn = broker.withdraw_all()
+            log.info("stopping: %d pending approvals withdrawn", withdrawn)
+            # An admin client mid-approve already handed its command over; the call's
+            # task records it. Idle admin connections have nothing to finish.
+            admins.cancel_scope.cancel()
+        calls.cancel_scope.deadline = trio.current_time() + GRACE_S
+
+
+async def _watch_grants(broker: Broker) -> None:
+    while True:
+        await trio.sleep(GRANTS_POLL_S)
+        await broker.grants.current()
+
+
+async def _signals(broker: Broker) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
+        async for signum in received:
+            if signum == signal.SIGHUP:
+                log.info("SIGHUP: re-reading grants.toml")
+                await broker.grants.current(force=True)
+            else:
+                log.info("%s: stopping", signal.Signals(signum).name)
+                broker.request_stop()
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+app = App(
+    name="brokerd",
+    help="The boxmaker broker: decides, asks, runs and records tool calls.",
+    version=__version__,
+)
+
+
+@app.command
+def serve(
+    *,
+    home: Annotated[str | None, Parameter(help="The boxmaker home.")] = None,
+    repair: Annotated[
+        bool,
+        Parameter(negative="", help="Move a torn ledger tail aside (docs/runbook.md#ledger-torn)."),
+    ] = False,
+) -> int:
+    """Serve broker.sock and admin.sock until SIGINT/SIGTERM (exit 0).
+
+    Exit 2: config.toml has a problem. Exit 1: the ledger is torn, the home or a socket
+    path cannot be used, or brokerd failed.
+    """
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s brokerd %(levelname)s %(message)s",
+    )
+    where = resolve_home(home)
+    try:
+        trio.run(functools.partial(serve_broker, where, repair_torn=repair, handle_signals=True))
+    except ConfigError as exc:
+        sys.stderr.write(f"brokerd: {exc}\nbrokerd: see {CONFIG_ANCHOR}\n")
+        return 2
+    except (LedgerTorn, HomeError, ListenerError) as exc:
+        sys.stderr.write(f"brokerd: {exc}\n")
+        return 1
+    except Exception:
+        log.exception("brokerd failed")
+        return 1
+    return 0
+
+
+def main() -> None:
+    """Console entry point (``brokerd``): the command's return value is the exit code."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Shared helpers for brokerd's tests: a short temporary home, the real daemon started
+in process, and clients that speak the real sockets with the real frame reader.
+
+Time: in-process tests run under pytest-trio's ``autojump_clock``. That clock jumps to
+the next deadline whenever the run loop is idle, and a loop waiting on a worker thread
+*is* idle, so every ``trio.to_thread.run_sync`` (ledger fsync, state reads) could fire
+an unrelated deadline (a pending entry's expiry, the test's guard). The
+``inline_threads`` fixture runs those functions inline, so the only idle moments are
+real ones and virtual time is exact. (Process tests use real time instead.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import orjson
+import trio
+
+from boxmaker.broker.serve import serve_broker
+from boxmaker.broker.state import Broker
+from boxmaker.home import Home
+from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.writer import LedgerFile, OsLedgerFile
+from boxmaker.ndjson import FrameReader
+from boxmaker.wire import new_call_id
+
+SESSION: Final = "s-0000000000a1"
+GUARD: Final = 600.0
+"""Virtual seconds: a hung test fails instead of stalling (test pending_timeout is 30)."""
+PENDING_TIMEOUT: Final = 30.0
+
+
+def write_config(home: Home, text: str) -> None:
+    home.config_toml.write_text(text, encoding="utf-8")
+
+
+def write_grants(home: Home, text: str) -> None:
+    """Replace grants.toml the way an editor does (new inode), so the stat changes."""
+    temp = home.grants_toml.with_name("grants.toml.tmp")
+    temp.write_text(text, encoding="utf-8")
+    temp.replace(home.grants_toml)
+
+
+def grant(gid: str, tool: str, mode: str, **extra: str | list[str]) -> str:
+    """One ``[[grant]]`` table (values are TOML strings or arrays of strings)."""
+    lines = ["[[grant]]", f'id = "{gid}"', f'tool = "{tool}"', f'mode = "{mode}"']
+    lines += [f"{key} = {orjson.dumps(value).decode()}" for key, value in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_state(home: Home, session: str, taint: str, untrusted: bool = False) -> None:
+    data = {"v": 1, "taint": taint, "untrusted": untrusted}
+    home.session_state(session).write_bytes(orjson.dumps(data))
+
+
+def read_state_file(home: Home, session: str) -> dict[str, Any] | None:
+    path = home.session_state(session)
+    return orjson.loads(path.read_bytes()) if path.exists() else None
+
+
+def records(home: Home) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in home.audit_log.read_bytes().splitlines()]
+
+
+def records_of(home: Home, call: str) -> list[dict[str, Any]]:
+    return [record for record in records(home) if record.get("call") == call]
+
+
+def body(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without the common fields, for exact comparison."""
+    return {k: v for k, v in record.items() if k not in ("seq", "at", "prev")}
+
+
+def tool_request(
+    tool: str, arguments: dict[str, Any], *, call: str | None = None, session: str = SESSION
+) -> dict[str, Any]:
+    return {
+        "kind": "tool_request",
+        "v": 1,
+        "call": call or new_call_id(),
+        "session": session,
+        "tool": tool,
+        "arguments": arguments,
+    }
+
+
+@asynccontextmanager
+async def running(home: Home, **kwargs: Any) -> AsyncIterator[Broker]:
+    """The real brokerd on ``home``, stopped cleanly at the end; the ledger must then
+    verify (spec §5.6)."""
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(functools.partial(serve_broker, home, **kwargs))
+        try:
+            yield broker
+        finally:
+            broker.request_stop()
+    report = verify_file(home.audit_log)
+    assert report.sound, [str(p) for p in report.problems]
+
+
+class Client:
+    """One connection to a brokerd socket, speaking NDJSON frames."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.reader = FrameReader(stream)
+
+    @classmethod
+    async def open(cls, path: Path) -> Client:
+        return cls(await trio.open_unix_socket(str(path)))
+
+    async def send(self, frame: dict[str, Any] | bytes) -> None:
+        data = frame if isinstance(frame, bytes) else orjson.dumps(frame) + b"\n"
+        await self.stream.send_all(data)
+
+    async def receive(self) -> dict[str, Any] | None:
+        line = await self.reader.receive_line()
+        return None if line is None else orjson.loads(line)
+
+    async def ask(self, frame: dict[str, Any]) -> dict[str, Any]:
+        await self.send(frame)
+        answer = await self.receive()
+        assert answer is not None, "the connection closed without an answer"
+        return answer
+
+    async def at_eof(self) -> bool:
+        """True when the other side closed after what was read (and sent nothing more)."""
+        return await self.receive() is None
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def call(home: Home, frame: dict[str, Any] | bytes) -> list[dict[str, Any]]:
+    """Send one frame on broker.sock; every frame until the broker closes."""
+    client = await Client.open(home.broker_sock)
+    try:
+        await client.send(frame)
+        frames = []
+        # A socket closed with our unread bytes in it resets instead of ending cleanly
+        # (Linux AF_UNIX): after the frames it sent, that is the same end.
+        with contextlib.suppress(trio.BrokenResourceError):
+            while (received := await client.receive()) is not None:
+                frames.append(received)
+        return frames
+    finally:
+        await client.aclose()
+
+
+async def admin(home: Home, frame: dict[str, Any]) -> dict[str, Any]:
+    client = await Client.open(home.admin_sock)
+    try:
+        return await client.ask(frame)
+    finally:
+        await client.aclose()
+
+
+async def eventually(predicate: Callable[[], bool], step: float = 0.01) -> None:
+    """Wait (virtual time) until ``predicate()`` holds; the test's guard bounds it."""
+    while not predicate():  # noqa: ASYNC110 - a file on disk has no event to wait on
+        await trio.sleep(step)
+
+
+@attrs.define
+class FailingFile:
+    """The ledger's file layer, failing every write whose bytes ``fail_when`` picks
+    (and every write after that, as a dead disk would)."""
+
+    inner: LedgerFile
+    fail_when: Callable[[bytes], bool] = lambda data: False
+    failed: bool = False
+
+    @classmethod
+    def opener(cls, fail_when: Callable[[bytes], bool]) -> tuple[list[FailingFile], Any]:
+        made: list[FailingFile] = []
+
+        def open_file(path: Path) -> LedgerFile:
+            file = cls(OsLedgerFile.open(path), fail_when)
+            made.append(file)
+            return file
+
+        return made, open_file
+
+    def write(self, data: bytes) -> None:
+        if self.failed or self.fail_when(data):
+            self.failed = True
+            raise OSError(5, os.strerror(5))
+        self.inner.write(data)
+
+    def fsync(self) -> None:
+        self.inner.fsync()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,250 @@
+"""brokerd as a real process (spec §2, §5.5, §5.6, §6.2): signals, kill -9 and restart,
+run/ modes, peer uids, a torn ledger. Real time, every wait bounded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from tests.broker.broker_harness import (
+    grant,
+    records,
+    records_of,
+    tool_request,
+    write_config,
+    write_grants,
+)
+
+from boxmaker.home import Home
+from boxmaker.ledger.verify import verify_file
+
+pytestmark = pytest.mark.slow
+
+START_S = 30.0
+"""Real seconds for a process to start or stop: generous for a loaded 2-core machine."""
+
+
+class Daemon:
+    def __init__(self, home: Home, *extra: str) -> None:
+        self.home = home
+        self.log = home.root / f"brokerd-{time.monotonic_ns()}.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "boxmaker.broker.serve",
+                    "serve",
+                    "--home",
+                    str(home.root),
+                    *extra,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"brokerd exited {self.process.returncode}: {self.stderr()}")
+            try:
+                with connect(self.home.admin_sock) as sock:
+                    sock.sendall(b'{"kind":"status"}\n')
+                    if read_frame(sock)["kind"] == "status":
+                        return
+            except OSError:
+                time.sleep(0.05)
+        pytest.fail(f"brokerd did not become ready: {self.stderr()}")
+
+    def wait(self) -> int:
+        return self.process.wait(timeout=START_S)
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=START_S)
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.kill()
+
+
+def start(daemons: list[Daemon], home: Home, *extra: str, ready: bool = True) -> Daemon:
+    daemon = Daemon(home, *extra)
+    daemons.append(daemon)
+    if ready:
+        daemon.wait_ready()
+    return daemon
+
+
+def connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(START_S)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def read_frame(sock: socket.socket) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise EOFError(f"closed after {data!r}")
+        data += chunk
+    value: dict[str, Any] = orjson.loads(data)
+    return value
+
+
+def send(sock: socket.socket, frame: dict[str, Any]) -> None:
+    sock.sendall(orjson.dumps(frame) + b"\n")
+
+
+def wait_for(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + START_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_sigterm_withdraws_the_pending_call_records_stop_and_exits_0(
+    home: Home, daemons: list[Daemon]
+) -> None:
+    write_grants(home, grant("notes", "read_file", "ask"))
+    daemon = start(daemons, home)
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    with connect(home.broker_sock) as sock:
+        send(sock, frame)
+        assert read_frame(sock)["kind"] == "pending"
+        daemon.process.send_signal(signal.SIGTERM)
+        answer = read_frame(sock)
+    assert (answer["outcome"], answer["reason"]) == ("denied", "broker_stopping")
+    assert daemon.wait() == 0
+    approval = records_of(home, frame["call"])[-1]
+    assert (approval["outcome"], approval["reason"], approval["by"]) == (
+        "withdrawn",
+        "broker_stopping",
+        "broker",
+    )
+    assert records(home)[-1]["kind"] == "stop"
+    assert verify_file(home.audit_log).sound
+    assert not home.broker_sock.exists()
+
+
+def test_sighup_rereads_grants_and_keeps_serving(home: Home, daemons: list[Daemon]) -> None:
+    daemon = start(daemons, home)
+    daemon.process.send_signal(signal.SIGHUP)
+    with connect(home.broker_sock) as sock:
+        send(sock, {"kind": "catalogue", "v": 1})
+        assert read_frame(sock)["kind"] == "catalogue"
+    wait_for(lambda: "SIGHUP" in daemon.stderr(), "the SIGHUP log line")
+    daemon.process.send_signal(signal.SIGINT)
+    assert daemon.wait() == 0
+
+
+def test_kill_9_mid_pending_leaves_the_call_unfinished_after_restart(
+    home: Home, daemons: list[Daemon]
+) -> None:
+    write_grants(home, grant("notes", "read_file", "ask"))
+    daemon = start(daemons, home)
+    with connect(home.broker_sock) as sock:
+        send(sock, tool_request("read_file", {"path": "notes.txt"}))
+        assert read_frame(sock)["kind"] == "pending"
+        daemon.kill()
+    second = start(daemons, home)  # the stale sockets are replaced
+    report = verify_file(home.audit_log)
+    assert report.sound
+    assert report.calls.unfinished == 1
+    assert report.calls.pending == 0
+    second.process.send_signal(signal.SIGTERM)
+    assert second.wait() == 0
+    assert verify_file(home.audit_log).calls.unfinished == 1
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_kill_9_after_a_run_decision_leaves_the_call_unfinished(
+    home: Home, daemons: list[Daemon]
+) -> None:
+    write_grants(home, grant("sleepy", "shell", "auto"))
+    daemon = start(daemons, home)
+    frame = tool_request("shell", {"command": "sleep 60"})
+    with connect(home.broker_sock) as sock:
+        send(sock, frame)
+        wait_for(lambda: len(records_of(home, frame["call"])) == 1, "the run decision")
+        daemon.kill()
+    assert records_of(home, frame["call"])[0]["verdict"] == "run"
+    start(daemons, home)
+    report = verify_file(home.audit_log)
+    assert report.sound
+    assert (report.calls.running, report.calls.unfinished) == (0, 1)
+
+
+def test_a_loose_run_dir_is_tightened(home: Home, daemons: list[Daemon]) -> None:
+    home.run_dir.chmod(0o755)
+    daemon = start(daemons, home)
+    assert stat.S_IMODE(os.stat(home.run_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(home.broker_sock).st_mode) == 0o600
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.wait() == 0
+
+
+def test_a_peer_of_another_uid_is_refused(home: Home, daemons: list[Daemon]) -> None:
+    # run/ is 0700, so another uid cannot even reach the socket; configuring loopd's uid
+    # to someone else is what exercises the SO_PEERCRED check.
+    write_config(home, "[broker]\nloopd_uid = 4242\n")
+    daemon = start(daemons, home)
+    with connect(home.broker_sock) as sock:
+        answer = read_frame(sock)
+    assert (answer["kind"], answer["code"]) == ("error", "peer_refused")
+    assert f"uid {os.getuid()}" in answer["detail"]
+    wait_for(lambda: "refused a peer" in daemon.stderr(), "the refusal's log line")
+
+
+def test_a_torn_ledger_refuses_to_start_and_repair_starts(
+    home: Home, daemons: list[Daemon]
+) -> None:
+    home.ledger_dir.mkdir(exist_ok=True)
+    first = start(daemons, home)
+    first.process.send_signal(signal.SIGTERM)
+    assert first.wait() == 0
+    with home.audit_log.open("ab") as file:
+        file.write(b'{"seq":3,"at"')
+    refused = start(daemons, home, ready=False)
+    assert refused.wait() == 1
+    assert "docs/runbook.md#ledger-torn" in refused.stderr()
+    repaired = start(daemons, home, "--repair")
+    repaired.process.send_signal(signal.SIGTERM)
+    assert repaired.wait() == 0
+    kinds = [r["kind"] for r in records(home)]
+    assert kinds[-3:] == ["start", "repair", "stop"]
+    assert verify_file(home.audit_log).sound
+
+
+def test_a_bad_config_exits_2(home: Home, daemons: list[Daemon]) -> None:
+    write_config(home, "[broker]\npending_timeout = -1\n")
+    daemon = start(daemons, home, ready=False)
+    assert daemon.wait() == 2
+    assert "see docs/runbook.md#config" in daemon.stderr()

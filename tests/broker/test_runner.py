@@ -1,0 +1,771 @@
+"""The runner (spec §8): RunSpec only from a run decision, the file tools' safe
+resolution, the bubblewrap sandbox, http_get's limits — each failure with its exact
+reason code. RunSpecs come from real decisions (core.decide.evaluate on parsed grants)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from boxmaker.broker import runner
+from boxmaker.broker.runner import NO_BWRAP_DETAIL, RunResult, RunSpec, execute
+from boxmaker.core.catalogue import MAX_BYTES
+from boxmaker.core.decide import Decision, ToolRequest, evaluate
+from boxmaker.core.grants import Grant, GrantSet, parse_grants
+from boxmaker.core.labels import FRESH, HTTP_GET_LABEL, WRITE_FILE_LABEL, Label, LabelRules, Taint
+from boxmaker.core.reasons import Reason
+from boxmaker.home import RunnerConfig
+
+NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
+INTERNAL = Label(Taint.INTERNAL, False)
+SECRET = Label(Taint.SECRET, False)
+GRANTS_TEXT = """
+[[grant]]
+id = "read"
+tool = "read_file"
+mode = "auto"
+
+[[grant]]
+id = "list"
+tool = "list_dir"
+mode = "auto"
+
+[[grant]]
+id = "write"
+tool = "write_file"
+mode = "auto"
+
+[[grant]]
+id = "sh"
+tool = "shell"
+mode = "auto"
+
+[[grant]]
+id = "sh-secret"
+tool = "shell"
+mode = "auto"
+commands = ["cat secrets/*"]
+label_taint = "secret"
+
+[[grant]]
+id = "web"
+tool = "http_get"
+mode = "auto"
+hosts = ["127.0.0.1"]
+"""
+ASK_TEXT = '[[grant]]\nid = "ask-read"\ntool = "read_file"\nmode = "ask"\n'
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed"
+)
+
+
+def grant_set(text: str) -> GrantSet:
+    grants = parse_grants(text)
+    assert isinstance(grants, GrantSet), grants
+    return grants
+
+
+GRANTS = grant_set(GRANTS_TEXT)
+
+
+def decide(
+    tool: str, arguments: dict[str, Any], workspace: Path, grants: GrantSet = GRANTS
+) -> tuple[Decision, Grant | None]:
+    verdict = evaluate(
+        ToolRequest("c-0123456789abcdef", "s-0123456789ab", tool, arguments),
+        ledger_usable=True,
+        grants=grants,
+        state=FRESH,
+        now=NOW,
+        workspace=str(workspace),
+    )
+    decision = verdict.decision
+    by_id = {grant.id: grant for grant in grants.grants}
+    return decision, by_id.get(decision.grant) if decision.grant else None
+
+
+def spec_for(
+    tool: str,
+    arguments: dict[str, Any],
+    workspace: Path,
+    *,
+    config: RunnerConfig | None = None,
+    grants: GrantSet = GRANTS,
+) -> RunSpec:
+    decision, grant = decide(tool, arguments, workspace, grants)
+    assert decision.verdict == "run", decision
+    return RunSpec.for_call(
+        decision,
+        grant=grant,
+        workspace=workspace,
+        runner=config or RunnerConfig(),
+        labels=LabelRules(),
+    )
+
+
+async def run(tool: str, arguments: dict[str, Any], workspace: Path, **options: Any) -> RunResult:
+    with trio.fail_after(20):
+        return await execute(spec_for(tool, arguments, workspace, **options))
+
+
+def failed(result: RunResult, reason: Reason) -> str:
+    assert not result.ok, result
+    assert result.reason is reason, result
+    assert result.content == ""
+    assert result.detail is not None
+    return result.detail
+
+
+def ok(result: RunResult) -> str:
+    assert result.ok, result
+    assert result.reason is None
+    assert result.detail is None
+    return result.content
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return workspace
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    target = tmp_path / "outside.txt"
+    target.write_text("outside the workspace\n")
+    return target
+
+
+# --- RunSpec.for_call ------------------------------------------------------------------
+
+
+def test_for_call_refuses_a_deny_decision(ws: Path) -> None:
+    decision, grant = decide("read_file", {"path": "x"}, ws, GrantSet())
+    assert decision.verdict == "deny"
+    with pytest.raises(ValueError, match="deny decision never runs"):
+        RunSpec.for_call(
+            decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
+        )
+    with pytest.raises(ValueError, match="deny decision never runs"):
+        RunSpec.for_call(
+            decision,
+            grant=grant,
+            workspace=ws,
+            runner=RunnerConfig(),
+            labels=LabelRules(),
+            approved=True,
+        )
+
+
+def test_for_call_runs_an_ask_decision_only_when_approved(ws: Path) -> None:
+    grants = grant_set(ASK_TEXT)
+    decision, grant = decide("read_file", {"path": "x"}, ws, grants)
+    assert decision.verdict == "ask"
+    with pytest.raises(ValueError, match="only once approved"):
+        RunSpec.for_call(
+            decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
+        )
+    spec = RunSpec.for_call(
+        decision,
+        grant=grant,
+        workspace=ws,
+        runner=RunnerConfig(),
+        labels=LabelRules(),
+        approved=True,
+    )
+    assert spec.tool == "read_file"
+    assert spec.grant == "ask-read"
+
+
+def test_for_call_refuses_a_grant_that_is_not_the_decisions(ws: Path) -> None:
+    decision, _ = decide("read_file", {"path": "x"}, ws)
+    other = GRANTS.grants[1]
+    for grant in (None, other):
+        with pytest.raises(ValueError, match="not the decision's"):
+            RunSpec.for_call(
+                decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
+            )
+
+
+def test_for_call_refuses_a_forged_run_decision(ws: Path) -> None:
+    decision, grant = decide("read_file", {"path": "x"}, ws)
+    forged = attrs.evolve(decision, arguments={"path": "../etc/passwd"})
+    with pytest.raises(ValueError, match="leaves the workspace"):
+        RunSpec.for_call(
+            forged, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
+        )
+
+
+def untouched(outside: Path) -> bool:
+    return outside.read_text() == "outside the workspace\n"
+
+
+def etc_names() -> list[str]:
+    return sorted(Path(path).name for path in runner.ETC_FILES if Path(path).exists())
+
+
+def test_a_runspec_cannot_be_built_by_hand(ws: Path) -> None:
+    spec = spec_for("read_file", {"path": "x"}, ws)
+    with pytest.raises(TypeError, match=r"only by RunSpec\.for_call"):
+        attrs.evolve(spec, token=object())
+
+
+def test_runspec_says_what_runs(ws: Path) -> None:
+    config = RunnerConfig(shell_timeout=7.0, output_cap=1234)
+    shell = spec_for("shell", {"command": "ls"}, ws, config=config)
+    assert shell.time_limit == 7.0
+    assert shell.output_cap == 1234
+    assert shell.label == INTERNAL
+    assert shell.network == ()
+    assert dict(shell.env) == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/workspace",
+        "LANG": "C.UTF-8",
+    }
+    if shell.argv is not None:
+        argv = shell.argv
+        assert argv[-3:] == ("/bin/sh", "-c", "ls")
+        for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--clearenv"):
+            assert flag in argv
+        assert argv[argv.index("--bind") + 1 : argv.index("--bind") + 3] == (
+            str(ws),
+            "/workspace",
+        )
+        assert "--share-net" not in argv
+    web = spec_for("http_get", {"url": "http://127.0.0.1/"}, ws)
+    assert web.network == ("127.0.0.1",)
+    assert web.argv is None
+    assert web.label == HTTP_GET_LABEL
+    assert spec_for("write_file", {"path": "a", "content": ""}, ws).label == WRITE_FILE_LABEL
+    read = spec_for("read_file", {"path": "notes.txt"}, ws)
+    assert read.time_limit is None
+    assert read.output_cap == MAX_BYTES
+
+
+def test_a_shell_grants_label_taint_raises_the_label(ws: Path) -> None:
+    spec = spec_for("shell", {"command": "cat secrets/key"}, ws)
+    assert spec.grant == "sh"  # the first auto grant in file order: no label_taint
+    assert spec.label == INTERNAL
+    only_secret = grant_set(
+        '[[grant]]\nid = "s"\ntool = "shell"\nmode = "auto"\nlabel_taint = "secret"\n'
+    )
+    assert spec_for("shell", {"command": "ls"}, ws, grants=only_secret).label == SECRET
+
+
+# --- read_file ---------------------------------------------------------------------------
+
+
+async def test_read_file_returns_the_content_with_the_label_from_the_rules(ws: Path) -> None:
+    (ws / "notes.txt").write_text("hello\n")
+    (ws / "app").mkdir()
+    (ws / "app" / ".env").write_text("TOKEN=x\n")
+    result = await run("read_file", {"path": "notes.txt"}, ws)
+    assert ok(result) == "hello\n"
+    assert result.label == INTERNAL
+    result = await run("read_file", {"path": "app/.env"}, ws)
+    assert ok(result) == "TOKEN=x\n"
+    assert result.label == SECRET
+
+
+async def test_read_file_replaces_bad_utf8(ws: Path) -> None:
+    (ws / "bin.dat").write_bytes(b"a\xffb")
+    assert ok(await run("read_file", {"path": "bin.dat"}, ws)) == "a\ufffdb"
+
+
+async def test_a_symlink_to_etc_passwd_is_a_path_escape(ws: Path) -> None:
+    (ws / "passwd").symlink_to("/etc/passwd")
+    result = await run("read_file", {"path": "passwd"}, ws)
+    detail = failed(result, Reason.PATH_ESCAPE)
+    assert detail == "passwd: a symlink leads outside the workspace"
+    assert "root" not in detail
+
+
+async def test_a_symlinked_directory_leaving_the_workspace_is_a_path_escape(
+    ws: Path, outside: Path
+) -> None:
+    (ws / "up").symlink_to(outside.parent)
+    failed(await run("read_file", {"path": f"up/{outside.name}"}, ws), Reason.PATH_ESCAPE)
+    failed(await run("list_dir", {"path": "up"}, ws), Reason.PATH_ESCAPE)
+    failed(await run("write_file", {"path": "up/new.txt", "content": "x"}, ws), Reason.PATH_ESCAPE)
+    assert not (outside.parent / "new.txt").exists()
+
+
+async def test_a_dangling_symlink_out_of_the_workspace_is_a_path_escape(ws: Path) -> None:
+    (ws / "gone").symlink_to("/nonexistent/boxmaker/file")
+    failed(await run("read_file", {"path": "gone"}, ws), Reason.PATH_ESCAPE)
+
+
+async def test_a_symlink_inside_the_workspace_is_followed_and_labels_by_its_target(
+    ws: Path,
+) -> None:
+    (ws / ".env").write_text("KEY=1\n")
+    (ws / "innocent.txt").symlink_to(".env")
+    result = await run("read_file", {"path": "innocent.txt"}, ws)
+    assert ok(result) == "KEY=1\n"
+    assert result.label == SECRET
+
+
+def test_a_symlink_swapped_in_after_the_check_is_not_followed(ws: Path) -> None:
+    # _walk is the race guard: it is given a symlink-free path, so a link it meets was
+    # put there after realpath looked.
+    (ws / "real").mkdir()
+    (ws / "link").symlink_to("real")
+    with pytest.raises(runner._Failed) as caught:
+        runner._walk(os.path.realpath(ws), "link", "link")
+    assert caught.value.reason is Reason.PATH_ESCAPE
+
+
+async def test_read_file_not_found_and_directories(ws: Path) -> None:
+    (ws / "dir").mkdir()
+    (ws / "file").write_text("x")
+    assert failed(await run("read_file", {"path": "missing.txt"}, ws), Reason.NOT_FOUND) == (
+        "missing.txt: no such file or directory"
+    )
+    failed(await run("read_file", {"path": "nodir/x"}, ws), Reason.NOT_FOUND)
+    failed(await run("read_file", {"path": "file/x"}, ws), Reason.NOT_FOUND)
+    assert failed(await run("read_file", {"path": "dir"}, ws), Reason.TOOL_ERROR) == (
+        "dir: is a directory"
+    )
+    failed(await run("read_file", {"path": "."}, ws), Reason.TOOL_ERROR)
+
+
+async def test_read_file_of_a_fifo_fails_without_hanging(ws: Path) -> None:
+    os.mkfifo(ws / "pipe")
+    detail = failed(await run("read_file", {"path": "pipe"}, ws), Reason.TOOL_ERROR)
+    assert detail == "pipe: not a regular file"
+
+
+async def test_read_file_over_one_mib_is_too_large(ws: Path) -> None:
+    (ws / "big.txt").write_bytes(b"a" * (MAX_BYTES + 1))
+    (ws / "exact.txt").write_bytes(b"b" * MAX_BYTES)
+    failed(await run("read_file", {"path": "big.txt"}, ws), Reason.TOO_LARGE)
+    assert ok(await run("read_file", {"path": "exact.txt"}, ws)) == "b" * MAX_BYTES
+
+
+async def test_read_file_with_max_bytes_reads_the_start(ws: Path) -> None:
+    (ws / "big.txt").write_bytes(b"0123456789" * 200_000)
+    content = ok(await run("read_file", {"path": "big.txt", "max_bytes": 10}, ws))
+    assert content == "0123456789\n[file cut at 10 of 2000000 bytes]"
+    content = ok(await run("read_file", {"path": "big.txt", "max_bytes": 2_000_000 // 2}, ws))
+    assert content.endswith("\n[file cut at 1000000 of 2000000 bytes]")
+    (ws / "small.txt").write_text("abc")
+    assert ok(await run("read_file", {"path": "small.txt", "max_bytes": 3}, ws)) == "abc"
+
+
+async def test_read_file_accepts_an_absolute_path_inside_the_workspace(ws: Path) -> None:
+    (ws / "a.txt").write_text("A")
+    assert ok(await run("read_file", {"path": str(ws / "a.txt")}, ws)) == "A"
+
+
+# --- list_dir ----------------------------------------------------------------------------
+
+
+async def test_list_dir_lists_sorted_with_markers(ws: Path, outside: Path) -> None:
+    (ws / "b.txt").write_text("")
+    (ws / "a").mkdir()
+    (ws / "a" / "inner").write_text("")
+    (ws / "link").symlink_to(outside)
+    result = await run("list_dir", {"path": "."}, ws)
+    assert ok(result) == "a/\nb.txt\nlink@"
+    assert result.label == INTERNAL
+    assert ok(await run("list_dir", {"path": "a"}, ws)) == "inner"
+    (ws / "secrets").mkdir()
+    assert (await run("list_dir", {"path": "secrets"}, ws)).label == SECRET
+    assert ok(await run("list_dir", {"path": "secrets"}, ws)) == ""
+
+
+async def test_list_dir_failures(ws: Path) -> None:
+    (ws / "file").write_text("")
+    failed(await run("list_dir", {"path": "missing"}, ws), Reason.NOT_FOUND)
+    assert failed(await run("list_dir", {"path": "file"}, ws), Reason.TOOL_ERROR) == (
+        "file: not a directory"
+    )
+
+
+# --- write_file --------------------------------------------------------------------------
+
+
+def temp_files(directory: Path) -> list[str]:
+    return [name for name in os.listdir(directory) if name.endswith(".tmp")]
+
+
+async def test_write_file_writes_atomically(ws: Path) -> None:
+    result = await run("write_file", {"path": "new.txt", "content": "héllo"}, ws)
+    assert ok(result) == "wrote 6 bytes to new.txt"
+    assert result.label == WRITE_FILE_LABEL
+    assert (ws / "new.txt").read_text() == "héllo"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((ws / "new.txt").stat().st_mode) == 0o666 & ~umask
+    assert temp_files(ws) == []
+
+
+async def test_write_file_replaces_and_keeps_the_mode(ws: Path) -> None:
+    target = ws / "keep.txt"
+    target.write_text("old")
+    target.chmod(0o600)
+    inode = target.stat().st_ino
+    ok(await run("write_file", {"path": "keep.txt", "content": "new"}, ws))
+    assert target.read_text() == "new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert target.stat().st_ino != inode  # replaced by rename, not rewritten in place
+    assert temp_files(ws) == []
+
+
+async def test_write_file_through_a_symlink_at_the_final_name_is_a_path_escape(
+    ws: Path, outside: Path
+) -> None:
+    (ws / "out.txt").symlink_to(outside)
+    result = await run("write_file", {"path": "out.txt", "content": "pwned"}, ws)
+    failed(result, Reason.PATH_ESCAPE)
+    assert untouched(outside)
+    assert (ws / "out.txt").is_symlink()
+    assert temp_files(ws) == []
+
+
+async def test_write_file_never_follows_even_an_inside_symlink_at_the_final_name(
+    ws: Path,
+) -> None:
+    (ws / ".env").write_text("KEY=1\n")
+    (ws / "notes.txt").symlink_to(".env")
+    failed(await run("write_file", {"path": "notes.txt", "content": "x"}, ws), Reason.PATH_ESCAPE)
+    assert (ws / ".env").read_text() == "KEY=1\n"
+
+
+async def test_write_file_needs_an_existing_parent_and_not_a_directory(ws: Path) -> None:
+    failed(await run("write_file", {"path": "no/such.txt", "content": "x"}, ws), Reason.NOT_FOUND)
+    (ws / "dir").mkdir()
+    failed(await run("write_file", {"path": "dir", "content": "x"}, ws), Reason.TOOL_ERROR)
+    failed(await run("write_file", {"path": ".", "content": "x"}, ws), Reason.TOOL_ERROR)
+
+
+# --- shell -------------------------------------------------------------------------------
+
+
+def sandbox_processes(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def wait_gone(marker: str) -> list[int]:
+    with trio.move_on_after(3):
+        while sandbox_processes(marker):  # noqa: ASYNC110  (polling /proc: no event to wait on)
+            await trio.sleep(0.02)
+    return sandbox_processes(marker)
+
+
+@needs_bwrap
+async def test_shell_writes_in_the_workspace(ws: Path) -> None:
+    result = await run("shell", {"command": "echo made > made.txt && pwd && echo $HOME"}, ws)
+    assert ok(result) == "/workspace\n/workspace\n"
+    assert result.label == INTERNAL
+    assert (ws / "made.txt").read_text() == "made\n"
+
+
+@needs_bwrap
+async def test_shell_cannot_write_the_system(ws: Path) -> None:
+    for target in ("/etc/boxmaker", "/usr/boxmaker", "/boxmaker"):
+        detail = failed(await run("shell", {"command": f"touch {target}"}, ws), Reason.TOOL_ERROR)
+        assert "Read-only file system" in detail, detail
+    ok(await run("shell", {"command": "touch /tmp/scratch"}, ws))
+
+
+@needs_bwrap
+async def test_shell_sees_nothing_of_the_host_but_the_system(ws: Path, outside: Path) -> None:
+    for path in ("/root", "/work", "/home", str(outside), "/etc/passwd", "/etc/shadow"):
+        failed(await run("shell", {"command": f"test -e {path}"}, ws), Reason.TOOL_ERROR)
+    assert ok(await run("shell", {"command": "ls /etc"}, ws)).split() == etc_names()
+    # The control: the same check passes for what is meant to be there.
+    ok(await run("shell", {"command": "test -e /usr/bin && test -d /workspace"}, ws))
+
+
+@needs_bwrap
+async def test_shell_has_no_capabilities(ws: Path) -> None:
+    content = ok(await run("shell", {"command": "grep CapEff /proc/self/status"}, ws))
+    assert content.split() == ["CapEff:", "0000000000000000"]
+
+
+@needs_bwrap
+async def test_shell_has_no_network(ws: Path) -> None:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+    try:
+        # The control: the host reaches the listener...
+        with trio.fail_after(5):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.aclose()
+        # ...the sandbox, in its own network namespace, does not.
+        detail = failed(
+            await run("shell", {"command": f'python3 -c "{probe}"'}, ws), Reason.TOOL_ERROR
+        )
+        assert "ConnectionRefusedError" in detail or "unreachable" in detail, detail
+    finally:
+        await listener.aclose()
+
+
+@needs_bwrap
+async def test_shell_environment_is_cleared(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOXMAKER_TEST_SECRET", "hunter2")
+    content = ok(await run("shell", {"command": "env"}, ws))
+    assert "hunter2" not in content
+    assert "BOXMAKER_TEST_SECRET" not in content
+    variables = dict(line.split("=", 1) for line in content.splitlines())
+    assert variables["HOME"] == "/workspace"
+    assert variables["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert set(variables) <= {"HOME", "PATH", "LANG", "PWD", "SHLVL", "_", "OLDPWD"}
+
+
+@needs_bwrap
+async def test_shell_non_zero_exit_is_a_tool_error_with_the_stderr_tail(ws: Path) -> None:
+    command = "echo out; head -c 5000 /dev/zero | tr '\\0' x >&2; echo LAST >&2; exit 3"
+    detail = failed(await run("shell", {"command": command}, ws), Reason.TOOL_ERROR)
+    assert detail.startswith("exit status 3: x")
+    assert detail.endswith("LAST")
+    assert len(detail) <= runner.STDERR_TAIL + len("exit status 3: ")
+
+
+@needs_bwrap
+async def test_shell_stderr_follows_stdout_on_success(ws: Path) -> None:
+    content = ok(await run("shell", {"command": "echo out; echo warn >&2"}, ws))
+    assert content == "out\n\n[stderr]\nwarn\n"
+
+
+@needs_bwrap
+async def test_shell_output_is_cut_at_the_cap_with_a_marker(ws: Path) -> None:
+    config = RunnerConfig(output_cap=1000)
+    # Far more than a pipe buffer: the runner must keep draining past the cap.
+    command = "head -c 3000000 /dev/zero | tr '\\0' a"
+    content = ok(await run("shell", {"command": command}, ws, config=config))
+    assert content == "a" * 1000 + "\n[output cut at 1000 bytes]"
+    content = ok(
+        await run("shell", {"command": "head -c 1000 /dev/zero | tr '\\0' b"}, ws, config=config)
+    )
+    assert content == "b" * 1000
+
+
+@needs_bwrap
+async def test_shell_is_killed_at_its_time_limit_with_its_children(ws: Path) -> None:
+    marker = "314.159265"
+    config = RunnerConfig(shell_timeout=0.5)
+    command = f"sleep {marker} & echo started > started; sleep 30"
+    start = trio.current_time()
+    result = await run("shell", {"command": command}, ws, config=config)
+    assert failed(result, Reason.TIMEOUT) == "killed after 0.5 s (the time limit)"
+    assert trio.current_time() - start < 5
+    assert (ws / "started").exists()
+    assert await wait_gone(marker) == []
+
+
+@needs_bwrap
+async def test_a_background_child_dies_with_the_command(ws: Path) -> None:
+    marker = "271.828182"
+    start = trio.current_time()
+    result = await run("shell", {"command": f"sleep {marker} & echo done"}, ws)
+    assert ok(result) == "done\n"
+    assert trio.current_time() - start < 5
+    assert await wait_gone(marker) == []
+
+
+@needs_bwrap
+async def test_a_command_outlives_the_worker_thread_cache(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --die-with-parent is PR_SET_PDEATHSIG, tied to the thread that forked bwrap; trio
+    # retires idle worker threads (after 10 s, shortened here), so bwrap must not be
+    # forked from one or a longer command dies with that thread.
+    thread_cache = pytest.importorskip("trio._core._thread_cache")
+    monkeypatch.setattr(thread_cache, "IDLE_TIMEOUT", 0.1)
+    result = await run("shell", {"command": "sleep 1; echo done"}, ws)
+    assert ok(result) == "done\n"
+
+
+@needs_bwrap
+async def test_a_cancelled_shell_is_killed_and_cancelled_propagates(ws: Path) -> None:
+    marker = "161.803398"
+    spec = spec_for("shell", {"command": f"sleep {marker}"}, ws)
+    with trio.move_on_after(0.5) as scope:
+        await execute(spec)
+    assert scope.cancelled_caught
+    assert await wait_gone(marker) == []
+
+
+async def test_no_bwrap_is_sandbox_unavailable_and_nothing_runs(
+    ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    spec = spec_for("shell", {"command": "touch ran"}, ws)
+    assert spec.argv is None
+    result = await execute(spec)
+    assert failed(result, Reason.SANDBOX_UNAVAILABLE) == NO_BWRAP_DETAIL
+    assert NO_BWRAP_DETAIL == (
+        "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
+        "see docs/runbook.md#sandbox"
+    )
+    assert result.label == INTERNAL
+    assert not (ws / "ran").exists()
+
+
+async def test_a_bwrap_that_cannot_set_up_the_sandbox_is_sandbox_unavailable(
+    ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    bwrap = fake / "bwrap"
+    bwrap.write_text(
+        "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n"
+    )
+    bwrap.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake))
+    detail = failed(await run("shell", {"command": "true"}, ws), Reason.SANDBOX_UNAVAILABLE)
+    assert detail == (
+        "bubblewrap could not set up the sandbox: bwrap: No permissions to create new "
+        "namespace; see docs/runbook.md#sandbox"
+    )
+
+
+# --- http_get ----------------------------------------------------------------------------
+
+
+@attrs.define
+class Server:
+    port: int
+    paths: list[str] = attrs.Factory(list)
+
+
+def response(status: str, body: bytes, headers: str = "") -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{headers}"
+    return head.encode() + b"\r\n" + body
+
+
+async def handle(server: Server, stream: trio.SocketStream) -> None:
+    try:
+        request = b""
+        with trio.fail_after(5):
+            while b"\r\n\r\n" not in request:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    return
+                request += chunk
+        path = request.split(b" ")[1].decode()
+        server.paths.append(path)
+        if path == "/hello":
+            await stream.send_all(
+                response("200 OK", "héllo".encode(), "Content-Type: text/plain; charset=utf-8\r\n")
+            )
+        elif path == "/big":
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {2 * MAX_BYTES}\r\n\r\n"
+            await stream.send_all(head.encode())
+            for _ in range(32):
+                await stream.send_all(b"z" * (MAX_BYTES // 16))
+        elif path == "/exact":
+            await stream.send_all(response("200 OK", b"e" * MAX_BYTES))
+        elif path == "/redirect":
+            await stream.send_all(response("302 Found", b"", "Location: http://evil.test/\r\n"))
+        elif path == "/missing":
+            await stream.send_all(response("404 Not Found", b"nope"))
+        elif path == "/slow":
+            await trio.sleep(30)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+        pass
+    finally:
+        await stream.aclose()
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> Server:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    state = Server(listeners[0].socket.getsockname()[1])
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await handle(state, stream)
+
+    nursery.start_soon(trio.serve_listeners, handler, listeners)
+    return state
+
+
+def url(server: Server, path: str) -> str:
+    return f"http://127.0.0.1:{server.port}{path}"
+
+
+async def test_http_get_fetches_from_a_granted_host(ws: Path, server: Server) -> None:
+    result = await run("http_get", {"url": url(server, "/hello")}, ws)
+    assert ok(result) == "héllo"
+    assert result.label == HTTP_GET_LABEL
+    assert server.paths == ["/hello"]
+
+
+async def test_http_get_checks_the_grants_hosts_again_at_run_time(ws: Path, server: Server) -> None:
+    decision, _ = decide("http_get", {"url": url(server, "/hello")}, ws)
+    assert decision.verdict == "run"
+    # grants.toml changed between the decision and the run: the grant no longer names it.
+    changed = grant_set(GRANTS_TEXT.replace('hosts = ["127.0.0.1"]', 'hosts = ["example.org"]'))
+    grant = next(g for g in changed.grants if g.id == "web")
+    spec = RunSpec.for_call(
+        decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
+    )
+    with trio.fail_after(10):
+        result = await execute(spec)
+    assert failed(result, Reason.TOOL_ERROR) == "host '127.0.0.1' is not allowed by grant web"
+    assert server.paths == []
+
+
+async def test_http_get_body_over_one_mib_is_too_large(ws: Path, server: Server) -> None:
+    failed(await run("http_get", {"url": url(server, "/big")}, ws), Reason.TOO_LARGE)
+    assert len(ok(await run("http_get", {"url": url(server, "/exact")}, ws))) == MAX_BYTES
+
+
+async def test_http_get_does_not_follow_redirects(ws: Path, server: Server) -> None:
+    detail = failed(await run("http_get", {"url": url(server, "/redirect")}, ws), Reason.TOOL_ERROR)
+    assert detail == "HTTP 302: redirect to http://evil.test/ (not followed; ask for that URL)"
+    assert server.paths == ["/redirect"]
+
+
+async def test_http_get_error_status_is_a_tool_error(ws: Path, server: Server) -> None:
+    detail = failed(await run("http_get", {"url": url(server, "/missing")}, ws), Reason.TOOL_ERROR)
+    assert detail == "HTTP 404 Not Found"
+
+
+async def test_http_get_network_error_is_a_tool_error(ws: Path) -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()
+    detail = failed(
+        await run("http_get", {"url": f"http://127.0.0.1:{port}/"}, ws), Reason.TOOL_ERROR
+    )
+    assert detail.startswith("ConnectError")
+
+
+async def test_http_get_times_out(
+    ws: Path, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "HTTP_TIMEOUT", 0.3)
+    detail = failed(await run("http_get", {"url": url(server, "/slow")}, ws), Reason.TIMEOUT)
+    assert detail.endswith("no complete answer within 0.3 s")
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A proxy in the test's environment must not matter: the runner ignores it.
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9/")
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9/")
