@@ -170,8 +170,9 @@ def test_kill_9_mid_pending_leaves_the_call_unfinished_after_restart(
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     daemon = start(daemons, home)
+    frame = tool_request("read_file", {"path": "notes.txt"})
     with connect(home.broker_sock) as sock:
-        send(sock, tool_request("read_file", {"path": "notes.txt"}))
+        send(sock, frame)
         assert read_frame(sock)["kind"] == "pending"
         daemon.kill()
     second = start(daemons, home)  # the stale sockets are replaced
@@ -179,6 +180,16 @@ def test_kill_9_mid_pending_leaves_the_call_unfinished_after_restart(
     assert report.sound
     assert report.calls.unfinished == 1
     assert report.calls.pending == 0
+    assert report.open_calls == {frame["call"]}
+    # The unfinished call's id, sent again after the restart, gets no second decision.
+    with connect(home.broker_sock) as sock:
+        send(sock, frame)
+        assert read_frame(sock) == {
+            "kind": "error",
+            "code": "bad_frame",
+            "detail": "call id already used",
+        }
+    assert len(records_of(home, frame["call"])) == 1
     second.process.send_signal(signal.SIGTERM)
     assert second.wait() == 0
     assert verify_file(home.audit_log).calls.unfinished == 1

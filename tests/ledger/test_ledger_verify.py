@@ -432,7 +432,22 @@ def test_open_calls_of_an_earlier_boot_are_unfinished() -> None:
         decision("c-4", "run", boot="b-2"),
         decision("c-5", "ask", boot="b-2"),
     ]
-    assert check(chain(bodies)).calls == CallCounts(pending=1, running=1, unfinished=3)
+    report = check(chain(bodies))
+    assert report.calls == CallCounts(pending=1, running=1, unfinished=3)
+    # Every call without an end, whatever its boot: brokerd refuses these ids at start.
+    assert report.open_calls == {"c-1", "c-2", "c-3", "c-4", "c-5"}
+
+
+def test_ended_calls_are_not_open() -> None:
+    bodies: list[Body] = [
+        decision("c-1", "deny"),
+        decision("c-2", "ask"),
+        approval("c-2", "refused"),
+        decision("c-3", "run"),
+        result("c-3"),
+        decision("c-4", "ask"),
+    ]
+    assert check(chain(bodies)).open_calls == {"c-4"}
 
 
 def test_a_stopped_newest_boot_leaves_its_open_calls_unfinished() -> None:

@@ -38,6 +38,7 @@ from boxmaker.broker.listeners import ListenerError, UnixListener, open_unix_lis
 from boxmaker.broker.state import Broker, GrantsWatcher
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
+from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import (
     LedgerFile,
     LedgerTorn,
@@ -65,6 +66,7 @@ class _Prepared:
     tail: Tail
     file: LedgerFile
     repaired: Repair | None
+    open_calls: frozenset[str]
 
 
 def _prepare(home: Home, *, repair_torn: bool, open_file: LedgerOpener) -> _Prepared:
@@ -77,7 +79,17 @@ def _prepare(home: Home, *, repair_torn: bool, open_file: LedgerOpener) -> _Prep
     if repair_torn and home.audit_log.exists():
         repaired = repair(home.audit_log)
     tail = open_ledger(home.audit_log)
-    return _Prepared(config, tail, open_file(home.audit_log), repaired)
+    # One pass over the ledger at start: the calls earlier boots left open must not be
+    # decided again under the same id (a second decision breaks verification), and a
+    # damaged chain is worth a line in the log before anything is appended to it.
+    report = verify_file(home.audit_log)
+    if not report.sound:
+        log.error(
+            "the ledger has %d problem(s), the first: %s; run `bxctl audit verify`",
+            len(report.problems) + report.problems_left_out,
+            report.problems[0],
+        )
+    return _Prepared(config, tail, open_file(home.audit_log), repaired, report.open_calls)
 
 
 async def serve_broker(
@@ -118,6 +130,7 @@ async def serve_broker(
         version=__version__,
         owner_uid=os.getuid() if owner_uid is None else owner_uid,
         grants=GrantsWatcher(home.grants_toml),
+        calls=set(prepared.open_calls),
     )
     try:
         async with trio.open_nursery() as nursery:

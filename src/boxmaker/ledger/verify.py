@@ -104,6 +104,9 @@ class Report:
     calls: CallCounts
     problems_left_out: int = 0
     """Problems found beyond ``max_problems``, counted but not kept."""
+    open_calls: frozenset[str] = frozenset()
+    """Calls with a decision but no end yet (pending, running or unfinished): brokerd
+    refuses these ids at start, so a reused id can never add a second decision."""
 
     @property
     def sound(self) -> bool:
@@ -324,6 +327,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
             unfinished=unfinished,
         ),
         problems_left_out=left_out,
+        open_calls=frozenset(open_calls),
     )
 
 

@@ -1,0 +1,46 @@
+"""The owner's side of admin.sock (spec §7): one request, one answer."""
+
+from __future__ import annotations
+
+import trio
+
+from boxmaker.home import Home
+from boxmaker.ndjson import FrameError, FrameReader
+from boxmaker.wire import AdminAnswer, AdminRequest, BadFrame, decode_admin_answer, encode_frame
+
+# approve waits for the re-decision, the last look and an fsynced record; generous,
+# because a loaded 2-core machine is still a machine we must answer on.
+REPLY_TIMEOUT = 30.0
+
+
+class DaemonUnreachable(Exception):
+    """brokerd did not answer on admin.sock (bxctl exit 3, spec §11)."""
+
+    def __init__(self, home: Home, why: str) -> None:
+        super().__init__(
+            f"brokerd is unreachable at {home.admin_sock} ({why}); "
+            f"start it with `brokerd serve --home {home.root}`"
+        )
+
+
+async def ask_broker(home: Home, request: AdminRequest) -> AdminAnswer:
+    """Send one admin request and read its answer (an ``ErrorFrame`` is an answer too)."""
+    try:
+        stream = await trio.open_unix_socket(str(home.admin_sock))
+    except OSError as exc:
+        raise DaemonUnreachable(home, exc.strerror or type(exc).__name__) from None
+    async with stream:
+        try:
+            await stream.send_all(encode_frame(request))
+            with trio.fail_after(REPLY_TIMEOUT):
+                line = await FrameReader(stream).receive_line()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, FrameError) as exc:
+            raise DaemonUnreachable(home, f"the connection broke: {exc}") from None
+        except trio.TooSlowError:
+            raise DaemonUnreachable(home, f"no answer within {REPLY_TIMEOUT:g} s") from None
+    if line is None:
+        raise DaemonUnreachable(home, "it closed the connection without answering")
+    try:
+        return decode_admin_answer(line)
+    except BadFrame as exc:
+        raise DaemonUnreachable(home, f"it answered something else: {exc.detail}") from None

@@ -1,0 +1,161 @@
+"""bxctl's owner commands against the real brokerd in process (spec §7, §11): approvals,
+approve, refuse, status, sessions, and exit 3 when brokerd is down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+import trio
+import trio.testing
+from tests.broker.broker_harness import (
+    GUARD,
+    SESSION,
+    Client,
+    grant,
+    running,
+    tool_request,
+    write_grants,
+)
+
+from boxmaker.cli.app import app
+from boxmaker.home import Home
+
+pytestmark = pytest.mark.usefixtures("inline_threads")
+
+Clock = trio.testing.MockClock
+
+
+async def bxctl(home: Home, *args: str) -> int:
+    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
+    return int(result)
+
+
+async def pending_call(home: Home) -> tuple[Client, dict[str, Any]]:
+    """A read_file call waiting for the owner; its client connection stays open."""
+    client = await Client.open(home.broker_sock)
+    frame = await client.ask(tool_request("read_file", {"path": "notes.txt"}))
+    assert frame["kind"] == "pending", frame
+    return client, frame
+
+
+@pytest.fixture
+def asking_home(home: Home) -> Home:
+    (home.default_workspace / "notes.txt").write_text("hello\n")
+    write_grants(home, grant("read-notes", "read_file", "ask", note="the owner's notes"))
+    return home
+
+
+async def test_approvals_shows_the_block_and_approve_runs_the_call(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    with trio.fail_after(GUARD):
+        async with running(home):
+            assert await bxctl(home, "approvals") == 0
+            assert capsys.readouterr().out.strip() == "no pending approvals"
+
+            client, pending = await pending_call(home)
+            assert await bxctl(home, "approvals") == 0
+            block = capsys.readouterr().out
+            approval = pending["approval"]
+            assert block.startswith(f"{approval}  read_file  (")
+            assert '"path":"notes.txt"' in block
+            assert "read-notes (mode ask): the owner's notes" in block
+            assert f"{SESSION}: taint public, trusted" in block
+            assert f"bxctl approve {approval}" in block
+
+            assert await bxctl(home, "approvals", "--json") == 0
+            [entry] = orjson.loads(capsys.readouterr().out)
+            assert (entry["approval"], entry["call"]) == (approval, pending["call"])
+            assert entry["grant"] == {
+                "id": "read-notes",
+                "mode": "ask",
+                "note": "the owner's notes",
+            }
+
+            # The id as printed, or without its prefix.
+            assert await bxctl(home, "approve", approval.removeprefix("a-")) == 0
+            assert capsys.readouterr().out.strip() == f"{pending['call']}: ask"
+            answer = await client.receive()
+            assert answer is not None
+            assert (answer["outcome"], answer["content"]) == ("ok", "hello\n")
+            await client.aclose()
+
+
+async def test_refuse_passes_the_reason_to_the_requester(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    with trio.fail_after(GUARD):
+        async with running(home):
+            client, pending = await pending_call(home)
+            code = await bxctl(home, "refuse", pending["approval"], "--reason", "not today")
+            assert code == 0
+            assert capsys.readouterr().out.strip() == f"{pending['call']}: refused"
+            answer = await client.receive()
+            assert answer is not None
+            assert (answer["outcome"], answer["reason"], answer["detail"]) == (
+                "denied",
+                "refused",
+                "not today",
+            )
+            await client.aclose()
+
+
+async def test_approve_of_an_unknown_id_fails_with_the_code(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    with trio.fail_after(GUARD):
+        async with running(home):
+            assert await bxctl(home, "approve", "a-00000000") == 1
+            assert "no_such_approval" in capsys.readouterr().err
+            assert await bxctl(home, "approve", "a-123") == 2
+            assert await bxctl(home, "refuse", "a-00000000", "--reason", "") == 2
+
+
+async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    with trio.fail_after(GUARD):
+        async with running(home):
+            client, pending = await pending_call(home)
+            write_grants(home, "")
+            assert await bxctl(home, "approve", pending["approval"]) == 1
+            assert capsys.readouterr().out.strip() == f"{pending['call']}: denied (no_grant)"
+            answer = await client.receive()
+            assert answer is not None
+            assert (answer["outcome"], answer["reason"]) == ("denied", "no_grant")
+            await client.aclose()
+
+
+async def test_status_and_sessions(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    with trio.fail_after(GUARD):
+        async with running(home) as broker:
+            client, _ = await pending_call(home)
+            assert await bxctl(home, "status", "--json") == 0
+            status = orjson.loads(capsys.readouterr().out)
+            assert (status["boot"], status["pending"], status["sessions"]) == (broker.boot, 1, 1)
+            assert await bxctl(home, "sessions") == 0
+            assert capsys.readouterr().out.strip() == f"{SESSION}  taint public, trusted, 1 call(s)"
+            write_grants(home, "[[grant]]\nid = 'x'\n")
+            assert await bxctl(home, "status") == 1
+            out = capsys.readouterr().out
+            assert "grants_valid   False" in out
+            await client.aclose()
+
+
+async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command in (["approvals"], ["status"], ["sessions"], ["approve", "a-00000000"]):
+        assert await bxctl(home, *command) == 3
+        err = capsys.readouterr().err
+        assert "brokerd is unreachable" in err
+        assert f"brokerd serve --home {home.root}" in err
