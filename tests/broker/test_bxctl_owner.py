@@ -159,3 +159,23 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
         err = capsys.readouterr().err
         assert "brokerd is unreachable" in err
         assert f"brokerd serve --home {home.root}" in err
+
+
+async def test_watch_prints_the_list_again_when_it_changes(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    with trio.fail_after(GUARD):
+        async with running(home), trio.open_nursery() as nursery:
+            nursery.start_soon(bxctl, home, "approvals", "--watch")
+            await trio.sleep(2.5)
+            assert capsys.readouterr().out.strip() == "no pending approvals"
+            client, pending = await pending_call(home)
+            await trio.sleep(1.5)
+            shown = capsys.readouterr().out
+            assert shown.startswith("\n---\n")
+            assert pending["approval"] in shown
+            await trio.sleep(3)
+            assert capsys.readouterr().out == ""  # unchanged: nothing printed again
+            nursery.cancel_scope.cancel()
+            await client.aclose()
