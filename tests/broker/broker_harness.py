@@ -124,6 +124,12 @@ class Client:
         line = await self.reader.receive_line()
         return None if line is None else orjson.loads(line)
 
+    async def final(self) -> dict[str, Any]:
+        """The next frame, which must come: a call never ends without its final frame."""
+        frame = await self.receive()
+        assert frame is not None, "the connection closed without a final frame"
+        return frame
+
     async def ask(self, frame: dict[str, Any]) -> dict[str, Any]:
         await self.send(frame)
         answer = await self.receive()

@@ -78,8 +78,7 @@ async def test_approvals_shows_the_block_and_approve_runs_the_call(
             # The id as printed, or without its prefix.
             assert await bxctl(home, "approve", approval.removeprefix("a-")) == 0
             assert capsys.readouterr().out.strip() == f"{pending['call']}: ask"
-            answer = await client.receive()
-            assert answer is not None
+            answer = await client.final()
             assert (answer["outcome"], answer["content"]) == ("ok", "hello\n")
             await client.aclose()
 
@@ -94,8 +93,7 @@ async def test_refuse_passes_the_reason_to_the_requester(
             code = await bxctl(home, "refuse", pending["approval"], "--reason", "not today")
             assert code == 0
             assert capsys.readouterr().out.strip() == f"{pending['call']}: refused"
-            answer = await client.receive()
-            assert answer is not None
+            answer = await client.final()
             assert (answer["outcome"], answer["reason"], answer["detail"]) == (
                 "denied",
                 "refused",
@@ -126,8 +124,7 @@ async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
             write_grants(home, "")
             assert await bxctl(home, "approve", pending["approval"]) == 1
             assert capsys.readouterr().out.strip() == f"{pending['call']}: denied (no_grant)"
-            answer = await client.receive()
-            assert answer is not None
+            answer = await client.final()
             assert (answer["outcome"], answer["reason"]) == ("denied", "no_grant")
             await client.aclose()
 

@@ -130,8 +130,7 @@ async def ask_call(home: Home, frame: dict[str, Any]) -> tuple[Client, dict[str,
     """Send a tool request that asks; the client and its pending frame."""
     client = await Client.open(home.broker_sock)
     await client.send(frame)
-    pending = await client.receive()
-    assert pending is not None
+    pending = await client.final()
     assert pending["kind"] == "pending", pending
     return client, pending
 
@@ -475,8 +474,7 @@ async def test_approve_after_the_taint_rose_past_max_taint_is_denied(
                 "call": c,
                 "reason": "taint_exceeded",
             }
-            answer = await client.receive()
-            assert answer is not None
+            answer = await client.final()
             assert (answer["outcome"], answer["reason"]) == ("denied", "taint_exceeded")
             await client.aclose()
     assert [body(r) for r in records_of(home, c)][1:] == [
@@ -637,8 +635,7 @@ async def test_approve_or_refuse_at_expires_at_is_expired_once(
                 request["reason"] = "too late"
             answer = await admin(home, request)
             assert answer == {"kind": "error", "code": "expired", "detail": f"approval {a} expired"}
-            final = await client.receive()
-            assert final is not None
+            final = await client.final()
             assert (final["outcome"], final["reason"]) == ("denied", "expired")
             await client.aclose()
     assert [body(r) for r in records_of(home, c)][1:] == [

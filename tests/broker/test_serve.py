@@ -142,8 +142,7 @@ async def test_stop_withdraws_pending_calls_and_records_stop(
             frame = tool_request("read_file", {"path": "notes.txt"})
             client = await Client.open(home.broker_sock)
             await client.send(frame)
-            pending = await client.receive()
-            assert pending is not None
+            await client.final()
             idle_admin = await Client.open(home.admin_sock)
             assert (await idle_admin.ask({"kind": "status"}))["pending"] == 1
             stopping_at = trio.current_time()
@@ -262,8 +261,7 @@ async def test_stop_while_an_approve_is_in_flight_still_runs_the_approved_call(
             frame = tool_request("read_file", {"path": "notes.txt"})
             client = await Client.open(home.broker_sock)
             await client.send(frame)
-            pending = await client.receive()
-            assert pending is not None
+            pending = await client.final()
             real_current = broker.grants.current
 
             async def slow_current(*, force: bool = False) -> object:
@@ -276,8 +274,7 @@ async def test_stop_while_an_approve_is_in_flight_still_runs_the_approved_call(
             await trio.sleep(0.5)
             broker.request_stop()
             assert await owner.at_eof()  # cancelled: no answer
-            answer = await client.receive()
-            assert answer is not None
+            answer = await client.final()
             assert (answer["outcome"], answer["content"]) == ("ok", "hi")
             await owner.aclose()
             await client.aclose()
