@@ -89,3 +89,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "tools/bench_decide.py")
     session.run("python", "tools/bench_ledger.py")
     session.run("python", "tools/bench_runner.py")
+    session.run("python", "tools/bench_broker.py")
