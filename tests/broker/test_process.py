@@ -259,3 +259,44 @@ def test_a_bad_config_exits_2(home: Home, daemons: list[Daemon]) -> None:
     daemon = start(daemons, home, ready=False)
     assert daemon.wait() == 2
     assert "see docs/runbook.md#config" in daemon.stderr()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")
+def test_another_uid_cannot_reach_either_socket(home: Home, daemons: list[Daemon]) -> None:
+    # The first wall: run/ is 0700 and the sockets 0600, so another user's connect fails
+    # before brokerd sees it (SO_PEERCRED, tested above, is the second wall).
+    daemon = start(daemons, home)
+    probe = (
+        "import socket, sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        "    try:\n"
+        "        s.connect(path)\n"
+        "    except PermissionError:\n"
+        "        print('refused', path)\n"
+        "    else:\n"
+        "        print('CONNECTED', path)\n"
+    )
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            probe,
+            str(home.broker_sock),
+            str(home.admin_sock),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.stdout.split("\n")[:2] == [
+        f"refused {home.broker_sock}",
+        f"refused {home.admin_sock}",
+    ], done.stderr
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.wait() == 0
