@@ -488,15 +488,15 @@ async def final_answer(entry: Held, outcomes: collections.Counter[str]) -> None:
 
 async def part_d(count: int) -> bool:
     print(f"(d) brokerd RSS with {count:,} pending approvals (ask grant, one connection each)")
-    # brokerd holds two descriptors per pending call (the connection, and the dup its
-    # non-blocking look peeks on), plus a few of its own; this process one per call.
+    # brokerd holds one descriptor per pending call (its connection; the look peeks on
+    # that same descriptor), plus a few of its own; this process one per call.
     hard_before = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    limit = raise_fd_limit(2 * count + FD_MARGIN)
-    fit = min(count, (limit - FD_MARGIN) // 2)
+    limit = raise_fd_limit(count + FD_MARGIN)
+    fit = min(count, limit - FD_MARGIN)
     print(
         f"    RLIMIT_NOFILE hard limit {hard_before}, now {limit} (brokerd inherits it);", end=" "
     )
-    print(f"brokerd needs 2 a pending call, ~{2 * count + FD_MARGIN:,} in all")
+    print(f"brokerd needs 1 a pending call, ~{count + FD_MARGIN:,} in all")
     if fit < count:
         print(f"    NOTE: {count:,} pending calls do not fit in {limit} descriptors;", end=" ")
         print(f"measuring {fit:,} and scaling the growth linearly to {count:,}")

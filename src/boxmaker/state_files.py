@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeAlias
 
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
@@ -23,6 +24,43 @@ from boxmaker.wire import SESSION_ID
 
 MAX_STATE_BYTES: Final = 4096
 """A real state file is about 50 bytes; anything far bigger is not one."""
+
+
+RACY_NS: Final = 100_000_000
+"""A state file changed less than this long (0.1 s) before it was read may still change
+within the same timestamp tick without its stat key moving (a coarse clock): such a read
+is not cached (as git treats a "racily clean" index entry)."""
+
+StateKey: TypeAlias = tuple[int, ...] | None
+"""What "the state file changed" means: (mtime_ns, size, inode, device, ctime_ns) of the
+file itself (lstat), None when there is none, (-1, errno) when it cannot be stat'ed."""
+
+
+def state_key(sessions_dir: Path, session: str) -> StateKey:
+    """The state file's stat key: an ``lstat``, metadata only, no data read, so brokerd
+    calls it inline (see :class:`boxmaker.broker.state.SessionStates`)."""
+    try:
+        info = os.lstat(f"{sessions_dir}/{session}.json")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return (-1, exc.errno or 0)
+    return (info.st_mtime_ns, info.st_size, info.st_ino, info.st_dev, info.st_ctime_ns)
+
+
+def read_state_keyed(
+    sessions_dir: Path, session: str
+) -> tuple[StateKey, Label | StateUnreadable, bool]:
+    """:func:`read_state` with the stat key taken before the read, and whether the
+    pair may be cached: not when the file changed within :data:`RACY_NS` of the read,
+    nor when it could not be stat'ed or read. The stat comes first: a change after it
+    moves the key, so the next look reads again; the other order could keep old
+    content under a new key."""
+    read_at = time.time_ns()
+    key = state_key(sessions_dir, session)
+    value = read_state(sessions_dir, session)
+    racy = key is not None and (key[0] < 0 or key[-1] >= read_at - RACY_NS)
+    return key, value, not racy and isinstance(value, Label)
 
 
 def state_path(sessions_dir: Path, session: str) -> Path:

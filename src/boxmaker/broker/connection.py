@@ -12,7 +12,9 @@ policy rule lives in the core; this module only orders the steps and the records
   must not be able to do that. The ids are remembered for the boot (~100 bytes each).
 - ``audit_unavailable`` (ledger stopped) is answered and not recorded (spec §3 step 2);
   every other denial and verdict is recorded before anything else happens.
-- Ask: the entry waits under the pending deadline and the one-second look (§6.5); how
+- Ask: the entry waits for its ending; the pending deadline and the one-second look
+  (§6.5) are two broker-wide tasks (:meth:`Broker.run_expiry`, :meth:`Broker.look_all`)
+  rather than two cancel scopes per call; how
   approve/refuse/expiry/stop reach it is described in :mod:`boxmaker.broker.state`.
 - Run: the last look, the run, the state raise, the result record, then the answer with
   the content (§5.3 steps 3-6); a failure at any step answers as the spec says and
@@ -24,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import socket
-from collections.abc import Iterator
 from typing import Final
 
 import trio
@@ -58,7 +58,7 @@ from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.ledger import records
 from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
-from boxmaker.state_files import raise_state, read_state
+from boxmaker.state_files import raise_state
 from boxmaker.wire import (
     Answer,
     ApprovedOutcome,
@@ -103,29 +103,34 @@ class Requester:
     """The loopd end of one call: its stream, its frame reader, and the last look.
 
     The look needs a non-blocking ``recv(MSG_PEEK | MSG_DONTWAIT)``, which trio's
-    sockets only offer as an awaitable that blocks; so the connection's descriptor is
-    duplicated once into a plain socket. It shares the open file description, so a peek
-    on it sees exactly what the stream would read.
+    sockets only offer as an awaitable that blocks; so each look wraps the connection's
+    descriptor in a plain socket object for that one peek and detaches it again (no
+    second descriptor is kept: a pending call holds one fd). A peek sees exactly what
+    the stream would read.
     """
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.reader = FrameReader(stream)
-        self._peek = socket.socket(fileno=os.dup(stream.socket.fileno()))
-        self._peek.setblocking(False)
-
-    def close(self) -> None:
-        self._peek.close()
 
     def gone(self) -> bool:
         """The last look / the one-second look (spec §5.3 step 2, §6.5): has the
         requester closed its end? Bytes it sent after its request do not mean gone."""
+        fd = self.stream.socket.fileno()
+        if fd < 0:
+            return True
         try:
-            data = self._peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            peek = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+        except OSError:
+            return True
+        try:
+            data = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
             return True
+        finally:
+            peek.detach()
         return data == b""
 
     async def send(self, frame: Frame) -> None:
@@ -137,15 +142,6 @@ class Requester:
         await self.send(answer)
 
 
-@contextlib.contextmanager
-def _requester(stream: trio.SocketStream) -> Iterator[Requester]:
-    requester = Requester(stream)
-    try:
-        yield requester
-    finally:
-        requester.close()
-
-
 async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) -> None:
     """trio.serve_listeners' handler for broker.sock: one call, then close.
 
@@ -155,43 +151,63 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
     try:
         if not await check_peer(stream, allowed=broker.config.broker.loopd_uid, name="broker.sock"):
             return
-        with _requester(stream) as requester:
-            await _serve_one(broker, requester)
+        requester = Requester(stream)
+        # The request is read in its own frame, so what reading it took (the raw line,
+        # the decoder's leftovers) is gone while the call waits (spec §6.5).
+        frame = await _read_request(requester)
+        if frame is not None:
+            await _tool_request(broker, requester, frame)
     except DISCONNECTS as exc:
         log.debug("broker.sock: the requester left (%s)", type(exc).__name__)
     except Exception:
         log.exception("broker.sock: a connection failed")
 
 
-async def _serve_one(broker: Broker, requester: Requester) -> None:
+async def _read_request(requester: Requester) -> ToolRequestFrame | None:
+    """The first frame: a tool request, or None once anything else was answered."""
     try:
         line = await receive_frame_within(requester.reader, FIRST_FRAME_S)
     except trio.TooSlowError:
         log.info("broker.sock: no frame within %g s; closing", FIRST_FRAME_S)
-        return
+        return None
     except FrameError as exc:
         await requester.final(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=str(exc)))
-        return
+        return None
     if line is None:
-        return
+        return None
     try:
         frame = decode_broker_request(line)
     except ForbiddenKind as exc:
         log.warning("broker.sock: forbidden kind %r", exc.kind[:40])
         await requester.final(ErrorFrame(code=ErrorCode.FORBIDDEN_KIND, detail=exc.detail))
-        return
+        return None
     except BadFrame as exc:
         log.info("broker.sock: bad frame: %s", exc.detail)
         await requester.final(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=exc.detail))
-        return
+        return None
     if isinstance(frame, CatalogueRequest):
         await requester.final(CatalogueAnswer(tools=catalogue_tools()))
-        return
-    await _tool_request(broker, requester, frame)
+        return None
+    return frame
 
 
 async def _read_state(broker: Broker, session: str) -> Label | StateUnreadable:
-    return await trio.to_thread.run_sync(read_state, broker.sessions_dir, session)
+    """The session's state: cached, checked against the file's stat on every call."""
+    return await broker.states.read(session)
+
+
+async def _raise_state(broker: Broker, session: str, label: Label) -> Label | StateUnreadable:
+    """Spec §5.3 step 4: read the state, raise it by the label, write it only when that
+    raises it (spec §4.3). Most results do not, and then no thread is needed: the state
+    read is the cached one, checked against the file's stat."""
+    async with broker.states.raising(session):
+        current = await _read_state(broker, session)
+        if isinstance(current, Label) and current.join(label) == current:
+            return current
+        try:
+            return await trio.to_thread.run_sync(raise_state, broker.sessions_dir, session, label)
+        finally:
+            broker.states.forget(session)
 
 
 async def _evaluate(
@@ -308,9 +324,7 @@ async def _run(
         approved=approved,
     )
     result = await execute(spec)
-    raised = await trio.to_thread.run_sync(
-        raise_state, broker.sessions_dir, decision.session, result.label
-    )
+    raised = await _raise_state(broker, decision.session, result.label)
     if isinstance(raised, StateUnreadable):
         log.error("call %s: the session state could not be raised: %s", call, raised.detail)
         await requester.final(
@@ -335,7 +349,7 @@ async def _run(
             Answer.failed(call, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
         )
         return
-    log.info("result call=%s status=%s reason=%s bytes=%d", call, body.status, reason, len(output))
+    log.debug("result call=%s status=%s reason=%s bytes=%d", call, body.status, reason, len(output))
     if reason is None:
         await requester.final(Answer.ok(call, result.content, result.label))
     else:
@@ -359,12 +373,15 @@ async def _ask(
         mode=grant.mode.value if grant is not None else "ask",
         note=decision.note,
     )
+    # The decision's arguments are a fresh dict of the checked ones (nobody mutates
+    # it): shared with the entry instead of copied, as thousands may wait.
+    arguments = decision.arguments
     entry = PendingEntry.create(
         approval=broker.new_approval_id(),
         call=decision.call,
         session=decision.session,
         tool=decision.tool,
-        arguments=dict(decision.arguments),
+        arguments=arguments if isinstance(arguments, dict) else dict(arguments),
         grant=ref,
         taint=decision.state.taint,
         untrusted=decision.state.untrusted,
@@ -376,7 +393,7 @@ async def _ask(
     if waiter is None:
         await _end(broker, requester, request, entry, StopCommand())
         return
-    log.info("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
+    log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
     try:
         command = await _wait_for_owner(broker, requester, entry, waiter)
         await _end(broker, requester, request, entry, command)
@@ -384,35 +401,29 @@ async def _ask(
         broker.forget_pending(entry.approval)
 
 
-async def _wait_for_owner(
-    broker: Broker, requester: Requester, entry: PendingEntry, waiter: Waiter
-) -> Command:
-    """Send the pending frame, then wait under the two cancel scopes of spec §6.5 until
-    the entry ends. Whoever takes the entry delivers its ending in the same step, so when
-    the task's own take finds it gone, the command is already there."""
-    pending = Pending(
+def _pending_frame(entry: PendingEntry) -> Pending:
+    return Pending(
         call=entry.call,
         approval=entry.approval,
         grant=entry.grant.id,
         expires_at=entry.expires_at_wall,
     )
+
+
+async def _wait_for_owner(
+    broker: Broker, requester: Requester, entry: PendingEntry, waiter: Waiter
+) -> Command:
+    """Send the pending frame, then wait until the entry ends: approve/refuse (admin),
+    expiry (:meth:`Broker.run_expiry`), the requester gone (:meth:`Broker.look_all`) or
+    stop. Whoever takes the entry delivers its ending in the same step, so when the
+    task's own take finds it gone, the command is already there."""
     try:
-        await requester.send(pending)
+        await requester.send(_pending_frame(entry))
     except DISCONNECTS:
         return RequesterGone() if broker.take_own(entry.approval) else await waiter.wait()
-    with trio.move_on_at(entry.deadline):  # the pending deadline
-        while True:
-            with trio.move_on_after(LOOK_INTERVAL_S):  # the one-second look
-                await waiter.event.wait()
-            if waiter.command is not None:
-                return waiter.command
-            if requester.gone():
-                return RequesterGone() if broker.take_own(entry.approval) else await waiter.wait()
-    if waiter.command is not None:
-        return waiter.command
-    if broker.take_own(entry.approval):
-        broker.note_expired(entry.approval)
-        return ExpireCommand()
+    # The one-second look and the pending deadline are broker-wide tasks
+    # (Broker.look_all, Broker.run_expiry): each delivers this waiter its ending.
+    broker.watch(entry.approval, requester.gone)
     return await waiter.wait()
 
 

@@ -39,6 +39,8 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
   tied to the forking thread, and trio retires idle workers after 10 s.
 - A RunSpec's private token stops accidental construction, not a determined caller
   (``attrs.evolve`` copies it): Python has no private constructors.
+- httpx is imported by the first ``http_get``, not at start (~8 MB of resident
+  memory brokerd needs only where http_get is granted).
 - File tools run in a worker thread and are not timed: a thread cannot be stopped, and
   answering ``timeout`` for a write that then lands would be a lie.
 """
@@ -60,7 +62,6 @@ from pathlib import Path
 from typing import Final
 
 import attrs
-import httpx
 import orjson
 import trio
 
@@ -688,6 +689,10 @@ def _shell_content(out: _Capture, err: _Capture, cap: int) -> str:
 
 
 async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
+    # Imported on the first http_get, not at start: httpx (with ssl and its transport
+    # stack) is ~8 MB of brokerd's resident memory, paid only where http_get is used.
+    import httpx
+
     host = spec.arguments.host
     # Fail closed on the run path too: the host must be the grant's, and httpx must
     # read the URL's host the way the check did.

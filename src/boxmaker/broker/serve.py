@@ -1,9 +1,11 @@
 """``brokerd serve``: the broker daemon (spec §2, §5.5, §6.2).
 
-One nursery holds the ledger writer, the grants watcher, the signal task and the two
-listeners (broker.sock, admin.sock); each accepted connection runs in its own task of a
-connection nursery (broker calls and admin clients in separate ones, so shutdown can
-treat them differently). Readiness is ``task_status.started(broker)``, so tests start
+One nursery holds the ledger writer, the grants watcher, the pending deadlines and the
+one-second look (one task each for every pending call: :meth:`Broker.run_expiry`,
+:meth:`Broker.look_all`), the signal task and the two listeners (broker.sock,
+admin.sock); each accepted connection runs in its own task of a connection nursery
+(broker calls and admin clients in separate ones, so shutdown can treat them
+differently). Readiness is ``task_status.started(broker)``, so tests start
 the real daemon with ``await nursery.start(serve_broker, home)``.
 
 Start: load config.toml (exit 2 on a problem), make the home private and ``run/`` 0700,
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -33,7 +36,7 @@ from cyclopts import App, Parameter
 
 from boxmaker import __version__
 from boxmaker.broker.admin import handle_admin_connection
-from boxmaker.broker.connection import handle_broker_connection
+from boxmaker.broker.connection import LOOK_INTERVAL_S, handle_broker_connection
 from boxmaker.broker.listeners import ListenerError, UnixListener, open_unix_listener
 from boxmaker.broker.state import Broker, GrantsWatcher
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
@@ -141,6 +144,8 @@ async def serve_broker(
                 await broker.record(prepared.repaired)
             await broker.grants.current()
             nursery.start_soon(_watch_grants, broker)
+            nursery.start_soon(_look, broker)
+            nursery.start_soon(broker.run_expiry)
             if handle_signals:
                 nursery.start_soon(_signals, broker)
             await _serve_connections(broker, listeners[0], listeners[1], task_status)
@@ -209,6 +214,15 @@ async def _watch_grants(broker: Broker) -> None:
         await broker.grants.current()
 
 
+async def _look(broker: Broker) -> None:
+    """The one-second look of spec §6.5, for every pending call at once."""
+    while True:
+        await trio.sleep(LOOK_INTERVAL_S)
+        left = broker.look_all()
+        if left:
+            log.debug("the one-second look: %d requester(s) left", left)
+
+
 async def _signals(broker: Broker) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
         async for signum in received:
@@ -249,6 +263,7 @@ def serve(
         stream=sys.stderr,
         format="%(asctime)s brokerd %(levelname)s %(message)s",
     )
+    _raise_fd_limit()
     where = resolve_home(home)
     try:
         trio.run(functools.partial(serve_broker, where, repair_torn=repair, handle_signals=True))
@@ -262,6 +277,20 @@ def serve(
         log.exception("brokerd failed")
         return 1
     return 0
+
+
+def _raise_fd_limit() -> None:
+    """Each pending call holds one open connection: raise the soft fd limit to the hard
+    one, so brokerd can hold as many as the system lets it, and log the limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    except (OSError, ValueError) as exc:
+        log.warning("could not raise the open file limit: %s", exc)
+        return
+    log.info("open file limit: %s", "unlimited" if soft == resource.RLIM_INFINITY else soft)
 
 
 def main() -> None:

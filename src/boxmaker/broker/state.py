@@ -12,7 +12,10 @@ approval id. Whoever takes an entry out of the table delivers exactly one
 - the admin handler delivers :class:`ApproveCommand` / :class:`RefuseCommand` (with a
   reply channel) or :class:`ExpireCommand` (an approve/refuse at or after expires_at);
 - shutdown delivers :class:`StopCommand` to every entry;
-- the waiting task takes its own entry at its deadline or when the requester is gone.
+- the expiry task (:meth:`Broker.expire_due`, woken at the earliest expires_at) takes
+  every entry whose deadline has come and delivers :class:`ExpireCommand`;
+- the look task (:meth:`Broker.look_all`, once a second) takes the entry of every
+  requester that left and delivers :class:`RequesterGone`.
 
 The *waiting task* then does all the rest: the re-decision, the last look, the one
 approval record and the run. One task thus writes every record of its call, in order,
@@ -24,7 +27,10 @@ side that owns the connection the last look peeks at.)
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final, TypeAlias
 
@@ -33,10 +39,13 @@ import trio
 
 from boxmaker.core.approvals import ApprovalsTable, PendingEntry
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, parse_grants
+from boxmaker.core.labels import Label
 from boxmaker.core.reasons import Reason
+from boxmaker.core.state import StateUnreadable
 from boxmaker.home import Config, Home
 from boxmaker.ledger.records import Body
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
+from boxmaker.state_files import StateKey, read_state_keyed, state_key
 from boxmaker.wire import ApprovedOutcome, new_approval_id
 
 log = logging.getLogger("boxmaker.brokerd")
@@ -104,10 +113,15 @@ Command: TypeAlias = ApproveCommand | RefuseCommand | ExpireCommand | StopComman
 
 @attrs.define
 class Waiter:
-    """The one-shot mailbox of a pending entry."""
+    """The one-shot mailbox of a pending entry.
 
-    event: trio.Event = attrs.Factory(trio.Event)
+    The waiting task parks itself (trio.lowlevel) rather than on a trio.Event: a
+    pending call is held by thousands, and an Event with its parking lot costs several
+    hundred bytes each; one task reference does the same for one waiter.
+    """
+
     command: Command | None = None
+    _task: trio.lowlevel.Task | None = None
 
     def deliver(self, command: Command) -> None:
         """Hand over the entry's ending. Only the taker of the entry calls this, so a
@@ -117,14 +131,25 @@ class Waiter:
             log.error("a second ending for one pending entry was dropped: %r", command)
             return
         self.command = command
-        self.event.set()
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
 
     async def wait(self) -> Command:
-        """The command, once delivered (the entry's taker delivers in the same step)."""
-        await self.event.wait()
-        if self.command is None:  # pragma: no cover - event and command are set together
+        """The command, once delivered (the entry's taker delivers in the same step).
+        Cancellable: a cancelled wait leaves the waiter as it was."""
+        if self.command is None:
+            self._task = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+        else:
+            await trio.lowlevel.checkpoint()
+        if self.command is None:  # pragma: no cover - delivery sets it before waking
             raise RuntimeError("a waiter woke without a command")
         return self.command
+
+    def _abort(self, _: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def close(self) -> None:
         """The waiting task is done: an admin still waiting on a reply hears the end."""
@@ -202,11 +227,13 @@ class GrantsWatcher:
 
     async def current(self, *, force: bool = False) -> GrantSet | GrantsProblem:
         """The grant set as the file is now; ``force`` re-reads whatever the stat says."""
+        # The stat is inline: metadata only, no data read (the re-read goes through a
+        # worker thread). Unchanged, the common case, costs no thread hop and no lock.
+        if not force and _stat_key(self.path) == self._key:
+            return self._value
         async with self._lock:
-            if not force:
-                key = await trio.to_thread.run_sync(_stat_key, self.path)
-                if key == self._key:
-                    return self._value
+            if not force and _stat_key(self.path) == self._key:
+                return self._value
             key, digest, value = await trio.to_thread.run_sync(_load, self.path)
             self._key = key
             self._note(digest, value)
@@ -225,6 +252,51 @@ class GrantsWatcher:
         if isinstance(self._value, GrantsProblem) and self._logged:
             log.info("grants.toml is valid again (%d grants)", len(value.grants))
         self._logged.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# Session states, cached (spec §4.3)
+
+
+class SessionStates:
+    """Each session's state as last read, validated by the file's stat key.
+
+    brokerd is the only writer of state files, so a state read once stays true until
+    brokerd raises it (and then :meth:`forget` is called) or someone else changes or
+    damages the file, which moves its stat key (mtime, size, inode, device, ctime). The
+    key is an inline ``lstat`` (metadata, no data read); reads of the data still go
+    through a worker thread (spec §2), so a damaged file is still ``state_unreadable``.
+    Only readable states are cached, and none read within a timestamp tick of its last
+    change (:data:`boxmaker.state_files.RACY_NS`).
+    """
+
+    def __init__(self, sessions_dir: Path) -> None:
+        self.sessions_dir = sessions_dir
+        self._cache: dict[str, tuple[StateKey, Label]] = {}
+        self._raising: dict[str, trio.Lock] = {}
+
+    def raising(self, session: str) -> trio.Lock:
+        """Held around one session's read-join-write (spec §4.3: a state only rises).
+        Two results of one session raised at once in two threads would each join onto
+        the same old state, and the second write would undo the first."""
+        return self._raising.setdefault(session, trio.Lock())
+
+    async def read(self, session: str) -> Label | StateUnreadable:
+        cached = self._cache.get(session)
+        if cached is not None and state_key(self.sessions_dir, session) == cached[0]:
+            return cached[1]
+        key, value, cacheable = await trio.to_thread.run_sync(
+            read_state_keyed, self.sessions_dir, session
+        )
+        if cacheable and isinstance(value, Label):
+            self._cache[session] = (key, value)
+        else:
+            self._cache.pop(session, None)
+        return value
+
+    def forget(self, session: str) -> None:
+        """The file was written (or a write was tried): read it again next time."""
+        self._cache.pop(session, None)
 
 
 def grant_named(grants: GrantSet | GrantsProblem, grant_id: str | None) -> Grant | None:
@@ -252,13 +324,28 @@ class Broker:
     started_at: float = attrs.field(factory=trio.current_time)
     table: ApprovalsTable = attrs.Factory(ApprovalsTable)
     waiters: dict[str, Waiter] = attrs.Factory(dict)
+    looks: dict[str, Callable[[], bool]] = attrs.Factory(dict)
+    """Per pending entry: "has its requester left?" (the one-second look, spec §6.5)."""
     sessions: dict[str, int] = attrs.Factory(dict)
     """Sessions seen this boot, with their number of tool requests (``bxctl sessions``)."""
     calls: set[str] = attrs.Factory(set)
     """Call ids seen this boot; a reused one is refused (see connection.py)."""
     stopping: bool = False
+    states: SessionStates = attrs.field(init=False)
+    """The session states read this boot (:class:`SessionStates`)."""
     _expired: dict[str, None] = attrs.Factory(dict)
+    _deadlines: list[tuple[float, str]] = attrs.Factory(list)
+    """A heap of (deadline, approval) of the pending entries; an item whose entry has
+    ended stays until its deadline and is then skipped."""
+    _expiry_scope: trio.CancelScope | None = None
     _stop: trio.Event = attrs.Factory(trio.Event)
+
+    _sessions_dir: Path = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        # Home's paths are properties that join on every use: computed once per boot.
+        self._sessions_dir = self.home.sessions_dir
+        self.states = SessionStates(self._sessions_dir)
 
     @property
     def workspace(self) -> Path:
@@ -266,7 +353,7 @@ class Broker:
 
     @property
     def sessions_dir(self) -> Path:
-        return self.home.sessions_dir
+        return self._sessions_dir
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -314,7 +401,67 @@ class Broker:
         waiter = Waiter()
         self.table.add(entry)
         self.waiters[entry.approval] = waiter
+        heapq.heappush(self._deadlines, (entry.deadline, entry.approval))
+        if self._expiry_scope is not None and entry.deadline < self._expiry_scope.deadline:
+            self._expiry_scope.deadline = entry.deadline
         return waiter
+
+    async def run_expiry(self) -> None:
+        """The pending deadline of spec §6.5 for every entry at once (run by serve): one
+        task that sleeps until the earliest expires_at (on the monotonic clock), then
+        expires what is due. A thousand pending calls cost one timer, not a cancel scope
+        each. Never returns."""
+        while True:
+            next_deadline = self._deadlines[0][0] if self._deadlines else math.inf
+            with trio.CancelScope(deadline=next_deadline) as scope:
+                self._expiry_scope = scope
+                await trio.sleep_forever()
+            self._expiry_scope = None
+            self.expire_due(trio.current_time())
+
+    def expire_due(self, now: float) -> int:
+        """At ``now >= expires_at`` (the boundary is ``>=`` everywhere, spec §6.5) take
+        each due entry, remember the expiry, and hand its task :class:`ExpireCommand`
+        (it records approval ``expired``). An entry already taken (approve, refuse,
+        requester gone, stop) has its ending already. Returns how many expired."""
+        expired = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, approval = heapq.heappop(self._deadlines)
+            entry = self.table.get(approval)
+            # Only an entry that is itself due (an id may have been reused since).
+            if entry is None or entry.deadline > now:
+                continue
+            waiter = self.waiters.get(approval)
+            if waiter is not None and self.table.take_own(approval) is not None:
+                self.note_expired(approval)
+                waiter.deliver(ExpireCommand())
+                expired += 1
+        return expired
+
+    def watch(self, approval: str, gone: Callable[[], bool]) -> None:
+        """Let the one-second look (:meth:`look_all`) watch this entry's requester."""
+        if approval in self.waiters:
+            self.looks[approval] = gone
+
+    def look_all(self) -> int:
+        """The one-second look of spec §6.5, for every pending entry at once: the entry
+        of each requester that closed its end is taken, and its waiter handed
+        :class:`RequesterGone` (its task records ``withdrawn``). Returns how many.
+
+        One task does this for all entries (see serve.py), so a thousand pending calls
+        cost one timer a second, not a thousand wake-ups and cancel scopes.
+        """
+        left = 0
+        for approval, gone in list(self.looks.items()):
+            if not gone():
+                continue
+            del self.looks[approval]
+            if self.table.take_own(approval) is not None:
+                waiter = self.waiters.get(approval)
+                if waiter is not None:
+                    waiter.deliver(RequesterGone())
+                    left += 1
+        return left
 
     def take_own(self, approval: str) -> bool:
         """The waiting task takes its own entry (expiry, requester gone)."""
@@ -324,6 +471,7 @@ class Broker:
         """The waiting task is done, however it ended: its entry and waiter go, so the
         table never holds an entry whose task is gone (spec §6.5)."""
         self.table.take_own(approval)
+        self.looks.pop(approval, None)
         waiter = self.waiters.pop(approval, None)
         if waiter is not None:
             waiter.close()
