@@ -258,6 +258,10 @@ async def test_show_by_call_session_and_tail(
     line = capsys.readouterr().out.strip()
     assert "decision" in line
     assert "reason=no_grant" in line
+    assert bxctl("audit", "show", "--home", str(home), "--call", CALL_A, "--tail", "1") == 0
+    result_line = capsys.readouterr().out.strip()
+    assert 'label={"taint":"internal","untrusted":false}' in result_line
+    assert "taint_after=internal" in result_line
 
 
 def test_show_rejects_a_tail_below_one(home: Path) -> None:

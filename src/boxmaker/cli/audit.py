@@ -27,6 +27,7 @@ SHOWN_FIELDS = (
     "approval",
     "outcome",
     "status",
+    "label",
     "reason",
     "grant",
     "by",

@@ -197,6 +197,7 @@ async def status(*, common: Common = DEFAULT) -> Exit:
     if common.json:
         print_json(data)
     else:
+        data["uptime_s"] = round(answer.uptime_s, 1)
         for key, value in data.items():
             print(f"{key:14} {value}")
     # A broker that cannot record or decide is up but failing: say so in the exit code.
