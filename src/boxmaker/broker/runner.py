@@ -363,9 +363,17 @@ def _escape(path: str) -> _Failed:
     return _Failed(Reason.PATH_ESCAPE, f"{path}: a symlink leads outside the workspace")
 
 
+@functools.lru_cache(maxsize=8)
+def _real_root(workspace: Path) -> str:
+    """The workspace's real path, resolved once per process: it is the owner's setting,
+    and no tool can move it (the sandbox mounts it; file tools work below it). Resolving
+    it on every call was a third of the file tools' cost."""
+    return os.path.realpath(workspace)
+
+
 def _real_relative(workspace: Path, path: str) -> tuple[str, str]:
     """(the workspace's real path, ``path``'s real path relative to it), or path_escape."""
-    root = os.path.realpath(workspace)
+    root = _real_root(workspace)
     full = os.path.realpath(os.path.join(root, path))  # noqa: PTH118
     if full == root:
         return root, ROOT
