@@ -264,27 +264,38 @@ async def _tool_request(broker: Broker, requester: Requester, frame: ToolRequest
     request = ToolRequest(call, frame.session, frame.tool, frame.arguments)
     verdict, grants = await _evaluate(broker, request)
     decision = verdict.decision
+    if isinstance(verdict, Ask):
+        _log_decision(decision)  # now: the owner may be watching the log for it
+    try:
+        if not decision.recordable:
+            await requester.final(_denied(decision))
+            return
+        if not await broker.record(_decision_record(decision, broker.boot)):
+            await requester.final(_audit_denied(call))
+            return
+        if isinstance(verdict, Deny):
+            await requester.final(_denied(decision))
+        elif isinstance(verdict, Run):
+            await _run(broker, requester, decision, grants, approved=False, look=True)
+        else:
+            await _ask(broker, requester, request, decision, grants)
+    finally:
+        # After the answer: a log line costs as much as a tenth of a call's latency,
+        # and the ledger, not the log, is the record of what was decided.
+        if not isinstance(verdict, Ask):
+            _log_decision(decision)
+
+
+def _log_decision(decision: Decision) -> None:
     log.info(
         "decision call=%s session=%s tool=%s verdict=%s reason=%s grant=%s",
-        call,
+        decision.call,
         decision.session,
         decision.tool[:40],
         decision.verdict,
         decision.reason,
         decision.grant,
     )
-    if not decision.recordable:
-        await requester.final(_denied(decision))
-        return
-    if not await broker.record(_decision_record(decision, broker.boot)):
-        await requester.final(_audit_denied(call))
-        return
-    if isinstance(verdict, Deny):
-        await requester.final(_denied(decision))
-    elif isinstance(verdict, Run):
-        await _run(broker, requester, decision, grants, approved=False, look=True)
-    else:
-        await _ask(broker, requester, request, decision, grants)
 
 
 # ---------------------------------------------------------------------------------------
