@@ -130,6 +130,13 @@ class Client:
         assert frame is not None, "the connection closed without a final frame"
         return frame
 
+    async def expect_denied(self, reason: str) -> dict[str, Any]:
+        """The final frame denies the call for ``reason``; then the connection closes."""
+        answer = await self.final()
+        assert (answer["outcome"], answer["reason"]) == ("denied", reason), answer
+        await self.aclose()
+        return answer
+
     async def ask(self, frame: dict[str, Any]) -> dict[str, Any]:
         await self.send(frame)
         answer = await self.receive()

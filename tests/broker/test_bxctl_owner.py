@@ -124,9 +124,7 @@ async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
             write_grants(home, "")
             assert await bxctl(home, "approve", pending["approval"]) == 1
             assert capsys.readouterr().out.strip() == f"{pending['call']}: denied (no_grant)"
-            answer = await client.final()
-            assert (answer["outcome"], answer["reason"]) == ("denied", "no_grant")
-            await client.aclose()
+            await client.expect_denied("no_grant")
 
 
 async def test_status_and_sessions(

@@ -474,9 +474,7 @@ async def test_approve_after_the_taint_rose_past_max_taint_is_denied(
                 "call": c,
                 "reason": "taint_exceeded",
             }
-            answer = await client.final()
-            assert (answer["outcome"], answer["reason"]) == ("denied", "taint_exceeded")
-            await client.aclose()
+            await client.expect_denied("taint_exceeded")
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="denied", reason="taint_exceeded", taint="secret")
     ]
@@ -635,9 +633,7 @@ async def test_approve_or_refuse_at_expires_at_is_expired_once(
                 request["reason"] = "too late"
             answer = await admin(home, request)
             assert answer == {"kind": "error", "code": "expired", "detail": f"approval {a} expired"}
-            final = await client.final()
-            assert (final["outcome"], final["reason"]) == ("denied", "expired")
-            await client.aclose()
+            await client.expect_denied("expired")
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="expired", reason="expired", by="expiry")
     ]
