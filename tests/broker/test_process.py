@@ -26,6 +26,7 @@ from tests.broker.broker_harness import (
     write_grants,
 )
 
+from boxmaker.broker.sandbox import LAUNCHER
 from boxmaker.home import Home
 from boxmaker.ledger.verify import verify_file
 
@@ -300,3 +301,38 @@ def test_another_uid_cannot_reach_either_socket(home: Home, daemons: list[Daemon
     ], done.stderr
     daemon.process.send_signal(signal.SIGTERM)
     assert daemon.wait() == 0
+
+
+def sandboxes_on(workspace: Path) -> list[int]:
+    """Pids of bwrap processes running the launcher on ``workspace``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if LAUNCHER.encode() in argv and str(workspace).encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.parametrize("how", ["SIGTERM", "kill -9"])
+def test_the_sandbox_set_up_ahead_ends_with_brokerd(
+    home: Home, daemons: list[Daemon], how: str
+) -> None:
+    write_grants(home, grant("sh", "shell", "auto"))
+    daemon = start(daemons, home)
+    workspace = home.default_workspace.resolve()
+    with connect(home.broker_sock) as sock:
+        send(sock, tool_request("shell", {"command": "echo hi"}))
+        answer = read_frame(sock)
+    assert (answer["outcome"], answer["content"]) == ("ok", "hi\n")
+    wait_for(lambda: sandboxes_on(workspace), "a sandbox set up ahead of the next call")
+    if how == "SIGTERM":
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    else:
+        daemon.kill()
+    wait_for(lambda: not sandboxes_on(workspace), "the sandbox gone with brokerd")

@@ -15,7 +15,7 @@ import attrs
 import pytest
 import trio
 
-from boxmaker.broker import runner
+from boxmaker.broker import runner, sandbox
 from boxmaker.broker.runner import NO_BWRAP_DETAIL, RunResult, RunSpec, execute
 from boxmaker.core.catalogue import MAX_BYTES
 from boxmaker.core.decide import Decision, ToolRequest, evaluate
@@ -210,7 +210,7 @@ def untouched(outside: Path) -> bool:
 
 
 def etc_names() -> list[str]:
-    return sorted(Path(path).name for path in runner.ETC_FILES if Path(path).exists())
+    return sorted(Path(path).name for path in sandbox.ETC_FILES if Path(path).exists())
 
 
 def test_a_runspec_cannot_be_built_by_hand(ws: Path) -> None:
@@ -233,7 +233,7 @@ def test_runspec_says_what_runs(ws: Path) -> None:
     }
     if shell.argv is not None:
         argv = shell.argv
-        assert argv[-3:] == ("/bin/sh", "-c", "ls")
+        assert argv[-3:] == ("/bin/sh", "-c", sandbox.LAUNCHER)
         for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--clearenv"):
             assert flag in argv
         assert argv[argv.index("--bind") + 1 : argv.index("--bind") + 3] == (
@@ -540,7 +540,7 @@ async def test_shell_non_zero_exit_is_a_tool_error_with_the_stderr_tail(ws: Path
     detail = failed(await run("shell", {"command": command}, ws), Reason.TOOL_ERROR)
     assert detail.startswith("exit status 3: x")
     assert detail.endswith("LAST")
-    assert len(detail) <= runner.STDERR_TAIL + len("exit status 3: ")
+    assert len(detail) <= sandbox.STDERR_TAIL + len("exit status 3: ")
 
 
 @needs_bwrap

@@ -176,7 +176,7 @@ async def test_stop_gives_a_running_call_5_s_then_cancels_it(
     real_execute = runner.execute
     delay = {"s": 3.0}
 
-    async def slow_execute(spec: runner.RunSpec) -> runner.RunResult:
+    async def slow_execute(spec: runner.RunSpec, sandboxes: object = None) -> runner.RunResult:
         await trio.sleep(delay["s"])
         return await real_execute(spec)
 

@@ -334,7 +334,7 @@ async def _run(
         labels=broker.config.labels,
         approved=approved,
     )
-    result = await execute(spec)
+    result = await execute(spec, broker.sandboxes)
     raised = await _raise_state(broker, decision.session, result.label)
     if isinstance(raised, StateUnreadable):
         log.error("call %s: the session state could not be raised: %s", call, raised.detail)

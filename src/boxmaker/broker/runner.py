@@ -26,17 +26,18 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
 - ``shell``: stdout, then stderr after a ``[stderr]`` line when there is any, cut at the
   output cap as a whole. Exit status non-zero is ``tool_error`` with the stderr tail.
   A sandbox that bwrap could not set up (it never reported the command's exit) is
-  ``sandbox_unavailable``, like a missing bwrap. The sandbox sees ``/usr``, the host's
-  ``/bin``, ``/sbin``, ``/lib*`` (as symlinks when the host's are), and :data:`ETC_FILES`
-  — no ``/etc/passwd``: host user names stay out, so ``whoami`` fails inside.
+  ``sandbox_unavailable``, like a missing bwrap. The sandbox (sandbox.py) sees ``/usr``,
+  the host's ``/bin``, ``/sbin``, ``/lib*`` (as symlinks when the host's are), and
+  :data:`~boxmaker.broker.sandbox.ETC_FILES` — no ``/etc/passwd``: host user names stay
+  out, so ``whoami`` fails inside.
   All capabilities are dropped (brokerd may run as root).
 - ``http_get``: no redirect is followed (a 3xx is ``tool_error`` naming the Location,
   so the next URL goes through decide() again); a status of 400 or more is
   ``tool_error``; the body is capped after content decoding (no zip bombs); proxies and
   .netrc from brokerd's environment are ignored. The host is checked against the
   grant's ``hosts`` again right before connecting.
-- bwrap is forked from the trio thread, not a worker thread: ``--die-with-parent`` is
-  tied to the forking thread, and trio retires idle workers after 10 s.
+- A shell call may use a sandbox brokerd set up ahead of it (sandbox.py); each sandbox
+  serves one call and is torn down after it.
 - A RunSpec's private token stops accidental construction, not a determined caller
   (``attrs.evolve`` copies it): Python has no private constructors.
 - httpx is imported by the first ``http_get``, not at start (~8 MB of resident
@@ -54,17 +55,15 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import stat
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import attrs
-import orjson
 import trio
 
+from boxmaker.broker.sandbox import SANDBOX_ENV, STDERR_TAIL, SandboxPool, sandbox_argv
 from boxmaker.core.catalogue import (
     MAX_BYTES,
     ArgumentProblem,
@@ -94,20 +93,6 @@ NO_BWRAP_DETAIL: Final = (
 )
 HTTP_TIMEOUT: Final = 10.0
 """Seconds for a whole http_get: connect, headers and body (spec §8)."""
-STDERR_TAIL: Final = 2048
-"""How much of a failed command's stderr becomes the ``tool_error`` detail."""
-SANDBOX_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
-SANDBOX_ENV: Final[Mapping[str, str]] = {
-    "PATH": SANDBOX_PATH,
-    "HOME": "/workspace",
-    "LANG": "C.UTF-8",
-}
-SYSTEM_DIRS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-"""Top-level host dirs shown read-only (or as the same symlink) when the host has them."""
-ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
-"""The only /etc entries the sandbox sees: the loader's cache, Debian's alternatives
-(``/usr/bin/awk`` links through it) and the time zone."""
-
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in the workspace must not hang the worker thread.
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -144,56 +129,6 @@ _FOR_CALL: Final = object()
 def _only_for_call(instance: object, attribute: object, value: object) -> None:
     if value is not _FOR_CALL:
         raise TypeError("a RunSpec is made only by RunSpec.for_call")
-
-
-@functools.cache
-def _system_mounts() -> tuple[str, ...]:
-    # The host's layout does not change while brokerd runs: computed once.
-    args: list[str] = ["--ro-bind", "/usr", "/usr"]
-    for name in SYSTEM_DIRS:
-        host = Path("/", name)
-        if host.is_symlink():
-            args += ["--symlink", str(host.readlink()), str(host)]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), str(host)]
-    for etc in ETC_FILES:
-        if Path(etc).exists():
-            args += ["--ro-bind", etc, etc]
-    return tuple(args)
-
-
-def _bwrap_argv(bwrap: str, workspace: Path, command: str) -> tuple[str, ...]:
-    env: list[str] = []
-    for key, value in SANDBOX_ENV.items():
-        env += ["--setenv", key, value]
-    return (
-        bwrap,
-        "--unshare-all",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--clearenv",
-        *env,
-        *_system_mounts(),
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",  # noqa: S108  (a fresh tmpfs inside the sandbox, not the host's /tmp)
-        "--bind",
-        str(workspace),
-        "/workspace",
-        # Last, so the mounts above exist: the sandbox's root (and /etc in it) read-only.
-        "--remount-ro",
-        "/",
-        "--chdir",
-        "/workspace",
-        "/bin/sh",
-        "-c",
-        command,
-    )
 
 
 @attrs.frozen
@@ -251,7 +186,7 @@ class RunSpec:
             output_cap = runner.output_cap
             bwrap = shutil.which("bwrap")
             if bwrap is not None:
-                argv = _bwrap_argv(bwrap, workspace, value.command)
+                argv = sandbox_argv(bwrap, workspace)
         elif isinstance(value, HttpGetArgs):
             time_limit = HTTP_TIMEOUT
         return cls(
@@ -329,8 +264,11 @@ class _Failed(Exception):
         self.detail = detail
 
 
-async def execute(spec: RunSpec) -> RunResult:
-    """Run ``spec`` (spec §8). Never raises for a tool failure; lets Cancelled through."""
+async def execute(spec: RunSpec, sandboxes: SandboxPool | None = None) -> RunResult:
+    """Run ``spec`` (spec §8). Never raises for a tool failure; lets Cancelled through.
+
+    ``sandboxes``: brokerd's pool, whose sandbox set up ahead a shell call may use;
+    without it a shell call sets up its own."""
     value = spec.arguments.value
     try:
         if isinstance(value, ReadFileArgs):
@@ -340,7 +278,7 @@ async def execute(spec: RunSpec) -> RunResult:
         if isinstance(value, WriteFileArgs):
             return await trio.to_thread.run_sync(_write_file, spec, value)
         if isinstance(value, ShellArgs):
-            return await _shell(spec)
+            return await _shell(spec, value.command, sandboxes)
         return await _http_get(spec, value)
     except _Failed as failed:
         return RunResult.failure(failed.reason, failed.detail, spec.label)
@@ -556,141 +494,32 @@ def _write_file(spec: RunSpec, args: WriteFileArgs) -> RunResult:
 # --- shell ---------------------------------------------------------------------------
 
 
-@attrs.define
-class _Capture:
-    """Keeps the first ``cap`` bytes and the last STDERR_TAIL of a stream, counts all."""
-
-    cap: int
-    head: bytearray = attrs.Factory(bytearray)
-    tail: bytearray = attrs.Factory(bytearray)
-    total: int = 0
-
-    def add(self, chunk: bytes | bytearray) -> None:
-        room = self.cap - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-        self.total += len(chunk)
-        self.tail += chunk[-STDERR_TAIL:]
-        del self.tail[:-STDERR_TAIL]
-
-
-async def _drain(stream: trio.abc.ReceiveStream, capture: _Capture) -> None:
-    # Read to EOF even past the cap: a writer blocked on a full pipe would never exit.
-    async for chunk in stream:
-        capture.add(chunk)
-
-
-def _spawn(argv: list[str], stdout: int, stderr: int, status: int) -> subprocess.Popen[bytes]:
-    # Forked from the trio thread on purpose, not through trio.lowlevel.open_process
-    # (which forks in a worker thread): bwrap's --die-with-parent is PR_SET_PDEATHSIG,
-    # which fires when the *thread* that forked it exits, and trio retires idle worker
-    # threads after 10 s — every longer command would be killed. The trio thread lives
-    # as long as brokerd, which is exactly whom the sandbox must not outlive.
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=stderr,
-        # Its own process group to kill (spec §8). A new group, not a new session: bwrap
-        # gives the command its own session (--new-session), and a second setsid here
-        # measurably slowed every call (tools/bench_runner.py).
-        process_group=0,
-        pass_fds=(status,),
-    )
-
-
-async def _wait(process: subprocess.Popen[bytes]) -> int:
-    try:
-        pidfd = os.pidfd_open(process.pid)
-    except OSError:
-        # A kernel without pidfd (before 5.3): wait in a thread; forking is not involved.
-        return await trio.to_thread.run_sync(process.wait, abandon_on_cancel=True)
-    try:
-        await trio.lowlevel.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
-    return process.wait()
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    # bwrap leads its own process group (process_group=0); killing it takes the
-    # sandbox's pid 1 with it (--die-with-parent), and the pid namespace dies with that.
-    # poll() first: an unreaped pid cannot have been reused by another group.
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-def _command_ran(status: bytes) -> bool:
-    """Did bwrap report the command's exit (``--json-status-fd``)? If not, the sandbox
-    was never set up."""
-    for line in status.splitlines():
-        with contextlib.suppress(orjson.JSONDecodeError):
-            report = orjson.loads(line)
-            if isinstance(report, dict) and "exit-code" in report:
-                return True
-    return False
-
-
-def _tail(capture: _Capture) -> str:
-    return bytes(capture.tail).decode("utf-8", errors="replace").strip()
-
-
-async def _shell(spec: RunSpec) -> RunResult:
+async def _shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) -> RunResult:
     argv = spec.argv
     if argv is None:
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, NO_BWRAP_DETAIL, spec.label)
-    pipes = [os.pipe() for _ in range(3)]
-    (_, out_write), (_, err_write), (_, status_write) = pipes
-    command = [argv[0], "--json-status-fd", str(status_write), *argv[1:]]
     try:
-        process = _spawn(command, out_write, err_write, status_write)
+        # A pool that is not running only ever sets up a sandbox for the call at hand.
+        async with (sandboxes or SandboxPool()).sandbox(argv) as sandbox:
+            run = await sandbox.run(command, time_limit=spec.time_limit, output_cap=spec.output_cap)
     except OSError as exc:
-        for read_end, _ in pipes:
-            os.close(read_end)
         detail = f"bubblewrap (bwrap) could not be started: {_describe(exc)}; see {RUNBOOK_SANDBOX}"
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
-    finally:
-        for _, write_end in pipes:
-            os.close(write_end)
-    streams = [trio.lowlevel.FdStream(read_end) for read_end, _ in pipes]
-    out = _Capture(spec.output_cap)
-    err = _Capture(spec.output_cap)
-    status = _Capture(4096)
-    limit = spec.time_limit if spec.time_limit is not None else float("inf")
-    try:
-        with trio.move_on_after(limit) as scope:
-            async with trio.open_nursery() as nursery:
-                for stream, capture in zip(streams, (out, err, status), strict=True):
-                    nursery.start_soon(_drain, stream, capture)
-            await _wait(process)
-    finally:
-        _kill_group(process)
-        with trio.CancelScope(shield=True):
-            await _wait(process)
-            for stream in streams:
-                await stream.aclose()
-    if scope.cancelled_caught:
+    if run.timed_out:
         detail = f"killed after {spec.time_limit:g} s (the time limit)"
         return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
-    if not _command_ran(bytes(status.head)):
-        detail = f"bubblewrap could not set up the sandbox: {_tail(err)}; see {RUNBOOK_SANDBOX}"
+    if not run.ran:
+        detail = (
+            f"bubblewrap could not set up the sandbox: {run.err.last_words()}; "
+            f"see {RUNBOOK_SANDBOX}"
+        )
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
-    if process.returncode != 0:
-        detail = f"exit status {process.returncode}"
-        if err.total:
-            detail += ": " + _tail(err)
+    if run.returncode != 0:
+        detail = f"exit status {run.returncode}"
+        if run.err.total:
+            detail += ": " + run.err.last_words()
         return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
-    return RunResult.success(_shell_content(out, err, spec.output_cap), spec.label)
-
-
-def _shell_content(out: _Capture, err: _Capture, cap: int) -> str:
-    body = bytes(out.head)
-    if err.total:
-        body += b"\n[stderr]\n" + bytes(err.head)
-    cut = out.total > cap or err.total > cap or len(body) > cap
-    text = body[:cap].decode("utf-8", errors="replace")
-    return f"{text}\n[output cut at {cap} bytes]" if cut else text
+    return RunResult.success(run.content(spec.output_cap), spec.label)
 
 
 # --- http_get ------------------------------------------------------------------------

@@ -146,6 +146,7 @@ async def serve_broker(
             nursery.start_soon(_watch_grants, broker)
             nursery.start_soon(_look, broker)
             nursery.start_soon(broker.run_expiry)
+            await nursery.start(broker.sandboxes.run)
             if handle_signals:
                 nursery.start_soon(_signals, broker)
             await _serve_connections(broker, listeners[0], listeners[1], task_status)

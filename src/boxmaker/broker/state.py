@@ -37,6 +37,7 @@ from typing import Final, TypeAlias
 import attrs
 import trio
 
+from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.approvals import ApprovalsTable, PendingEntry
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, parse_grants
 from boxmaker.core.labels import Label
@@ -331,6 +332,8 @@ class Broker:
     calls: set[str] = attrs.Factory(set)
     """Call ids seen this boot; a reused one is refused (see connection.py)."""
     stopping: bool = False
+    sandboxes: SandboxPool = attrs.Factory(SandboxPool)
+    """The shell sandbox kept set up ahead of the next call (sandbox.py)."""
     states: SessionStates = attrs.field(init=False)
     """The session states read this boot (:class:`SessionStates`)."""
     _expired: dict[str, None] = attrs.Factory(dict)

@@ -1,0 +1,179 @@
+"""The shell sandbox set up ahead of its call (broker/sandbox.py, spec §8).
+
+The runner's tests (test_runner.py) check what a sandbox lets a command do; these check
+that a sandbox set up ahead changes nothing of that: the command arrives exactly, each
+sandbox serves one call, and a sandbox is used only when it matches and is young enough.
+Time is the mock clock's: ``mock_clock`` never moves unless a test jumps it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trio.testing import MockClock, wait_all_tasks_blocked
+
+from boxmaker.broker.sandbox import WARM_MAX_AGE, SandboxPool, ShellRun, sandbox_argv
+
+BWRAP = shutil.which("bwrap")
+pytestmark = pytest.mark.skipif(BWRAP is None, reason="bubblewrap is not installed")
+
+
+def argv_for(workspace: Path) -> tuple[str, ...]:
+    assert BWRAP is not None
+    return sandbox_argv(BWRAP, workspace)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return workspace
+
+
+@asynccontextmanager
+async def running_pool() -> AsyncIterator[SandboxPool]:
+    pool = SandboxPool()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        yield pool
+        nursery.cancel_scope.cancel()
+
+
+async def shell(pool: SandboxPool, argv: tuple[str, ...], command: str) -> ShellRun:
+    async with pool.sandbox(argv) as sandbox:
+        return await sandbox.run(command, time_limit=30, output_cap=65536)
+
+
+def stdout(run: ShellRun) -> str:
+    assert (run.ran, run.returncode, run.timed_out) == (True, 0, False), run
+    return bytes(run.out.head).decode()
+
+
+async def test_nothing_is_set_up_before_the_first_shell_call(ws: Path) -> None:
+    async with running_pool() as pool:
+        await wait_all_tasks_blocked()
+        assert pool.warm is None
+        assert stdout(await shell(pool, argv_for(ws), "echo first")) == "first\n"
+        await wait_all_tasks_blocked()
+        assert pool.warm is not None
+
+
+async def test_the_next_call_uses_the_sandbox_set_up_after_the_last(
+    ws: Path, mock_clock: MockClock
+) -> None:
+    argv = argv_for(ws)
+    async with running_pool() as pool:
+        await shell(pool, argv, "true")
+        await wait_all_tasks_blocked()
+        warm = pool.warm
+        assert warm is not None
+        assert warm.process.poll() is None
+        async with pool.sandbox(argv) as sandbox:
+            assert sandbox is warm
+            assert pool.warm is None
+            assert stdout(await sandbox.run("echo two", time_limit=30, output_cap=99)) == "two\n"
+        # Torn down after its one call, and the next one set up.
+        assert warm.process.returncode is not None
+        await wait_all_tasks_blocked()
+        assert pool.warm is not None
+        assert pool.warm is not warm
+
+
+async def test_nothing_of_one_call_is_seen_by_the_next(ws: Path) -> None:
+    argv = argv_for(ws)
+    async with running_pool() as pool:
+        assert stdout(await shell(pool, argv, "echo left > /tmp/left; echo ok")) == "ok\n"
+        await wait_all_tasks_blocked()
+        assert pool.warm is not None
+        run = await shell(pool, argv, "test -e /tmp/left")
+        assert (run.ran, run.returncode) == (True, 1)
+        # The sandbox's pid namespace is new too: its init and the command, nothing else.
+        listing = stdout(await shell(pool, argv, "ls /proc | grep -c '^[0-9]'"))
+        assert int(listing) <= 4, listing
+
+
+async def test_a_sandbox_of_another_argv_is_torn_down_unused(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    async with running_pool() as pool:
+        await shell(pool, argv_for(first), "true")
+        await wait_all_tasks_blocked()
+        warm = pool.warm
+        assert warm is not None
+        async with pool.sandbox(argv_for(second)) as sandbox:
+            assert sandbox is not warm
+            await sandbox.run("echo here > where", time_limit=30, output_cap=99)
+        assert (second / "where").read_text() == "here\n"
+        assert not (first / "where").exists()
+        await wait_all_tasks_blocked()
+        assert warm.process.returncode is not None
+        assert pool.warm is not None
+        assert pool.warm.argv == argv_for(second)
+
+
+@pytest.mark.parametrize(("age", "used"), [(WARM_MAX_AGE - 0.001, True), (WARM_MAX_AGE, False)])
+async def test_a_sandbox_is_used_only_while_younger_than_the_limit(
+    ws: Path, mock_clock: MockClock, age: float, used: bool
+) -> None:
+    argv = argv_for(ws)
+    async with running_pool() as pool:
+        await shell(pool, argv, "true")
+        await wait_all_tasks_blocked()
+        warm = pool.warm
+        assert warm is not None
+        mock_clock.jump(age)
+        async with pool.sandbox(argv) as sandbox:
+            assert (sandbox is warm) is used
+            assert stdout(await sandbox.run("echo ran", time_limit=30, output_cap=99)) == "ran\n"
+        await wait_all_tasks_blocked()
+        assert warm.process.returncode is not None
+
+
+async def test_stopping_the_pool_tears_the_waiting_sandbox_down(ws: Path) -> None:
+    async with running_pool() as pool:
+        await shell(pool, argv_for(ws), "true")
+        await wait_all_tasks_blocked()
+        warm = pool.warm
+        assert warm is not None
+    assert warm.process.returncode is not None
+    assert pool.warm is None
+
+
+async def test_a_pool_that_is_not_running_sets_up_nothing_ahead(ws: Path) -> None:
+    pool = SandboxPool()
+    assert stdout(await shell(pool, argv_for(ws), "echo own")) == "own\n"
+    await wait_all_tasks_blocked()
+    assert pool.warm is None
+
+
+# What the command sees of itself: /proc/$$/cmdline is the shell's argv. `exit` stops
+# the shell before it parses the rest, so the payload can be anything at all.
+SELF = "cat /proc/$$/cmdline; exit 0\n"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    payload=st.text(
+        alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"),
+        max_size=200,
+    )
+)
+async def test_the_command_reaches_the_shell_exactly(payload: str) -> None:
+    command = SELF + payload
+    run = await shell(SandboxPool(), argv_for(Path("/tmp")), command)
+    assert bytes(run.out.head) == b"/bin/sh\0-c\0" + command.encode() + b"\0"
+
+
+async def test_a_long_command_is_handed_over_whole(ws: Path) -> None:
+    # More than a pipe's buffer (64 KiB), less than one argument may be (128 KiB): the
+    # hand-over must not block the trio thread.
+    command = "echo " + "x" * 100_000 + " | wc -c"
+    assert stdout(await shell(SandboxPool(), argv_for(ws), command)) == "100001\n"
