@@ -63,6 +63,7 @@ from typing import Final
 import attrs
 import trio
 
+from boxmaker.broker.nowait import read_cached_beneath
 from boxmaker.broker.sandbox import SANDBOX_ENV, STDERR_TAIL, SandboxPool, sandbox_argv
 from boxmaker.core.catalogue import (
     MAX_BYTES,
@@ -91,6 +92,9 @@ NO_BWRAP_DETAIL: Final = (
     "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
     "see docs/runbook.md#sandbox"
 )
+CACHED_READ_MAX: Final = 64 * 1024
+"""The largest file read_file reads on the trio thread when all of it is cached: the
+copy and decode of a bigger one would hold up every other call."""
 HTTP_TIMEOUT: Final = 10.0
 """Seconds for a whole http_get: connect, headers and body (spec §8)."""
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -272,6 +276,9 @@ async def execute(spec: RunSpec, sandboxes: SandboxPool | None = None) -> RunRes
     value = spec.arguments.value
     try:
         if isinstance(value, ReadFileArgs):
+            cached = _read_file_cached(spec, value)
+            if cached is not None:
+                return cached
             return await trio.to_thread.run_sync(_read_file, spec, value)
         if isinstance(value, ListDirArgs):
             return await trio.to_thread.run_sync(_list_dir, spec, value)
@@ -403,6 +410,19 @@ def _read_file(spec: RunSpec, args: ReadFileArgs) -> RunResult:
     size = max(info.st_size, len(data))
     text = data[:limit].decode("utf-8", errors="replace")
     return RunResult.success(f"{text}\n[file cut at {limit} of {size} bytes]", label)
+
+
+def _read_file_cached(spec: RunSpec, args: ReadFileArgs) -> RunResult | None:
+    """read_file on the trio thread, when the kernel can serve it without blocking
+    (nowait.py): a small regular file, inside the workspace, all of it cached. None
+    sends the call to :func:`_read_file` in a worker thread, which also gives every
+    failure its reason. The same content and label as :func:`_read_file` would give."""
+    limit = args.max_bytes if args.max_bytes is not None else MAX_BYTES
+    cached = read_cached_beneath(str(spec.workspace), args.path, min(limit, CACHED_READ_MAX))
+    if cached is None:
+        return None
+    label = spec.label.join(spec._rules.label_for_path(cached.relative))
+    return RunResult.success(cached.data.decode("utf-8", errors="replace"), label)
 
 
 def _read_up_to(fd: int, size: int) -> bytes:

@@ -46,6 +46,7 @@ from boxmaker.core.state import StateUnreadable
 from boxmaker.home import Config, Home
 from boxmaker.ledger.records import Body
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
+from boxmaker.oneshot import OneShot
 from boxmaker.state_files import StateKey, read_state_keyed, state_key
 from boxmaker.wire import ApprovedOutcome, new_approval_id
 
@@ -114,48 +115,31 @@ Command: TypeAlias = ApproveCommand | RefuseCommand | ExpireCommand | StopComman
 
 @attrs.define
 class Waiter:
-    """The one-shot mailbox of a pending entry.
+    """The one-shot mailbox of a pending entry (a :class:`OneShot`: thousands wait)."""
 
-    The waiting task parks itself (trio.lowlevel) rather than on a trio.Event: a
-    pending call is held by thousands, and an Event with its parking lot costs several
-    hundred bytes each; one task reference does the same for one waiter.
-    """
+    _slot: OneShot[Command] = attrs.Factory(OneShot)
 
-    command: Command | None = None
-    _task: trio.lowlevel.Task | None = None
+    @property
+    def command(self) -> Command | None:
+        return self._slot.peek()
 
     def deliver(self, command: Command) -> None:
         """Hand over the entry's ending. Only the taker of the entry calls this, so a
         second delivery is a bug; its reply channel is closed so no admin waits on it."""
-        if self.command is not None:
+        if not self._slot.put(command):
             _close_reply(command)
             log.error("a second ending for one pending entry was dropped: %r", command)
-            return
-        self.command = command
-        task, self._task = self._task, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
 
     async def wait(self) -> Command:
         """The command, once delivered (the entry's taker delivers in the same step).
         Cancellable: a cancelled wait leaves the waiter as it was."""
-        if self.command is None:
-            self._task = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(self._abort)
-        else:
-            await trio.lowlevel.checkpoint()
-        if self.command is None:  # pragma: no cover - delivery sets it before waking
-            raise RuntimeError("a waiter woke without a command")
-        return self.command
-
-    def _abort(self, _: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-        self._task = None
-        return trio.lowlevel.Abort.SUCCEEDED
+        return await self._slot.get()
 
     def close(self) -> None:
         """The waiting task is done: an admin still waiting on a reply hears the end."""
-        if self.command is not None:
-            _close_reply(self.command)
+        command = self._slot.peek()
+        if command is not None:
+            _close_reply(command)
 
 
 def _close_reply(command: Command) -> None:

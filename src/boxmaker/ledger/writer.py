@@ -20,7 +20,6 @@ the next start finds the torn tail (spec §5.5) instead of continuing a broken c
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import logging
@@ -46,6 +45,7 @@ from boxmaker.ledger.records import (
     line_hash,
     new_ledger_id,
 )
+from boxmaker.oneshot import OneShot
 
 log = logging.getLogger("boxmaker.ledger")
 
@@ -266,7 +266,7 @@ class OsLedgerFile:
 
 
 _Reply = Appended | BaseException
-_Request = tuple[Body, trio.MemorySendChannel[_Reply]]
+_Request = tuple[Body, OneShot[_Reply]]
 
 
 class LedgerWriter:
@@ -326,16 +326,13 @@ class LedgerWriter:
             raise LedgerStopped(AUDIT_UNAVAILABLE_DETAIL) from self._failure
         if self._closing:
             raise LedgerStopped("the ledger writer is closed")
-        reply_send, reply_receive = trio.open_memory_channel[_Reply](1)
+        slot = OneShot[_Reply]()
         try:
-            self._send.send_nowait((body, reply_send))
+            self._send.send_nowait((body, slot))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise LedgerStopped("the ledger writer is closed") from None
-        with reply_receive:
-            try:
-                reply = await reply_receive.receive()
-            except trio.EndOfChannel:
-                raise LedgerStopped("the ledger writer ended before answering") from None
+        # Every request taken is answered: committed, refused, or abandoned at the end.
+        reply = await slot.get()
         if isinstance(reply, BaseException):
             raise reply
         return reply
@@ -381,7 +378,7 @@ class LedgerWriter:
             return
         at = format_utc(self._clock())
         seq, prev = self._next_seq, self._prev
-        accepted: list[tuple[trio.MemorySendChannel[_Reply], Appended]] = []
+        accepted: list[tuple[OneShot[_Reply], Appended]] = []
         for body, reply in batch:
             try:
                 line = encode_line(seq, at, prev, body)
@@ -432,8 +429,6 @@ class LedgerWriter:
         return stopped
 
     @staticmethod
-    def _answer(reply: trio.MemorySendChannel[_Reply], value: _Reply) -> None:
-        # The caller may have been cancelled and closed its end; the record stands.
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            reply.send_nowait(value)
-        reply.close()
+    def _answer(reply: OneShot[_Reply], value: _Reply) -> None:
+        # The caller may have been cancelled and gone; the record stands.
+        reply.put(value)
