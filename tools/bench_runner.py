@@ -69,7 +69,9 @@ async def timed(
 
 async def bench(runs: int, workspace: Path) -> dict[str, float]:
     spec = shell_spec(workspace)
-    calls: dict[str, list[float]] = {"plain": [], "set up ahead": [], "back to back": [], "own sandbox": []}
+    calls: dict[str, list[float]] = {
+        name: [] for name in ("plain", "set up ahead", "back to back", "own sandbox")
+    }
     pool = SandboxPool()
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
