@@ -122,6 +122,10 @@ def test_everything_but_the_plain_case_goes_to_the_thread(tree: Path, path: str)
     assert nowait.read_cached_beneath(str(tree), path, CACHED_READ_MAX) is None
 
 
+def test_a_path_with_a_nul_byte_is_never_cut_short(tree: Path) -> None:
+    assert nowait.read_cached_beneath(str(tree), "notes.txt\x00.env", 4096) is None
+
+
 def test_a_file_over_the_size_given_goes_to_the_thread(tree: Path) -> None:
     assert nowait.read_cached_beneath(str(tree), "notes.txt", len("notes\n") - 1) is None
 

@@ -99,6 +99,8 @@ def read_cached_beneath(root: str, path: str, max_size: int) -> CachedFile | Non
     otherwise — also for anything that would leave ``root`` (``..`` above it, an
     absolute symlink, a ``/proc`` magic link). Symlinks that stay below ``root`` are
     followed, as the file tools do."""
+    if "\x00" in path or "\x00" in root:
+        return None  # C would read a shorter path (arguments never carry one: spec §3)
     root_fd = _openat2(AT_FDCWD, root, _DIR_FLAGS, RESOLVE_CACHED)
     if root_fd is None:
         return None
