@@ -50,9 +50,14 @@ class UnixListener:
 
     def remove_path(self) -> None:
         """Remove our socket file, unless something else has taken the path since."""
-        with contextlib.suppress(OSError):
-            if self.path.lstat().st_ino == self.inode:
-                self.path.unlink()
+        remove_socket_path(self.path, self.inode)
+
+
+def remove_socket_path(path: Path, inode: int) -> None:
+    """Remove the socket file ``path`` if it is still ours (``inode``)."""
+    with contextlib.suppress(OSError):
+        if path.lstat().st_ino == inode:
+            path.unlink()
 
 
 def _remove_stale(path: Path) -> None:
@@ -84,20 +89,28 @@ def _make_private(path: Path) -> int:
     return path.lstat().st_ino
 
 
-async def open_unix_listener(path: Path) -> UnixListener:
-    """Bind ``path`` (mode 0600) and listen (spec §6.2). Raises :class:`ListenerError`."""
-    await trio.to_thread.run_sync(_remove_stale, path)
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def bind_unix_socket(path: Path) -> tuple[socket.socket, int]:
+    """A listening Unix socket at ``path`` (mode 0600; a stale socket file replaced, a
+    live one or anything else refused) and the inode that identifies our socket file.
+    Blocking. Raises :class:`ListenerError`."""
+    _remove_stale(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        await sock.bind(str(path))
-        inode = await trio.to_thread.run_sync(_make_private, path)
+        sock.bind(str(path))
+        inode = _make_private(path)
         sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise ListenerError(f"{path}: address in use") from exc
         raise ListenerError(f"{path}: cannot listen ({exc.strerror})") from exc
-    return UnixListener(path, trio.SocketListener(sock), inode)
+    return sock, inode
+
+
+async def open_unix_listener(path: Path) -> UnixListener:
+    """Bind ``path`` (mode 0600) and listen (spec §6.2). Raises :class:`ListenerError`."""
+    sock, inode = await trio.to_thread.run_sync(bind_unix_socket, path)
+    return UnixListener(path, trio.SocketListener(trio.socket.from_stdlib_socket(sock)), inode)
 
 
 def peer_uid(stream: trio.SocketStream) -> int | None:

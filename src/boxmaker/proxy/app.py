@@ -1,0 +1,320 @@
+"""inferproxy's ASGI app (spec §10): the one way to the model, and a narrow one.
+
+It forwards only ``POST /v1/chat/completions`` (a streamed answer passes through as it
+comes), ``GET /v1/models``, ``GET /health`` and ``GET /slots``; everything else is a 404
+JSON error, and nothing is forwarded but the body (no query string, no client headers:
+a caller cannot smuggle options or credentials past the proxy). A chat request is pinned
+to the configured model and its ``max_tokens`` (and llama-server's ``n_predict``) capped;
+a body over 4 MiB is 413; an unreachable model is 502 ``upstream_unreachable`` pointing
+at the runbook. One log line a request: id, method, path, status, upstream ms, prompt
+and completion tokens.
+
+The app holds no socket of its own: serve.py gives it an ``httpx.AsyncClient`` (which
+ignores proxy settings of the environment) and runs it under hypercorn.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+import attrs
+import httpx
+import orjson
+import trio
+
+log = logging.getLogger("boxmaker.inferproxy")
+
+MAX_BODY: Final = 4 * 1024 * 1024
+"""Spec §10: a request body over 4 MiB is refused with 413."""
+CHAT_PATH: Final = "/v1/chat/completions"
+GET_PATHS: Final = frozenset({"/v1/models", "/health", "/slots"})
+RUNBOOK_MODEL: Final = "docs/runbook.md#model-unreachable"
+TOKEN_CAPS: Final = ("max_tokens", "max_completion_tokens", "n_predict")
+"""The request keys that bound a completion's length (OpenAI's two and llama-server's)."""
+USAGE_TAIL: Final = 16 * 1024
+"""Bytes of a streamed answer kept to find its usage, which comes in the last event."""
+_PASSED_HEADERS: Final = (b"content-type", b"cache-control")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@attrs.frozen
+class ProxySettings:
+    upstream: str
+    """The model server's base URL, e.g. ``http://127.0.0.1:8080``."""
+    model: str
+    max_tokens: int
+
+
+class BodyTooLarge(Exception):
+    """The request body is over :data:`MAX_BODY`."""
+
+
+@attrs.define
+class _Exchange:
+    """What one request's log line says."""
+
+    id: str
+    method: str
+    path: str
+    status: int = 0
+    upstream_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def log(self) -> None:
+        upstream = "-" if self.upstream_ms is None else f"{self.upstream_ms:.0f}"
+        log.info(
+            "request id=%s method=%s path=%s status=%d upstream_ms=%s "
+            "prompt_tokens=%s completion_tokens=%s",
+            self.id,
+            self.method,
+            self.path[:200],
+            self.status,
+            upstream,
+            "-" if self.prompt_tokens is None else self.prompt_tokens,
+            "-" if self.completion_tokens is None else self.completion_tokens,
+        )
+
+    def note_usage(self, answer: object) -> None:
+        if isinstance(answer, dict) and isinstance(answer.get("usage"), dict):
+            usage = answer["usage"]
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            self.prompt_tokens = prompt if isinstance(prompt, int) else None
+            self.completion_tokens = completion if isinstance(completion, int) else None
+
+
+def pin_request(body: object, settings: ProxySettings) -> dict[str, Any] | str:
+    """The chat request as it goes upstream: the configured model, and every length cap
+    at most the configured ``max_tokens`` (an absent ``max_tokens`` is set to it). A
+    problem with the body is returned as its message.
+
+    >>> s = ProxySettings("http://m", "default", 100)
+    >>> pin_request({"model": "other", "max_tokens": 5000, "messages": []}, s)
+    {'model': 'default', 'max_tokens': 100, 'messages': []}
+    >>> pin_request({"messages": [], "n_predict": 7}, s)
+    {'messages': [], 'n_predict': 7, 'model': 'default', 'max_tokens': 100}
+    >>> pin_request([1], s)
+    'the body must be a JSON object'
+    """
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    pinned = dict(body)
+    pinned["model"] = settings.model
+    pinned.setdefault("max_tokens", settings.max_tokens)
+    for key in TOKEN_CAPS:
+        if key in pinned:
+            value = pinned[key]
+            # bool is an int to Python, not to a JSON reader: true is not a length.
+            within = type(value) is int and 0 < value <= settings.max_tokens
+            pinned[key] = value if within else settings.max_tokens
+    return pinned
+
+
+def _error_body(kind: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"type": kind, "message": message}})
+
+
+def _passed_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    return [
+        (name, value) for name, value in response.headers.raw if name.lower() in _PASSED_HEADERS
+    ]
+
+
+class InferProxy:
+    """The ASGI app. ``client`` is the proxy's one HTTP client to the model."""
+
+    def __init__(self, settings: ProxySettings, client: httpx.AsyncClient) -> None:
+        self.settings = settings
+        self.client = client
+        self._upstream = settings.upstream.rstrip("/")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        exchange = _Exchange(
+            id="r-" + secrets.token_hex(6), method=scope["method"], path=scope["path"]
+        )
+        try:
+            await self._route(exchange, scope, receive, send)
+        finally:
+            exchange.log()
+
+    async def _route(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = exchange.method, exchange.path
+        if method == "POST" and path == CHAT_PATH:
+            await self._chat(exchange, scope, receive, send)
+        elif method in ("GET", "HEAD") and path in GET_PATHS:
+            await self._forward_get(exchange, receive, send)
+        else:
+            message = f"{method} {path[:200]} is not served here; inferproxy forwards only "
+            message += "POST /v1/chat/completions and GET /v1/models, /health, /slots"
+            await self._reply(exchange, send, 404, _error_body("not_found", message))
+
+    async def _chat(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            raw = await _read_body(scope, receive)
+        except BodyTooLarge:
+            message = f"the request body is over {MAX_BODY} bytes"
+            await self._reply(exchange, send, 413, _error_body("request_too_large", message))
+            return
+        try:
+            body: object = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+            problem: str | None = "the body is not valid JSON"
+        else:
+            problem = None
+        pinned = pin_request(body, self.settings) if problem is None else problem
+        if isinstance(pinned, str):
+            await self._reply(exchange, send, 400, _error_body("invalid_request", pinned))
+            return
+        request = self.client.build_request(
+            "POST",
+            self._upstream + CHAT_PATH,
+            content=orjson.dumps(pinned),
+            headers={"content-type": "application/json"},
+        )
+        streamed = pinned.get("stream") is True
+        await self._exchange(exchange, receive, send, request, streamed=streamed)
+
+    async def _forward_get(self, exchange: _Exchange, receive: Receive, send: Send) -> None:
+        request = self.client.build_request(exchange.method, self._upstream + exchange.path)
+        await self._exchange(exchange, receive, send, request, streamed=False)
+
+    async def _exchange(
+        self,
+        exchange: _Exchange,
+        receive: Receive,
+        send: Send,
+        request: httpx.Request,
+        *,
+        streamed: bool,
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            exchange.upstream_ms = (time.perf_counter() - started) * 1000
+            message = (
+                f"the model server at {self._upstream} cannot be reached "
+                f"({type(exc).__name__}: {exc}); see {RUNBOOK_MODEL}"
+            )
+            await self._reply(exchange, send, 502, _error_body("upstream_unreachable", message))
+            return
+        exchange.status = response.status_code
+        headers = [*_passed_headers(response), (b"x-request-id", exchange.id.encode())]
+        try:
+            if streamed:
+                last = bytearray()
+                async with trio.open_nursery() as nursery:
+                    # A client that leaves stops the model's work: the upstream stream
+                    # is closed when this is cancelled.
+                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    await _pass_stream(response, send, headers, last)
+                    nursery.cancel_scope.cancel()
+                tail = bytes(last)
+            else:
+                tail = await response.aread()
+                headers.append((b"content-length", str(len(tail)).encode()))
+                await send(
+                    {"type": "http.response.start", "status": exchange.status, "headers": headers}
+                )
+                await send({"type": "http.response.body", "body": tail})
+            exchange.note_usage(_last_usage(tail, streamed=streamed))
+        except httpx.TransportError as exc:
+            # The answer had begun: its status is sent, so the stream just ends.
+            log.warning("request %s: the model server broke off: %s", exchange.id, exc)
+        finally:
+            exchange.upstream_ms = (time.perf_counter() - started) * 1000
+            await response.aclose()
+
+    async def _reply(self, exchange: _Exchange, send: Send, status: int, body: bytes) -> None:
+        exchange.status = status
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.id.encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _pass_stream(
+    response: httpx.Response, send: Send, headers: list[tuple[bytes, bytes]], tail: bytearray
+) -> None:
+    """Send a streamed answer on as it comes, keeping its last bytes in ``tail`` (for the
+    usage; kept as it goes, since the client's leaving may cut this short)."""
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    async for chunk in response.aiter_bytes():
+        tail += chunk
+        del tail[:-USAGE_TAIL]
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    # The request body was read whole before: what receive() gives now is the end.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    """The whole request body; :class:`BodyTooLarge` as soon as it is known to be over
+    :data:`MAX_BODY` (its Content-Length, or what has come)."""
+    if _declared_length(scope) > MAX_BODY:
+        raise BodyTooLarge
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        body += message.get("body", b"")
+        if len(body) > MAX_BODY:
+            raise BodyTooLarge
+        if not message.get("more_body", False):
+            break
+    return bytes(body)
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # h11 refuses such a request before it gets here
+    return 0
+
+
+def _last_usage(data: bytes, *, streamed: bool) -> object:
+    """The answer that carries the usage: the body, or a stream's last event with one."""
+    if not streamed:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+    for line in reversed(data.splitlines()):
+        if line.startswith(b"data:") and b'"usage"' in line:
+            try:
+                return orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return None
+    return None
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,216 @@
+"""``inferproxy serve``: the proxy daemon (spec §10).
+
+It serves :class:`~boxmaker.proxy.app.InferProxy` with hypercorn (HTTP/1.1, on trio) on
+``run/infer.sock`` — made like brokerd's sockets: mode 0600 in the 0700 ``run/``, a stale
+socket file replaced only if nobody answers on it — and on ``127.0.0.1:[proxy]
+tcp_port`` when that is set. The sockets are made here and handed to hypercorn as
+``fd://`` binds, so hypercorn never removes a live socket nor binds beyond loopback.
+
+The model is ``[model] url`` (or ``--upstream``). Without one there is nothing to
+forward to: the embedded model (spec §12.4) is started by ``bxctl up``, which then
+passes its URL here.
+
+Readiness is ``task_status.started(handle)``; SIGINT/SIGTERM (or
+:meth:`ProxyHandle.request_stop`) stop accepting, give open requests 5 s, remove the
+socket file and return (exit 0).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import socket
+import sys
+from typing import Annotated, Final
+
+import attrs
+import httpx
+import hypercorn.config
+import hypercorn.trio
+import trio
+from cyclopts import App, Parameter
+
+from boxmaker import __version__
+from boxmaker.broker.listeners import ListenerError, bind_unix_socket, remove_socket_path
+from boxmaker.home import ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.proxy.app import InferProxy, ProxySettings
+
+log = logging.getLogger("boxmaker.inferproxy")
+
+GRACE_S: Final = 5.0
+"""Open requests get this long to finish on a stop."""
+CONNECT_S: Final = 5.0
+"""Seconds to connect to the model; a generation itself may take as long as it takes."""
+CONFIG_ANCHOR: Final = "docs/runbook.md#config"
+
+
+class NoUpstream(Exception):
+    """No model to forward to."""
+
+
+@attrs.define
+class ProxyHandle:
+    """A running inferproxy: where it listens, and how to stop it."""
+
+    binds: list[str]
+    """hypercorn's names of the sockets served (``http://…``)."""
+    _stop: trio.Event = attrs.Factory(trio.Event)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stop_requested(self) -> None:
+        await self._stop.wait()
+
+
+def _upstream(url: str | None) -> str:
+    if url is None:
+        raise NoUpstream(
+            "no model to forward to: set [model] url in config.toml, or start the "
+            "embedded model with `bxctl up`"
+        )
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise NoUpstream(f"[model] url {url!r} is not an http:// or https:// URL")
+    return url
+
+
+def _tcp_socket(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(hypercorn.config.Config().backlog)
+    except OSError as exc:
+        sock.close()
+        raise ListenerError(f"127.0.0.1:{port}: cannot listen ({exc.strerror})") from exc
+    return sock
+
+
+def _hypercorn_config(sockets: list[socket.socket]) -> hypercorn.config.Config:
+    config = hypercorn.config.Config()
+    # hypercorn takes the descriptors over (socket.socket(fileno=...)); ours let go.
+    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
+    config.accesslog = None  # the app logs its own line per request
+    config.errorlog = logging.getLogger("boxmaker.inferproxy.http")
+    config.graceful_timeout = GRACE_S
+    config.include_server_header = False
+    return config
+
+
+async def serve_proxy(
+    home: Home,
+    *,
+    upstream: str | None = None,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[ProxyHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run inferproxy on ``home`` until a stop. Startup problems raise before
+    ``started()``: ConfigError, HomeError, ListenerError, NoUpstream."""
+    config = await trio.to_thread.run_sync(load_config, home)
+    settings = ProxySettings(
+        upstream=_upstream(upstream or config.model.url),
+        model=config.model.name,
+        max_tokens=config.model.max_tokens,
+    )
+    await trio.to_thread.run_sync(home.ensure_run_dir)
+    unix, inode = await trio.to_thread.run_sync(bind_unix_socket, home.infer_sock)
+    try:
+        sockets = [unix]
+        if config.proxy.tcp_port:
+            sockets.append(_tcp_socket(config.proxy.tcp_port))
+        hypercorn_config = _hypercorn_config(sockets)
+        timeout = httpx.Timeout(connect=CONNECT_S, read=None, write=30.0, pool=CONNECT_S)
+        # trust_env=False: proxy variables and .netrc of the environment are not the
+        # model's way; the configured URL is.
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+            app = InferProxy(settings, client)
+            handle = ProxyHandle(binds=[])
+            serve = functools.partial(
+                hypercorn.trio.serve,
+                app,  # type: ignore[arg-type]  # an ASGI 3 callable, typed loosely
+                hypercorn_config,
+                shutdown_trigger=handle.wait_stop_requested,
+            )
+            async with trio.open_nursery() as signals:
+                if handle_signals:
+                    signals.start_soon(_signals, handle)
+                # hypercorn's serve returns after a stop, once its connections are done.
+                async with trio.open_nursery() as server:
+                    handle.binds = await server.start(serve)
+                    log.info(
+                        "inferproxy %s serving %s, forwarding to %s (model %s, max_tokens %d)",
+                        __version__,
+                        ", ".join(handle.binds),
+                        settings.upstream,
+                        settings.model,
+                        settings.max_tokens,
+                    )
+                    task_status.started(handle)
+                signals.cancel_scope.cancel()
+    finally:
+        remove_socket_path(home.infer_sock, inode)
+    log.info("inferproxy stopped")
+
+
+async def _signals(handle: ProxyHandle) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        async for signum in received:
+            log.info("%s: stopping", signal.Signals(signum).name)
+            handle.request_stop()
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+app = App(
+    name="inferproxy",
+    help="The boxmaker inference proxy: loopd's only way to the model.",
+    version=__version__,
+)
+
+
+@app.command
+def serve(
+    *,
+    home: Annotated[str | None, Parameter(help="The boxmaker home.")] = None,
+    upstream: Annotated[
+        str | None, Parameter(help="The model server's URL (default: [model] url).")
+    ] = None,
+) -> int:
+    """Serve run/infer.sock until SIGINT/SIGTERM (exit 0).
+
+    Exit 2: config.toml has a problem, or there is no model URL. Exit 1: the home or a
+    socket cannot be used, or inferproxy failed.
+    """
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s inferproxy %(levelname)s %(message)s",
+    )
+    where = resolve_home(home)
+    try:
+        trio.run(functools.partial(serve_proxy, where, upstream=upstream, handle_signals=True))
+    except ConfigError as exc:
+        sys.stderr.write(f"inferproxy: {exc}\ninferproxy: see {CONFIG_ANCHOR}\n")
+        return 2
+    except NoUpstream as exc:
+        sys.stderr.write(f"inferproxy: {exc}\ninferproxy: see {CONFIG_ANCHOR}\n")
+        return 2
+    except (HomeError, ListenerError) as exc:
+        sys.stderr.write(f"inferproxy: {exc}\n")
+        return 1
+    except Exception:
+        log.exception("inferproxy failed")
+        return 1
+    return 0
+
+
+def main() -> None:
+    """Console entry point (``inferproxy``): the command's return value is the exit code."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""inferproxy (spec §10) in process: the real app under hypercorn on a real
+``run/infer.sock``, in front of the scripted llama-server of tests/fakes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import stat
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+from tests.fakes.llama_server import MODEL_ID, FakeLlama
+
+from boxmaker.home import Home
+from boxmaker.proxy.app import MAX_BODY
+from boxmaker.proxy.serve import NoUpstream, ProxyHandle, serve_proxy
+
+GUARD = 20.0
+"""Real seconds a test may take before it fails instead of hanging the suite."""
+MESSAGES = [{"role": "user", "content": "read notes.txt"}]
+
+
+@pytest.fixture
+def home() -> Iterator[Home]:
+    # Short: an AF_UNIX path is at most 107 bytes, and pytest's tmp_path can be longer.
+    home = Home(Path(tempfile.mkdtemp(prefix="bx-proxy-", dir="/tmp")))
+    home.create()
+    home.config_toml.write_text('[model]\nname = "default"\nmax_tokens = 64\n')
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home.root, ignore_errors=True)
+
+
+@asynccontextmanager
+async def proxy_on(
+    home: Home, fake: FakeLlama | None = None, *, upstream: str | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The fake model (unless ``upstream`` names another), inferproxy in front of it,
+    and an HTTP client on infer.sock."""
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as model:
+            if upstream is None:
+                assert fake is not None
+                upstream = await model.start(fake.serve)
+            async with trio.open_nursery() as proxy:
+                handle: ProxyHandle = await proxy.start(
+                    lambda task_status: serve_proxy(
+                        home, upstream=upstream, task_status=task_status
+                    )
+                )
+                transport = httpx.AsyncHTTPTransport(uds=str(home.infer_sock))
+                async with httpx.AsyncClient(
+                    transport=transport, base_url="http://proxy"
+                ) as client:
+                    yield client
+                handle.request_stop()
+            model.cancel_scope.cancel()
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "whatever", "messages": MESSAGES, **extra}
+
+
+def error_of(response: httpx.Response) -> dict[str, str]:
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"type", "message"}
+    return error  # type: ignore[no-any-return]
+
+
+async def test_a_chat_request_is_pinned_to_the_model_and_its_length_capped(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="boxmaker.inferproxy")
+    fake = FakeLlama(script=[{"tool_calls": [{"name": "read_file", "arguments": {"path": "n"}}]}])
+    async with proxy_on(home, fake) as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json=chat(max_tokens=100_000, n_predict=5, max_completion_tokens=True),
+            headers={"authorization": "Bearer leak", "x-extra": "1"},
+        )
+    assert response.status_code == 200
+    request_id = response.headers["x-request-id"]
+    assert request_id.startswith("r-")
+    call = response.json()["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"] == {"name": "read_file", "arguments": '{"path":"n"}'}
+    sent = fake.requests[-1]
+    assert sent == {
+        "model": "default",
+        "messages": MESSAGES,
+        "max_tokens": 64,
+        "n_predict": 5,
+        "max_completion_tokens": 64,
+    }
+    line = next(r.getMessage() for r in caplog.records if request_id in r.getMessage())
+    assert "method=POST path=/v1/chat/completions status=200" in line
+    assert "prompt_tokens=42 completion_tokens=7" in line
+    assert "upstream_ms=" in line
+    assert "upstream_ms=-" not in line
+
+
+async def test_a_missing_max_tokens_is_set_to_the_cap(home: Home) -> None:
+    fake = FakeLlama(script=[{"content": "hi"}])
+    async with proxy_on(home, fake) as client:
+        response = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
+    assert response.status_code == 200
+    assert (fake.requests[-1]["max_tokens"], fake.requests[-1]["model"]) == (64, "default")
+
+
+async def test_a_streamed_answer_passes_through_as_events(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="boxmaker.inferproxy")
+    fake = FakeLlama(script=[{"content": "the notes say hello"}])
+    async with (
+        proxy_on(home, fake) as client,
+        client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        events = [line async for line in response.aiter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    words = [orjson.loads(e[5:])["choices"][0]["delta"].get("content") for e in events[:-1]]
+    assert "".join(w for w in words if w) == "the notes say hello "
+    assert fake.requests[-1]["stream"] is True
+    line = next(r.getMessage() for r in caplog.records if "status=200" in r.getMessage())
+    assert "prompt_tokens=42 completion_tokens=7" in line
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/slots", "/health"])
+async def test_the_three_gets_are_forwarded(home: Home, path: str) -> None:
+    fake = FakeLlama()
+    async with proxy_on(home, fake) as client:
+        response = await client.get(path)
+    assert response.status_code == 200
+    assert fake.paths == [f"GET {path}"]
+    if path == "/v1/models":
+        assert response.json()["data"][0]["id"] == MODEL_ID
+    if path == "/slots":
+        assert response.json()[0]["is_processing"] is False
+
+
+async def test_the_models_own_status_and_error_pass_through(home: Home) -> None:
+    too_long = {"code": 400, "message": "too long", "type": "exceed_context_size_error"}
+    fake = FakeLlama(loading=True, script=[{"status": 400, "error": too_long}])
+    async with proxy_on(home, fake) as client:
+        health = await client.get("/health")
+        chatted = await client.post("/v1/chat/completions", json=chat())
+    assert health.status_code == 503
+    assert health.json()["error"]["message"] == "Loading model"
+    assert chatted.status_code == 400
+    assert chatted.json() == {"error": too_long}
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/props"),
+        ("POST", "/completion"),
+        ("GET", "/v1/chat/completions"),
+        ("POST", "/slots"),
+        ("DELETE", "/health"),
+        ("GET", "/health/../props"),
+        ("POST", "/v1/chat/completions/"),
+    ],
+)
+async def test_everything_else_is_a_404_and_never_forwarded(
+    home: Home, method: str, path: str
+) -> None:
+    fake = FakeLlama()
+    async with proxy_on(home, fake) as client:
+        response = await client.request(method, httpx.URL(path=path), content=b"{}")
+    assert response.status_code == 404
+    error = error_of(response)
+    assert error["type"] == "not_found"
+    assert "forwards only" in error["message"]
+    assert fake.paths == []
+
+
+async def test_a_query_string_is_not_forwarded(home: Home) -> None:
+    fake = FakeLlama()
+    async with proxy_on(home, fake) as client:
+        response = await client.get("/slots", params={"fail_on_no_slot": "1"})
+    assert response.status_code == 200
+    assert fake.paths == ["GET /slots"]
+
+
+async def test_a_body_over_4_mib_is_413_declared_or_not(home: Home) -> None:
+    fake = FakeLlama()
+    big = b'{"messages": "' + b"x" * MAX_BODY + b'"}'
+
+    async with proxy_on(home, fake) as client:
+        declared = await post_raw(home.infer_sock, big, chunked=False)
+        streamed = await post_raw(home.infer_sock, big, chunked=True)
+        # The control: just under the limit goes through.
+        fits = b'{"messages": []' + b" " * (MAX_BODY - 16) + b"}"
+        assert len(fits) == MAX_BODY
+        ok = await client.post("/v1/chat/completions", content=fits)
+    for answer in (declared, streamed):
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:100]
+        assert b'"type":"request_too_large"' in answer
+    assert ok.status_code == 200
+    assert len(fake.requests) == 1
+
+
+async def post_raw(path: Path, body: bytes, *, chunked: bool) -> bytes:
+    """POST ``body`` on a raw connection — with its Content-Length, or chunked as a
+    client that does not say how much is coming — and return the raw response. Stops
+    sending once an answer arrives, as the proxy answers a body too large at once."""
+    stream = await trio.open_unix_socket(str(path))
+    async with stream:
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n"
+        if chunked:
+            head += b"Transfer-Encoding: chunked\r\n\r\n"
+        else:
+            head += b"Content-Length: %d\r\n\r\n" % len(body)
+        await stream.send_all(head)
+        answer = b""
+        with contextlib.suppress(trio.BrokenResourceError):
+            for start in range(0, len(body), 65536):
+                chunk = body[start : start + 65536]
+                await stream.send_all(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                with trio.move_on_after(0):
+                    answer += await stream.receive_some()
+                if answer:
+                    break
+        while not answer.endswith(b"}"):
+            data = await stream.receive_some()
+            if not data:
+                break
+            answer += data
+        return answer
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b'"text"'])
+async def test_a_body_that_is_not_a_json_object_is_400(home: Home, body: bytes) -> None:
+    fake = FakeLlama()
+    async with proxy_on(home, fake) as client:
+        response = await client.post("/v1/chat/completions", content=body)
+    assert response.status_code == 400
+    assert error_of(response)["type"] == "invalid_request"
+    assert fake.requests == []
+
+
+async def test_an_unreachable_model_is_502_pointing_at_the_runbook(home: Home) -> None:
+    # Port 9 (discard) on loopback: nothing listens there on a test machine.
+    async with proxy_on(home, upstream="http://127.0.0.1:9") as client:
+        chatted = await client.post("/v1/chat/completions", json=chat())
+        health = await client.get("/health")
+    for response in (chatted, health):
+        assert response.status_code == 502
+        error = error_of(response)
+        assert error["type"] == "upstream_unreachable"
+        assert error["message"].startswith("the model server at http://127.0.0.1:9 cannot be")
+        assert error["message"].endswith("see docs/runbook.md#model-unreachable")
+
+
+async def test_infer_sock_is_private_and_removed_on_stop(home: Home) -> None:
+    async with proxy_on(home, FakeLlama()) as client:
+        assert stat.S_IMODE(home.infer_sock.lstat().st_mode) == 0o600
+        assert (await client.get("/health")).status_code == 200
+    assert not home.infer_sock.exists()
+
+
+async def test_without_a_model_url_it_does_not_start(home: Home) -> None:
+    with pytest.raises(NoUpstream, match=r"set \[model\] url"):
+        await serve_proxy(home)
+    with pytest.raises(NoUpstream, match="not an http"):
+        await serve_proxy(home, upstream="unix:/tmp/model.sock")
+    assert not home.infer_sock.exists()
