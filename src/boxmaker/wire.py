@@ -55,6 +55,8 @@ APPROVAL_ID = re.compile(r"a-[0-9a-f]{8}")
 MAX_REFUSE_REASON: Final = 500
 """Spec §6.4: the owner's reason is 1 to 500 characters."""
 MAX_NOTE: Final = 500
+MAX_SAY: Final = 65536
+"""Characters of one ``say`` (spec §9)."""
 
 
 def new_call_id() -> str:
@@ -379,7 +381,7 @@ class ApprovedOutcome(enum.StrEnum):
 
 
 class ErrorCode(enum.StrEnum):
-    """Codes of an ``error`` frame (spec §3, §6.2, §7)."""
+    """Codes of an ``error`` frame (spec §3, §6.2, §7, §9)."""
 
     BAD_FRAME = "bad_frame"
     FORBIDDEN_KIND = "forbidden_kind"
@@ -387,6 +389,12 @@ class ErrorCode(enum.StrEnum):
     NO_SUCH_APPROVAL = "no_such_approval"
     EXPIRED = "expired"
     INTERNAL = "internal"
+    MODEL_UNREACHABLE = "model_unreachable"
+    """loop.sock: inferproxy or the model behind it did not answer (spec §9, §10)."""
+    MODEL_ERROR = "model_error"
+    """loop.sock: the model answered with an error, or with nothing loopd can use."""
+    MAX_STEPS = "max_steps"
+    """loop.sock: the turn reached ``[loop] max_steps`` model calls without a reply."""
 
 
 @attrs.frozen(kw_only=True)
@@ -578,15 +586,104 @@ class SessionsAnswer:
     sessions: list[SessionView]
 
 
+# ---------------------------------------------------------------------------------------
+# loop.sock (spec §9): one ``say`` a connection; loopd streams the turn's events back and
+# closes after ``reply`` or ``error``.
+
+
+@attrs.frozen(kw_only=True)
+class Say:
+    """``say``: start a turn; without ``session`` loopd starts a new one."""
+
+    KIND: ClassVar[str] = "say"
+    session: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_session_id)
+    )
+    text: str = attrs.field(validator=_text(1, MAX_SAY))
+
+
+@attrs.frozen(kw_only=True)
+class SessionEvent:
+    """The turn's session (always the first event)."""
+
+    KIND: ClassVar[str] = "session"
+    session: str = attrs.field(validator=_session_id)
+
+
+@attrs.frozen(kw_only=True)
+class ModelEvent:
+    """loopd is calling the model (``step`` counts from 1 within the turn)."""
+
+    KIND: ClassVar[str] = "model"
+    step: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallEvent:
+    KIND: ClassVar[str] = "tool_call"
+    call: str = attrs.field(validator=_call_id)
+    tool: str
+    arguments: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class WaitingEvent:
+    """The call waits for the owner: ``bxctl approve <approval>``."""
+
+    KIND: ClassVar[str] = "waiting"
+    call: str = attrs.field(validator=_call_id)
+    approval: str = attrs.field(validator=_approval_id)
+    grant: str
+    expires_at: dt.datetime = attrs.field(converter=to_ms)
+
+
+@attrs.frozen(kw_only=True)
+class ToolResultEvent:
+    """How a call ended; ``reason`` is a spec §8 code, or broker_unreachable /
+    broker_timeout / invalid_arguments when loopd could not get an answer."""
+
+    KIND: ClassVar[str] = "tool_result"
+    call: str = attrs.field(validator=_call_id)
+    outcome: Outcome
+    reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ReplyEvent:
+    """The model's answer: the end of the turn."""
+
+    KIND: ClassVar[str] = "reply"
+    final: Literal[True] = True
+    text: str
+
+
 BrokerRequest: TypeAlias = ToolRequest | CatalogueRequest
 BrokerAnswer: TypeAlias = Pending | Answer | CatalogueAnswer | ErrorFrame
 AdminRequest: TypeAlias = ApprovalsRequest | Approve | Refuse | StatusRequest | SessionsRequest
 AdminAnswer: TypeAlias = (
     ApprovalsAnswer | Approved | Refused | StatusAnswer | SessionsAnswer | ErrorFrame
 )
-Frame: TypeAlias = BrokerRequest | BrokerAnswer | AdminRequest | AdminAnswer
+LoopRequest: TypeAlias = Say
+LoopEvent: TypeAlias = (
+    SessionEvent
+    | ModelEvent
+    | ToolCallEvent
+    | WaitingEvent
+    | ToolResultEvent
+    | ReplyEvent
+    | ErrorFrame
+)
+Frame: TypeAlias = (
+    BrokerRequest | BrokerAnswer | AdminRequest | AdminAnswer | LoopRequest | LoopEvent
+)
 
-_UNIONS: Final[tuple[Any, ...]] = (BrokerRequest, BrokerAnswer, AdminRequest, AdminAnswer)
+_UNIONS: Final[tuple[Any, ...]] = (
+    BrokerRequest,
+    BrokerAnswer,
+    AdminRequest,
+    AdminAnswer,
+    LoopEvent,
+)
 
 
 def _kind_of(cl: type) -> str:
@@ -598,6 +695,8 @@ def _kind_of(cl: type) -> str:
 # field that may be null (approved.reason, status.grants_problem) is always written.
 _OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
     Answer: ("content", "label", "reason", "detail"),
+    Say: ("session",),
+    ToolResultEvent: ("reason",),
     Approve: ("note",),
     GrantRef: ("note",),
 }
@@ -621,8 +720,7 @@ def _configure() -> None:
 _KINDS: Final[dict[Any, frozenset[str]]] = {
     union: frozenset(_kind_of(cl) for cl in get_args(union)) for union in _UNIONS
 }
-_ALL_KINDS: Final = frozenset().union(*_KINDS.values())
-_ENCODE_AS: Final[dict[type, Any]] = {cl: union for union in _UNIONS for cl in get_args(union)}
+_ALL_KINDS: Final = frozenset().union(*_KINDS.values(), {Say.KIND})
 
 
 # ---------------------------------------------------------------------------------------
@@ -722,6 +820,29 @@ def decode_admin_answer(line: bytes) -> AdminAnswer:
     return result
 
 
+def decode_loop_request(line: bytes) -> Say:
+    """A frame received on loop.sock: a ``say``. Raises :class:`ForbiddenKind` for any
+    other known kind and :class:`BadFrame` for everything else that is wrong."""
+    _configure()
+    kind, value = _load_object(line)
+    if kind != Say.KIND:
+        if kind in _ALL_KINDS:
+            raise ForbiddenKind(kind)
+        raise BadFrame(f"unknown kind {kind!r}" if len(kind) <= 40 else "unknown kind")
+    del value["kind"]
+    try:
+        return converter.structure(value, Say)
+    except Exception as exc:
+        details = "; ".join(f"{format_path(p)}: {m}" for p, m in problems(exc))
+        raise BadFrame(details) from None
+
+
+def decode_loop_event(line: bytes) -> LoopEvent:
+    """A frame a loop.sock client (bxctl chat) receives. Raises :class:`BadFrame`."""
+    result: LoopEvent = _decode(line, LoopEvent, forbid_known=False)
+    return result
+
+
 def encode_frame(frame: Frame) -> bytes:
     """The canonical bytes of a frame: compact JSON, ``kind`` first, one ``\\n`` at the end.
 
@@ -729,6 +850,5 @@ def encode_frame(frame: Frame) -> bytes:
     b'{"kind":"error","code":"bad_frame","detail":"not a JSON object"}\\n'
     """
     _configure()
-    body: dict[str, Any] = converter.unstructure(frame, unstructure_as=_ENCODE_AS[type(frame)])
-    ordered = {"kind": body.pop("kind"), **body}
-    return orjson.dumps(ordered, option=orjson.OPT_APPEND_NEWLINE)
+    body: dict[str, Any] = converter.unstructure(frame)
+    return orjson.dumps({"kind": _kind_of(type(frame)), **body}, option=orjson.OPT_APPEND_NEWLINE)

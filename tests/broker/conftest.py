@@ -2,32 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from tests.broker.broker_harness import PENDING_TIMEOUT, write_config, write_grants
-
-from boxmaker.home import Home
-
-
-@pytest.fixture
-def home() -> Iterator[Home]:
-    """A fresh home with no grants. Short path: AF_UNIX paths are capped at 107 bytes,
-    and pytest's tmp_path can be longer than that."""
-    root = Path(tempfile.mkdtemp(prefix="bx-", dir="/tmp"))
-    home = Home(root)
-    home.create()
-    write_config(home, f"[broker]\npending_timeout = {PENDING_TIMEOUT}\n")
-    write_grants(home, "")
-    try:
-        yield home
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

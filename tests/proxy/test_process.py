@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from tests.conftest import short_home
 
 from boxmaker.home import Home
 
@@ -25,12 +24,8 @@ FAKE = Path(__file__).parents[1] / "fakes" / "llama_server.py"
 
 @pytest.fixture
 def home() -> Iterator[Home]:
-    home = Home(Path(tempfile.mkdtemp(prefix="bx-proxyp-", dir="/tmp")))
-    home.create()
-    try:
-        yield home
-    finally:
-        shutil.rmtree(home.root, ignore_errors=True)
+    with short_home("bx-proxyp-") as fresh:
+        yield fresh
 
 
 @pytest.fixture

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import stat
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +15,7 @@ import httpx
 import orjson
 import pytest
 import trio
+from tests.conftest import short_home
 from tests.fakes.llama_server import MODEL_ID, FakeLlama
 
 from boxmaker.home import Home
@@ -30,14 +29,9 @@ MESSAGES = [{"role": "user", "content": "read notes.txt"}]
 
 @pytest.fixture
 def home() -> Iterator[Home]:
-    # Short: an AF_UNIX path is at most 107 bytes, and pytest's tmp_path can be longer.
-    home = Home(Path(tempfile.mkdtemp(prefix="bx-proxy-", dir="/tmp")))
-    home.create()
-    home.config_toml.write_text('[model]\nname = "default"\nmax_tokens = 64\n')
-    try:
-        yield home
-    finally:
-        shutil.rmtree(home.root, ignore_errors=True)
+    with short_home("bx-proxy-") as fresh:
+        fresh.config_toml.write_text('[model]\nname = "default"\nmax_tokens = 64\n')
+        yield fresh
 
 
 @asynccontextmanager

@@ -1,0 +1,52 @@
+"""Conversation histories: ``state/conversations/<session>.jsonl`` (spec §9).
+
+One chat message a line, appended as a turn adds them. A history holds no authority
+(the broker decides from grants and the session's state, never from it), so a line that
+cannot be read is skipped with a warning rather than ending the session. Blocking: call
+through ``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import orjson
+
+from boxmaker.home import Home
+
+log = logging.getLogger("boxmaker.loopd")
+
+_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def load_history(home: Home, session: str) -> list[dict[str, Any]]:
+    """The session's messages so far ([] for a new session)."""
+    try:
+        data = home.conversation(session).read_bytes()
+    except FileNotFoundError:
+        return []
+    messages: list[dict[str, Any]] = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            message = None
+        if isinstance(message, dict) and isinstance(message.get("role"), str):
+            messages.append(message)
+        elif line.strip():
+            log.warning("conversation %s: line %d is not a message; skipped", session, number)
+    return messages
+
+
+def append_history(home: Home, session: str, messages: list[dict[str, Any]]) -> None:
+    """Add ``messages`` to the session's history (mode 0600)."""
+    if not messages:
+        return
+    data = b"".join(orjson.dumps(message) + b"\n" for message in messages)
+    fd = os.open(home.conversation(session), _APPEND_FLAGS, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

@@ -1,0 +1,223 @@
+"""``loopd serve``: the agent loop daemon (spec §9).
+
+``run/loop.sock`` (0600 in the 0700 ``run/``; only the home's owner may connect, by
+SO_PEERCRED) takes one ``say`` a connection and streams the turn's events back:
+``session`` first, then ``model``, ``tool_call``, ``waiting``, ``tool_result``, and at
+the end ``reply`` or ``error``; then it closes. Turns of one session run one at a time;
+a client that leaves mid-turn ends the turn (a pending call is then withdrawn by
+brokerd, which sees its requester gone).
+
+loopd holds no authority: its only ways out are inferproxy (``run/infer.sock``) and
+brokerd (``run/broker.sock``).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import signal
+import sys
+from typing import Annotated, Any, Final
+
+import attrs
+import trio
+from cyclopts import App, Parameter
+
+from boxmaker import __version__
+from boxmaker.broker.listeners import ListenerError, check_peer, open_unix_listener
+from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.loop.broker_port import BrokerPort
+from boxmaker.loop.conversations import append_history, load_history
+from boxmaker.loop.model_client import ModelClient
+from boxmaker.loop.turn import Broker, Model, run_turn
+from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
+from boxmaker.wire import (
+    BadFrame,
+    ErrorCode,
+    ErrorFrame,
+    LoopEvent,
+    SessionEvent,
+    decode_loop_request,
+    encode_frame,
+    new_session_id,
+)
+
+log = logging.getLogger("boxmaker.loopd")
+
+FIRST_FRAME_S: Final = 5.0
+GRACE_S: Final = 5.0
+"""Turns still running at a stop get this long before they are cancelled."""
+CONFIG_ANCHOR: Final = "docs/runbook.md#config"
+DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+
+
+@attrs.define
+class Loop:
+    """What every loop.sock connection of one loopd shares."""
+
+    home: Home
+    config: Config
+    owner_uid: int
+    broker: Broker
+    model: Model
+    _locks: collections.defaultdict[str, trio.Lock] = attrs.Factory(
+        lambda: collections.defaultdict(trio.Lock)
+    )
+    _stop: trio.Event = attrs.Factory(trio.Event)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stop_requested(self) -> None:
+        await self._stop.wait()
+
+    def session_lock(self, session: str) -> trio.Lock:
+        return self._locks[session]
+
+
+async def handle_loop_connection(loop: Loop, stream: trio.SocketStream) -> None:
+    """One ``say``, one turn, its events; then close. Never takes loopd down."""
+    try:
+        if not await check_peer(stream, allowed=loop.owner_uid, name="loop.sock"):
+            return
+        reader = FrameReader(stream)
+        try:
+            line = await receive_frame_within(reader, FIRST_FRAME_S)
+            if line is None:
+                return
+            say = decode_loop_request(line)
+        except (FrameError, BadFrame) as exc:
+            detail = exc.detail if isinstance(exc, BadFrame) else str(exc)
+            await stream.send_all(encode_frame(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=detail)))
+            return
+
+        async def emit(event: LoopEvent) -> None:
+            await stream.send_all(encode_frame(event))
+
+        await _turn(loop, say.session or new_session_id(), say.text, emit)
+    except DISCONNECTS as exc:
+        log.info("loop.sock: the client left (%s); the turn ended", type(exc).__name__)
+    except Exception:
+        log.exception("loop.sock: a connection failed")
+
+
+async def _turn(loop: Loop, session: str, text: str, emit: Any) -> None:
+    async with loop.session_lock(session):
+        history = await trio.to_thread.run_sync(load_history, loop.home, session)
+        await emit(SessionEvent(session=session))
+        added: list[dict[str, Any]] = []
+        try:
+            await run_turn(
+                session=session,
+                text=text,
+                history=history,
+                broker=loop.broker,
+                model=loop.model,
+                config=loop.config.loop,
+                emit=emit,
+                added=added,
+            )
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(append_history, loop.home, session, added)
+        log.info("session %s: a turn of %d message(s)", session, len(added))
+
+
+async def serve_loop(
+    home: Home,
+    *,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[Loop] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run loopd on ``home`` until a stop. Startup problems raise before ``started()``:
+    ConfigError, HomeError, ListenerError."""
+    config = await trio.to_thread.run_sync(load_config, home)
+    await trio.to_thread.run_sync(home.create)
+    owner_uid = (await trio.to_thread.run_sync(home.root.stat)).st_uid
+    listener = await open_unix_listener(home.loop_sock)
+    model = ModelClient(home.infer_sock)
+    loop = Loop(
+        home=home,
+        config=config,
+        owner_uid=owner_uid,
+        broker=BrokerPort(home.broker_sock, reply_timeout=config.loop.reply_timeout),
+        model=model,
+    )
+    try:
+        async with trio.open_nursery() as turns:
+            async with trio.open_nursery() as accept:
+                await accept.start(
+                    functools.partial(
+                        trio.serve_listeners,
+                        functools.partial(handle_loop_connection, loop),
+                        [listener.listener],
+                        handler_nursery=turns,
+                    )
+                )
+                if handle_signals:
+                    accept.start_soon(_signals, loop)
+                log.info("loopd %s serving %s", __version__, listener.path)
+                task_status.started(loop)
+                await loop.wait_stop_requested()
+                log.info("stopping: no new turns; running turns get %g s", GRACE_S)
+                accept.cancel_scope.cancel()
+            listener.remove_path()
+            turns.cancel_scope.deadline = trio.current_time() + GRACE_S
+    finally:
+        listener.remove_path()
+        await model.aclose()
+    log.info("loopd stopped")
+
+
+async def _signals(loop: Loop) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        async for signum in received:
+            log.info("%s: stopping", signal.Signals(signum).name)
+            loop.request_stop()
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+app = App(
+    name="loopd",
+    help="The boxmaker agent loop: the model asks, brokerd decides.",
+    version=__version__,
+)
+
+
+@app.command
+def serve(*, home: Annotated[str | None, Parameter(help="The boxmaker home.")] = None) -> int:
+    """Serve run/loop.sock until SIGINT/SIGTERM (exit 0).
+
+    Exit 2: config.toml has a problem. Exit 1: the home or the socket cannot be used,
+    or loopd failed.
+    """
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s loopd %(levelname)s %(message)s",
+    )
+    where = resolve_home(home)
+    try:
+        trio.run(functools.partial(serve_loop, where, handle_signals=True))
+    except ConfigError as exc:
+        sys.stderr.write(f"loopd: {exc}\nloopd: see {CONFIG_ANCHOR}\n")
+        return 2
+    except (HomeError, ListenerError) as exc:
+        sys.stderr.write(f"loopd: {exc}\n")
+        return 1
+    except Exception:
+        log.exception("loopd failed")
+        return 1
+    return 0
+
+
+def main() -> None:
+    """Console entry point (``loopd``): the command's return value is the exit code."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""One turn of the agent loop (spec §9): the model asks, the broker decides.
+
+A turn sends the session's history to the model with the catalogue's tools (and
+``call_tool(name, arguments)``, which loopd unwraps into the same request); every tool
+call the model makes becomes a ``tool_request`` on broker.sock, and the broker's answer
+— the content, or ``denied: reason — detail`` — goes back to the model as the tool
+message. It ends when the model answers without tool calls, or after ``[loop]
+max_steps`` model calls. loopd has no authority of its own: it can only ask.
+
+The message shaping is pure (:func:`request_payload`, :func:`parse_tool_calls`,
+:func:`tool_message`); :func:`run_turn` is the thin async loop around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+import attrs
+import orjson
+
+from boxmaker.core.catalogue import catalogue_tools
+from boxmaker.home import LoopConfig
+from boxmaker.loop.broker_port import OnPending, PortAnswer
+from boxmaker.loop.model_client import ModelFailure
+from boxmaker.wire import (
+    ErrorCode,
+    ErrorFrame,
+    LoopEvent,
+    ModelEvent,
+    Outcome,
+    Pending,
+    ReplyEvent,
+    ToolCallEvent,
+    ToolRequest,
+    ToolResultEvent,
+    WaitingEvent,
+    new_call_id,
+)
+
+SYSTEM_PROMPT: Final = (
+    "You work on the owner's machine, in their workspace, only through the tools given. "
+    "Every tool call is checked against the owner's rules: it may be denied, or wait for "
+    "the owner's approval, and the tool's answer tells you which. Use a tool when the "
+    "owner asks for something it can do; answer in plain words when you are done."
+)
+CALL_TOOL: Final[dict[str, Any]] = {
+    "type": "function",
+    "function": {
+        "name": "call_tool",
+        "description": "Call one of the tools by its name, with its arguments.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "The tool's name."},
+                "arguments": {"type": "object", "description": "The tool's arguments."},
+            },
+            "required": ["name", "arguments"],
+        },
+    },
+}
+TOOL_CALL_PREFILL: Final = "<tool_call>\n"
+"""What a first step with ``first_step = "tool"`` puts in the model's mouth (spec §12.4):
+llama-server continues a trailing assistant message, and a tiny model then writes a
+tool call instead of prose."""
+INVALID_ARGUMENTS: Final = "invalid_arguments"
+
+
+@attrs.frozen
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@attrs.frozen
+class BadToolCall:
+    id: str
+    name: str
+    problem: str
+
+
+def model_tools() -> list[dict[str, Any]]:
+    """The tools the model is offered: the catalogue's (spec §8) and ``call_tool``."""
+    return [*catalogue_tools(), CALL_TOOL]
+
+
+def request_payload(
+    history: list[dict[str, Any]], tools: list[dict[str, Any]], *, force_tool: bool
+) -> dict[str, Any]:
+    """The chat request of one step (spec §9). The model and the length cap are
+    inferproxy's to set.
+
+    >>> p = request_payload([{"role": "user", "content": "hi"}], [], force_tool=True)
+    >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"]
+    ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True)
+    """
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, *history]
+    payload: dict[str, Any] = {
+        "messages": messages,
+        "tools": tools,
+        "id_slot": 0,
+        "cache_prompt": True,
+        "parallel_tool_calls": False,
+    }
+    if force_tool:
+        payload["tool_choice"] = "required"
+        messages.append({"role": "assistant", "content": TOOL_CALL_PREFILL})
+    return payload
+
+
+def _arguments(raw: object) -> dict[str, Any] | None:
+    if isinstance(raw, str):
+        try:
+            raw = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+    return raw if isinstance(raw, dict) else None
+
+
+def parse_tool_calls(message: dict[str, Any]) -> list[ToolCall | BadToolCall]:
+    """The assistant message's tool calls, ``call_tool`` unwrapped. A call whose name
+    or arguments cannot be read is a :class:`BadToolCall` (never an exception): a small
+    model may add a second call cut off mid-way.
+
+    >>> parse_tool_calls({"tool_calls": [
+    ...     {"id": "a", "function": {"name": "read_file", "arguments": '{"path": "n"}'}},
+    ...     {"id": "b", "function": {"name": "call_tool",
+    ...                              "arguments": '{"name": "list_dir", "arguments": {}}'}},
+    ...     {"id": "c", "function": {"name": "shell", "arguments": '{"comm'}}]})
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [ToolCall(id='a', name='read_file', arguments={'path': 'n'}),
+     ToolCall(id='b', name='list_dir', arguments={}),
+     BadToolCall(id='c', name='shell', problem='the arguments are not a JSON object')]
+    """
+    calls: list[ToolCall | BadToolCall] = []
+    raw_calls = message.get("tool_calls") or []
+    for index, raw in enumerate(raw_calls if isinstance(raw_calls, list) else []):
+        fields: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        given_id = fields.get("id")
+        call_id = given_id if isinstance(given_id, str) and given_id else f"call-{index}"
+        given_function = fields.get("function")
+        function: dict[str, Any] = given_function if isinstance(given_function, dict) else {}
+        name, arguments = function.get("name"), _arguments(function.get("arguments"))
+        if name == "call_tool" and arguments is not None:
+            name, arguments = arguments.get("name"), _arguments(arguments.get("arguments", {}))
+        if not isinstance(name, str) or not name:
+            calls.append(BadToolCall(call_id, "?", "the call names no tool"))
+        elif arguments is None:
+            calls.append(BadToolCall(call_id, name, "the arguments are not a JSON object"))
+        else:
+            calls.append(ToolCall(call_id, name, arguments))
+    return calls
+
+
+def assistant_message(
+    message: dict[str, Any], calls: list[ToolCall | BadToolCall]
+) -> dict[str, Any]:
+    """The model's message as the history keeps it: its text, and its calls as loopd
+    read them (``call_tool`` unwrapped; an unreadable call with empty arguments), under
+    the ids their tool messages answer."""
+    kept: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if calls:
+        kept["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.name,
+                    "arguments": orjson.dumps(
+                        call.arguments if isinstance(call, ToolCall) else {}
+                    ).decode(),
+                },
+            }
+            for call in calls
+        ]
+    return kept
+
+
+def tool_message(call_id: str, answer: PortAnswer) -> dict[str, Any]:
+    """The tool message for the model: the content, or ``<outcome>: reason — detail``.
+
+    >>> tool_message("a", PortAnswer(Outcome.DENIED, reason="no_grant", detail="none"))
+    {'role': 'tool', 'tool_call_id': 'a', 'content': 'denied: no_grant — none'}
+    """
+    if answer.outcome is Outcome.OK:
+        content = answer.content or ""
+    else:
+        content = f"{answer.outcome}: {answer.reason}"
+        if answer.detail:
+            content += f" — {answer.detail}"
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+class Broker(Protocol):
+    async def call(
+        self, request: ToolRequest, on_pending: OnPending | None = None
+    ) -> PortAnswer: ...
+
+
+class Model(Protocol):
+    async def complete(self, payload: dict[str, Any]) -> dict[str, Any] | ModelFailure: ...
+
+
+Emit = Callable[[LoopEvent], Awaitable[None]]
+
+
+async def run_turn(
+    *,
+    session: str,
+    text: str,
+    history: list[dict[str, Any]],
+    broker: Broker,
+    model: Model,
+    config: LoopConfig,
+    emit: Emit,
+    added: list[dict[str, Any]],
+) -> None:
+    """Run one turn, appending the messages it adds to the history to ``added`` as they
+    come (so whatever way the turn ends — a reply, an error, a cancel — what happened
+    can be kept). Emits every event but ``session``."""
+    added.append({"role": "user", "content": text})
+    tools = model_tools()
+    for step in range(1, config.max_steps + 1):
+        await emit(ModelEvent(step=step))
+        force_tool = step == 1 and config.first_step == "tool"
+        message = await model.complete(
+            request_payload([*history, *added], tools, force_tool=force_tool)
+        )
+        if isinstance(message, ModelFailure):
+            await emit(ErrorFrame(code=message.code, detail=message.detail))
+            return
+        calls = parse_tool_calls(message)
+        added.append(assistant_message(message, calls))
+        if not calls:
+            await emit(ReplyEvent(text=added[-1]["content"]))
+            return
+        for call in calls:
+            added.append(await _tool(call, session, broker, emit))
+    detail = f"the model made {config.max_steps} calls without a reply ([loop] max_steps)"
+    await emit(ErrorFrame(code=ErrorCode.MAX_STEPS, detail=detail))
+
+
+async def _tool(
+    call: ToolCall | BadToolCall, session: str, broker: Broker, emit: Emit
+) -> dict[str, Any]:
+    call_id = new_call_id()
+    if isinstance(call, BadToolCall):
+        answer = PortAnswer(Outcome.DENIED, reason=INVALID_ARGUMENTS, detail=call.problem)
+        await emit(ToolCallEvent(call=call_id, tool=call.name, arguments={}))
+    else:
+        await emit(ToolCallEvent(call=call_id, tool=call.name, arguments=call.arguments))
+
+        async def waiting(pending: Pending) -> None:
+            await emit(
+                WaitingEvent(
+                    call=call_id,
+                    approval=pending.approval,
+                    grant=pending.grant,
+                    expires_at=pending.expires_at,
+                )
+            )
+
+        request = ToolRequest(
+            call=call_id, session=session, tool=call.name, arguments=call.arguments
+        )
+        answer = await broker.call(request, waiting)
+    await emit(ToolResultEvent(call=call_id, outcome=answer.outcome, reason=answer.reason))
+    return tool_message(call.id, answer)

@@ -1,0 +1,276 @@
+"""One turn of the loop (spec §9) against an in-memory model and broker: what the model
+is sent, what the broker is asked, which events come out, what the history keeps."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import attrs
+import orjson
+import pytest
+
+from boxmaker.home import LoopConfig
+from boxmaker.loop.broker_port import OnPending, PortAnswer
+from boxmaker.loop.model_client import ModelFailure
+from boxmaker.loop.turn import (
+    CALL_TOOL,
+    SYSTEM_PROMPT,
+    TOOL_CALL_PREFILL,
+    assistant_message,
+    parse_tool_calls,
+    run_turn,
+)
+from boxmaker.wire import (
+    ErrorCode,
+    ErrorFrame,
+    LoopEvent,
+    ModelEvent,
+    Outcome,
+    Pending,
+    ReplyEvent,
+    ToolCallEvent,
+    ToolRequest,
+    ToolResultEvent,
+    WaitingEvent,
+)
+
+SESSION = "s-0123456789ab"
+
+
+def calls(*specs: tuple[str, object]) -> dict[str, Any]:
+    """An assistant message with tool calls, arguments as llama-server sends them."""
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": f"id-{index}",
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": arguments
+                    if isinstance(arguments, str)
+                    else orjson.dumps(arguments).decode(),
+                },
+            }
+            for index, (name, arguments) in enumerate(specs)
+        ],
+    }
+
+
+def text(words: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": words}
+
+
+@attrs.define
+class ScriptedModel:
+    replies: list[dict[str, Any] | ModelFailure]
+    payloads: list[dict[str, Any]] = attrs.Factory(list)
+
+    async def complete(self, payload: dict[str, Any]) -> dict[str, Any] | ModelFailure:
+        self.payloads.append(orjson.loads(orjson.dumps(payload)))
+        return self.replies.pop(0)
+
+
+@attrs.define
+class ScriptedBroker:
+    answers: dict[str, PortAnswer]
+    pending: Pending | None = None
+    requests: list[ToolRequest] = attrs.Factory(list)
+
+    async def call(self, request: ToolRequest, on_pending: OnPending | None = None) -> PortAnswer:
+        self.requests.append(request)
+        if self.pending is not None and on_pending is not None:
+            await on_pending(attrs.evolve(self.pending, call=request.call))
+        return self.answers[request.tool]
+
+
+async def turn(
+    model: ScriptedModel,
+    broker: ScriptedBroker,
+    *,
+    history: list[dict[str, Any]] | None = None,
+    config: LoopConfig | None = None,
+) -> tuple[list[LoopEvent], list[dict[str, Any]]]:
+    events: list[LoopEvent] = []
+
+    async def emit(event: LoopEvent) -> None:
+        events.append(event)
+
+    added: list[dict[str, Any]] = []
+    await run_turn(
+        session=SESSION,
+        text="what do my notes say?",
+        history=history or [],
+        broker=broker,
+        model=model,
+        config=config or LoopConfig(),
+        emit=emit,
+        added=added,
+    )
+    return events, added
+
+
+OK_NOTES = PortAnswer(Outcome.OK, content="Buy milk.\n")
+
+
+async def test_a_tool_call_goes_to_the_broker_and_its_answer_to_the_model() -> None:
+    model = ScriptedModel([calls(("read_file", {"path": "notes.txt"})), text("Buy milk.")])
+    broker = ScriptedBroker({"read_file": OK_NOTES})
+    events, added = await turn(model, broker)
+    [request] = broker.requests
+    assert (request.session, request.tool, request.arguments) == (
+        SESSION,
+        "read_file",
+        {"path": "notes.txt"},
+    )
+    assert [type(e) for e in events] == [
+        ModelEvent,
+        ToolCallEvent,
+        ToolResultEvent,
+        ModelEvent,
+        ReplyEvent,
+    ]
+    assert events[1] == ToolCallEvent(
+        call=request.call, tool="read_file", arguments={"path": "notes.txt"}
+    )
+    assert events[2] == ToolResultEvent(call=request.call, outcome=Outcome.OK)
+    assert events[-1] == ReplyEvent(text="Buy milk.")
+    first, second = model.payloads
+    assert first["messages"] == [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "what do my notes say?"},
+    ]
+    assert (first["id_slot"], first["cache_prompt"], first["parallel_tool_calls"]) == (
+        0,
+        True,
+        False,
+    )
+    assert [tool["function"]["name"] for tool in first["tools"]] == [
+        "read_file",
+        "list_dir",
+        "write_file",
+        "shell",
+        "http_get",
+        "call_tool",
+    ]
+    assert first["tools"][-1] == CALL_TOOL
+    assert "tool_choice" not in first
+    assert second["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "id-0",
+        "content": "Buy milk.\n",
+    }
+    assert added == [*second["messages"][1:], {"role": "assistant", "content": "Buy milk."}]
+
+
+async def test_a_denied_call_tells_the_model_why() -> None:
+    denied = PortAnswer(Outcome.DENIED, reason="no_grant", detail="no grant for read_file")
+    model = ScriptedModel([calls(("read_file", {"path": "x"})), text("I may not.")])
+    events, _ = await turn(model, ScriptedBroker({"read_file": denied}))
+    assert model.payloads[1]["messages"][-1]["content"] == (
+        "denied: no_grant — no grant for read_file"
+    )
+    result = next(e for e in events if isinstance(e, ToolResultEvent))
+    assert (result.outcome, result.reason) == (Outcome.DENIED, "no_grant")
+
+
+async def test_a_waiting_call_is_reported_with_its_approval() -> None:
+    expires = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
+    pending = Pending(
+        call="c-0000000000000000", approval="a-0123abcd", grant="notes", expires_at=expires
+    )
+    model = ScriptedModel([calls(("read_file", {"path": "n"})), text("done")])
+    broker = ScriptedBroker({"read_file": OK_NOTES}, pending=pending)
+    events, _ = await turn(model, broker)
+    waiting = next(e for e in events if isinstance(e, WaitingEvent))
+    assert waiting == WaitingEvent(
+        call=broker.requests[0].call, approval="a-0123abcd", grant="notes", expires_at=expires
+    )
+
+
+async def test_call_tool_is_unwrapped_into_the_same_request() -> None:
+    wrapped = calls(("call_tool", {"name": "read_file", "arguments": {"path": "n"}}))
+    model = ScriptedModel([wrapped, text("ok")])
+    broker = ScriptedBroker({"read_file": OK_NOTES})
+    _, added = await turn(model, broker)
+    assert (broker.requests[0].tool, broker.requests[0].arguments) == ("read_file", {"path": "n"})
+    assert added[1]["tool_calls"][0]["function"] == {
+        "name": "read_file",
+        "arguments": '{"path":"n"}',
+    }
+
+
+async def test_a_cut_off_call_is_answered_invalid_arguments_and_never_sent() -> None:
+    model = ScriptedModel(
+        [calls(("read_file", {"path": "n"}), ("read_file", '{"path": "no')), text("ok")]
+    )
+    broker = ScriptedBroker({"read_file": OK_NOTES})
+    events, _ = await turn(model, broker)
+    assert len(broker.requests) == 1
+    results = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert [(r.outcome, r.reason) for r in results] == [
+        (Outcome.OK, None),
+        (Outcome.DENIED, "invalid_arguments"),
+    ]
+    assert model.payloads[1]["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "id-1",
+        "content": "denied: invalid_arguments — the arguments are not a JSON object",
+    }
+
+
+async def test_first_step_tool_asks_for_a_tool_with_a_prefill_on_the_first_call_only() -> None:
+    model = ScriptedModel([calls(("list_dir", {"path": "."})), text("two files")])
+    broker = ScriptedBroker({"list_dir": PortAnswer(Outcome.OK, content="a\nb\n")})
+    _, added = await turn(model, broker, config=LoopConfig(first_step="tool"))
+    first, second = model.payloads
+    assert first["tool_choice"] == "required"
+    assert first["messages"][-1] == {"role": "assistant", "content": TOOL_CALL_PREFILL}
+    assert "tool_choice" not in second
+    assert TOOL_CALL_PREFILL not in [m.get("content") for m in added]
+
+
+async def test_the_turn_stops_at_max_steps() -> None:
+    model = ScriptedModel([calls(("list_dir", {"path": "."}))] * 3)
+    broker = ScriptedBroker({"list_dir": PortAnswer(Outcome.OK, content="")})
+    events, _ = await turn(model, broker, config=LoopConfig(max_steps=3))
+    assert len(model.payloads) == 3
+    assert events[-1] == ErrorFrame(
+        code=ErrorCode.MAX_STEPS,
+        detail="the model made 3 calls without a reply ([loop] max_steps)",
+    )
+
+
+async def test_a_model_failure_ends_the_turn_with_its_error() -> None:
+    failure = ModelFailure(ErrorCode.MODEL_UNREACHABLE, "HTTP 502: see docs/runbook.md#x")
+    events, added = await turn(ScriptedModel([failure]), ScriptedBroker({}))
+    assert events == [ModelEvent(step=1), ErrorFrame(code=failure.code, detail=failure.detail)]
+    assert added == [{"role": "user", "content": "what do my notes say?"}]
+
+
+async def test_the_history_comes_before_the_new_message() -> None:
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    model = ScriptedModel([text("again")])
+    await turn(model, ScriptedBroker({}), history=history)
+    assert model.payloads[0]["messages"][1:] == [
+        *history,
+        {"role": "user", "content": "what do my notes say?"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"tool_calls": [{"function": {"arguments": "{}"}}]},
+        {"tool_calls": ["not an object"]},
+        {"tool_calls": [{"id": 5, "function": {"name": "", "arguments": "{}"}}]},
+        {"tool_calls": [{"function": {"name": "call_tool", "arguments": '{"arguments": {}}'}}]},
+    ],
+)
+def test_a_call_without_a_tool_name_is_bad_never_an_exception(raw: dict[str, Any]) -> None:
+    [call] = parse_tool_calls(raw)
+    assert (call.id, call.name) == ("call-0", "?")
+    kept = assistant_message({"content": None}, [call])
+    assert kept["tool_calls"][0]["function"] == {"name": "?", "arguments": "{}"}
