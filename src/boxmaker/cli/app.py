@@ -6,20 +6,21 @@ from cyclopts import App
 
 from boxmaker import __version__
 from boxmaker.cli.audit import audit_app
+from boxmaker.cli.chat import chat
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
 
 app = App(
     name="bxctl",
-    help="The owner's CLI for boxmaker: grants, approvals and the audit ledger.",
+    help="The owner's CLI for boxmaker: chat, grants, approvals and the audit ledger.",
     version=__version__,
     backend="trio",
 )
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
-for command in (approvals, approve, refuse, status, sessions):
+for command in (chat, approvals, approve, refuse, status, sessions):
     app.command(command)
 
 

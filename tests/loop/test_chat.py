@@ -1,0 +1,98 @@
+"""``bxctl chat`` (spec §11) against the whole stack in process."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import pytest
+import trio
+from tests.broker.broker_harness import admin, grant, write_grants
+from tests.fakes.llama_server import FakeLlama
+from tests.loop.stack import GUARD, READ_NOTES, stack
+
+from boxmaker.cli.app import app
+from boxmaker.home import Home
+
+
+async def bxctl(home: Home, *args: str) -> int:
+    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
+    return int(result)
+
+
+async def test_one_turn_shows_the_call_its_outcome_and_the_reply(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_grants(home, grant("notes", "read_file", "auto"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    fake = FakeLlama(script=[READ_NOTES, {"content": "Your notes say: buy milk."}])
+    async with stack(home, fake):
+        assert await bxctl(home, "chat", "--say", "what do my notes say?") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"session s-[0-9a-f]{12}", lines[0])
+    assert lines[1:] == [
+        '  -> read_file {"path":"notes.txt"}',
+        "  <- ok",
+        "Your notes say: buy milk.",
+    ]
+
+
+async def test_a_waiting_call_shows_the_command_that_approves_it(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_grants(home, grant("notes", "read_file", "ask"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    fake = FakeLlama(script=[READ_NOTES, {"content": "Milk."}])
+    codes: list[int] = []
+    async with stack(home, fake), trio.open_nursery() as nursery:
+
+        async def chat() -> None:
+            codes.append(await bxctl(home, "chat", "--say", "read my notes"))
+
+        nursery.start_soon(chat)
+        with trio.fail_after(GUARD):
+            while not (listed := await admin(home, {"kind": "approvals"}))["entries"]:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        approval = listed["entries"][0]["approval"]
+        assert await bxctl(home, "approve", approval) == 0
+    out = capsys.readouterr().out
+    assert f"waiting for the owner: approval {approval} (grant notes)" in out
+    assert f"approve: bxctl approve {approval}" in out
+    assert out.rstrip().endswith("  <- ok\nMilk.")
+    assert codes == [0]
+
+
+async def test_json_prints_each_event_as_it_comes(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeLlama(script=[{"content": "Hello."}])
+    async with stack(home, fake):
+        assert await bxctl(home, "chat", "--say", "hi", "--json") == 0
+    events = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["kind"] for e in events] == ["session", "model", "reply"]
+
+
+async def test_a_failed_turn_exits_1_with_the_error_on_stderr(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    too_long = {"code": 400, "message": "the prompt is too long", "type": "exceed_context"}
+    fake = FakeLlama(script=[{"status": 400, "error": too_long}])
+    async with stack(home, fake):
+        assert await bxctl(home, "chat", "--say", "hi") == 1
+    assert "error: model_error: HTTP 400: the prompt is too long" in capsys.readouterr().err
+
+
+async def test_without_loopd_chat_exits_3_saying_how_to_start_it(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await bxctl(home, "chat", "--say", "hi") == 3
+    err = capsys.readouterr().err
+    assert "loopd is unreachable" in err
+    assert f"loopd serve --home {home.root}" in err
+
+
+async def test_a_bad_session_id_is_a_usage_error(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await bxctl(home, "chat", "--say", "hi", "--session", "s-nope") == 2
+    assert "not a session id" in capsys.readouterr().err
