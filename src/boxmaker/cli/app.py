@@ -7,6 +7,7 @@ from cyclopts import App
 from boxmaker import __version__
 from boxmaker.cli.audit import audit_app
 from boxmaker.cli.chat import chat
+from boxmaker.cli.daemons import down, up
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
@@ -20,10 +21,14 @@ app = App(
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
-for command in (chat, approvals, approve, refuse, status, sessions):
+for command in (up, down, chat, approvals, approve, refuse, status, sessions):
     app.command(command)
 
 
 def main() -> None:
     """Console entry point: a command's return value is the exit code (spec §11)."""
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The real programs end to end (spec §12.2): the scripted llama-server, then brokerd,
+inferproxy and loopd started by ``bxctl up``, driven only through ``bxctl`` as the
+owner would, each a separate process. Real time, every wait bounded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from tests.conftest import short_home
+
+from boxmaker.home import Home
+
+pytestmark = pytest.mark.slow
+
+WAIT_S = 60.0
+FAKE = Path(__file__).parents[1] / "fakes" / "llama_server.py"
+READ_NOTES = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
+
+
+def bxctl(home: Home, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "boxmaker.cli.app", *args, "--home", str(home.root)],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    if check:
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done
+
+
+class Stack:
+    """A home with the fake model and the three daemons up."""
+
+    def __init__(self, home: Home, record: Path) -> None:
+        self.home = home
+        self.record = record
+
+    def model_requests(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.record.read_bytes().splitlines()]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.home.audit_log.read_bytes().splitlines()]
+
+    def chat(self, text: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [
+                *(sys.executable, "-m", "boxmaker.cli.app"),
+                *("chat", "--say", text, "--json", "--home", str(self.home.root)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def wait_for_approval(self) -> dict[str, Any]:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            entries = orjson.loads(bxctl(self.home, "approvals", "--json").stdout)
+            if entries:
+                [entry] = entries
+                return entry  # type: ignore[no-any-return]
+            assert time.monotonic() < deadline, "no approval appeared"
+            time.sleep(0.05)
+
+
+def events_of(chat: subprocess.Popen[str]) -> tuple[int, list[dict[str, Any]]]:
+    out, err = chat.communicate(timeout=WAIT_S)
+    assert chat.returncode == 0, err
+    return chat.returncode, [orjson.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """Parametrized with (script, grants, pending_timeout)."""
+    script, grants, pending_timeout = request.param
+    with short_home("bx-e2e-") as home:
+        bxctl(home, "init")
+        script_file, record = home.root / "script.json", home.root / "requests.jsonl"
+        script_file.write_bytes(orjson.dumps(script))
+        fake = subprocess.Popen(
+            [sys.executable, str(FAKE), "--script", str(script_file), "--record", str(record)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert fake.stdout is not None
+            url = fake.stdout.readline().split()[1]
+            home.config_toml.write_text(
+                f'[model]\nurl = "{url}"\n[broker]\npending_timeout = {pending_timeout}\n'
+            )
+            home.grants_toml.write_text(grants)
+            (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+            up = bxctl(home, "up")
+            assert up.stdout.splitlines() == [
+                line
+                for line in up.stdout.splitlines()
+                if line.split(":")[0] in ("brokerd", "inferproxy", "loopd")
+            ]
+            try:
+                yield Stack(home, record)
+            finally:
+                down = bxctl(home, "down")
+                assert down.stdout.splitlines() == [
+                    "loopd: stopped",
+                    "inferproxy: stopped",
+                    "brokerd: stopped",
+                ]
+        finally:
+            fake.terminate()
+            fake.communicate(timeout=WAIT_S)
+
+
+ASK = '[[grant]]\nid = "notes"\ntool = "read_file"\nmode = "ask"\nnote = "my notes"\n'
+
+
+@pytest.mark.parametrize(
+    "stack", [([READ_NOTES, {"content": "I may not read it."}], "", 300)], indirect=True
+)
+def test_without_a_grant_the_call_is_denied_and_the_model_told(stack: Stack) -> None:
+    code, events = events_of(stack.chat("what do my notes say?"))
+    assert code == 0
+    result = next(e for e in events if e["kind"] == "tool_result")
+    assert (result["outcome"], result["reason"]) == ("denied", "no_grant")
+    assert stack.model_requests()[1]["messages"][-1]["content"].startswith("denied: no_grant")
+    assert events[-1]["text"] == "I may not read it."
+    [decision] = [r for r in stack.records() if r.get("call") == result["call"]]
+    assert (decision["kind"], decision["verdict"], decision["reason"]) == (
+        "decision",
+        "deny",
+        "no_grant",
+    )
+    assert bxctl(stack.home, "audit", "verify").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "stack", [([READ_NOTES, {"content": "Your notes say: buy milk."}], ASK, 300)], indirect=True
+)
+def test_an_ask_is_shown_to_the_owner_approved_run_and_recorded(stack: Stack) -> None:
+    chat = stack.chat("what do my notes say?")
+    entry = stack.wait_for_approval()
+    assert (entry["tool"], entry["arguments"], entry["grant"]["id"], entry["grant"]["note"]) == (
+        "read_file",
+        {"path": "notes.txt"},
+        "notes",
+        "my notes",
+    )
+    shown = bxctl(stack.home, "approvals").stdout
+    assert f"bxctl approve {entry['approval']}" in shown
+    assert "notes (mode ask): my notes" in shown
+    bxctl(stack.home, "approve", entry["approval"])
+    code, events = events_of(chat)
+    assert code == 0
+    assert [e["kind"] for e in events] == [
+        "session",
+        "model",
+        "tool_call",
+        "waiting",
+        "tool_result",
+        "model",
+        "reply",
+    ]
+    assert stack.model_requests()[1]["messages"][-1]["content"] == "Buy milk.\n"
+    kinds = [r["kind"] for r in stack.records() if r.get("call") == entry["call"]]
+    assert kinds == ["decision", "approval", "result"]
+    verify = bxctl(stack.home, "audit", "verify")
+    assert "complete 1" in verify.stdout, verify.stdout
+
+
+@pytest.mark.parametrize(
+    "stack", [([READ_NOTES, {"content": "Understood."}], ASK, 300)], indirect=True
+)
+def test_a_refusal_reaches_the_model_with_the_owners_reason(stack: Stack) -> None:
+    chat = stack.chat("read my notes")
+    entry = stack.wait_for_approval()
+    bxctl(stack.home, "refuse", entry["approval"], "--reason", "not today, thanks")
+    code, events = events_of(chat)
+    assert code == 0
+    result = next(e for e in events if e["kind"] == "tool_result")
+    assert (result["outcome"], result["reason"]) == ("denied", "refused")
+    told = stack.model_requests()[1]["messages"][-1]["content"]
+    assert told.startswith("denied: refused")
+    assert "not today, thanks" in told
+    approval = [r for r in stack.records() if r.get("call") == entry["call"]][-1]
+    assert (approval["kind"], approval["outcome"], approval["by"]) == (
+        "approval",
+        "refused",
+        "owner",
+    )
+    assert bxctl(stack.home, "audit", "verify").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "stack", [([READ_NOTES, {"content": "Nobody answered."}], ASK, 1)], indirect=True
+)
+def test_an_unanswered_ask_expires_and_the_model_is_told(stack: Stack) -> None:
+    code, events = events_of(stack.chat("read my notes"))
+    assert code == 0
+    result = next(e for e in events if e["kind"] == "tool_result")
+    assert (result["outcome"], result["reason"]) == ("denied", "expired")
+    assert stack.model_requests()[1]["messages"][-1]["content"].startswith("denied: expired")
+    approval = [r for r in stack.records() if r.get("call") == result["call"]][-1]
+    assert (approval["outcome"], approval["by"]) == ("expired", "expiry")
+    assert bxctl(stack.home, "audit", "verify").returncode == 0
