@@ -202,21 +202,28 @@ async def test_call_tool_is_unwrapped_into_the_same_request() -> None:
     }
 
 
-async def test_a_cut_off_call_is_answered_invalid_arguments_and_never_sent() -> None:
-    model = ScriptedModel(
-        [calls(("read_file", {"path": "n"}), ("read_file", '{"path": "no')), text("ok")]
-    )
+async def test_only_the_first_call_of_a_step_runs() -> None:
+    # What the embedded model does: the same call three times, or one and a cut-off one.
+    repeated = calls(("read_file", {"path": "n"}), ("read_file", {"path": "n"}), ("x", '{"p'))
+    model = ScriptedModel([repeated, text("ok")])
+    broker = ScriptedBroker({"read_file": OK_NOTES})
+    events, added = await turn(model, broker)
+    assert len(broker.requests) == 1
+    assert sum(isinstance(e, ToolCallEvent) for e in events) == 1
+    assert [call["id"] for call in added[1]["tool_calls"]] == ["id-0"]
+    assert added[2] == {"role": "tool", "tool_call_id": "id-0", "content": "Buy milk.\n"}
+
+
+async def test_a_call_with_unreadable_arguments_is_answered_and_never_sent() -> None:
+    model = ScriptedModel([calls(("read_file", '{"path": "no')), text("ok")])
     broker = ScriptedBroker({"read_file": OK_NOTES})
     events, _ = await turn(model, broker)
-    assert len(broker.requests) == 1
-    results = [e for e in events if isinstance(e, ToolResultEvent)]
-    assert [(r.outcome, r.reason) for r in results] == [
-        (Outcome.OK, None),
-        (Outcome.DENIED, "invalid_arguments"),
-    ]
+    assert broker.requests == []
+    result = next(e for e in events if isinstance(e, ToolResultEvent))
+    assert (result.outcome, result.reason) == (Outcome.DENIED, "invalid_arguments")
     assert model.payloads[1]["messages"][-1] == {
         "role": "tool",
-        "tool_call_id": "id-1",
+        "tool_call_id": "id-0",
         "content": "denied: invalid_arguments — the arguments are not a JSON object",
     }
 

@@ -230,13 +230,14 @@ async def run_turn(
         if isinstance(message, ModelFailure):
             await emit(ErrorFrame(code=message.code, detail=message.detail))
             return
-        calls = parse_tool_calls(message)
+        # One call a step: the request says parallel_tool_calls false, and a small model
+        # still repeats its call or adds a cut-off one; the rest are dropped unseen.
+        calls = parse_tool_calls(message)[:1]
         added.append(assistant_message(message, calls))
         if not calls:
             await emit(ReplyEvent(text=added[-1]["content"]))
             return
-        for call in calls:
-            added.append(await _tool(call, session, broker, emit))
+        added.append(await _tool(calls[0], session, broker, emit))
     detail = f"the model made {config.max_steps} calls without a reply ([loop] max_steps)"
     await emit(ErrorFrame(code=ErrorCode.MAX_STEPS, detail=detail))
 
