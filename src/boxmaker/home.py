@@ -140,6 +140,11 @@ class Home:
         """``state/conversations/<session>.jsonl`` (spec §9)."""
         return self.conversations_dir / f"{_session(session)}.jsonl"
 
+    @property
+    def model_url_file(self) -> Path:
+        """``run/model.url``: where the built-in model listens, while it runs."""
+        return self.run_dir / "model.url"
+
     def pid_file(self, program: str) -> Path:
         return self.run_dir / f"{_program(program)}.pid"
 

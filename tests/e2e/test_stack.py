@@ -113,6 +113,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
                     "loopd: stopped",
                     "inferproxy: stopped",
                     "brokerd: stopped",
+                    "model: not running",  # [model] url names the fake: no built-in model
                 ]
         finally:
             fake.terminate()

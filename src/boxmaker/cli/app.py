@@ -8,6 +8,7 @@ from boxmaker import __version__
 from boxmaker.cli.audit import audit_app
 from boxmaker.cli.chat import chat
 from boxmaker.cli.daemons import down, up
+from boxmaker.cli.demo import demo
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
@@ -21,7 +22,7 @@ app = App(
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
-for command in (up, down, chat, approvals, approve, refuse, status, sessions):
+for command in (demo, up, down, chat, approvals, approve, refuse, status, sessions):
     app.command(command)
 
 

@@ -9,6 +9,7 @@ of the turn is shown as it comes: the model's tool calls, a call waiting for the
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import attrs
@@ -73,8 +74,14 @@ def describe(event: LoopEvent) -> str | None:
     return f"error: {event.code}: {event.detail}"
 
 
-async def run_turn(home: Home, text: str, session: str | None, *, as_json: bool) -> TurnEnd:
-    """One ``say`` on loop.sock, its events printed as they come."""
+OnEvent = Callable[[LoopEvent], Awaitable[None]]
+
+
+async def run_turn(
+    home: Home, text: str, session: str | None, *, as_json: bool, on_event: OnEvent | None = None
+) -> TurnEnd:
+    """One ``say`` on loop.sock, its events printed as they come (``on_event`` hears each
+    after it is shown; the next is not read until it returns)."""
     try:
         stream = await trio.open_unix_socket(str(home.loop_sock))
     except OSError as exc:
@@ -97,6 +104,8 @@ async def run_turn(home: Home, text: str, session: str | None, *, as_json: bool)
                 elif (shown := describe(event)) is not None:
                     print(shown, file=sys.stderr if isinstance(event, ErrorFrame) else sys.stdout)
                 sys.stdout.flush()
+                if on_event is not None:
+                    await on_event(event)
                 if isinstance(event, ReplyEvent):
                     code = Exit.DONE
         except (trio.BrokenResourceError, FrameError, BadFrame) as exc:

