@@ -205,9 +205,10 @@ def main() -> None:
     parser.add_argument("--script", type=Path)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--record", type=Path)
+    parser.add_argument("--busy", action="store_true", help="slot 0 reports is_processing")
     options = parser.parse_args()
     script = orjson.loads(options.script.read_bytes()) if options.script else []
-    fake = FakeLlama(script=script, record=options.record)
+    fake = FakeLlama(script=script, record=options.record, processing=options.busy)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,64 @@
+"""tools/check-device.sh (spec §12.3) against the scripted llama-server, so that it
+cannot rot: it passes when the model asks for the file, and it stops at once when slot 0
+is busy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parents[2]
+FAKE = ROOT / "tests" / "fakes" / "llama_server.py"
+SCRIPT = ROOT / "tools" / "check-device.sh"
+READ_NOTES = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
+
+
+@pytest.fixture
+def model(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    extra = request.param
+    script = tmp_path / "script.json"
+    script.write_bytes(orjson.dumps([READ_NOTES, {"content": "Buy milk."}]))
+    fake = subprocess.Popen(
+        [sys.executable, str(FAKE), "--script", str(script), *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert fake.stdout is not None
+        yield fake.stdout.readline().split()[1]
+    finally:
+        fake.terminate()
+        fake.communicate(timeout=30)
+
+
+def check(url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BOXMAKER_MODEL_URL": url, "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize("model", [[]], indirect=True)
+def test_the_check_passes_against_a_model_that_asks_for_the_file(model: str) -> None:
+    done = check(model)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "slot 0 is idle" in done.stdout
+    assert "grant      check-read (mode ask): the device check" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].startswith("device check: passed (call c-")
+    assert done.stdout.rstrip().endswith(": decision approval result)")
+
+
+@pytest.mark.parametrize("model", [["--busy"]], indirect=True)
+def test_the_check_stops_when_slot_0_is_busy(model: str) -> None:
+    done = check(model)
+    assert done.returncode == 1
+    assert "device check: FAILED: slot 0 is not idle" in done.stderr
+    assert "bxctl" not in done.stdout
