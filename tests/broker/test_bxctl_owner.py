@@ -137,12 +137,21 @@ async def test_status_and_sessions(
             assert await bxctl(home, "status", "--json") == 0
             status = orjson.loads(capsys.readouterr().out)
             assert (status["boot"], status["pending"], status["sessions"]) == (broker.boot, 1, 1)
+            assert status["daemons"] == {
+                "model": False,
+                "brokerd": True,
+                "inferproxy": False,
+                "loopd": False,
+            }
             assert await bxctl(home, "sessions") == 0
             assert capsys.readouterr().out.strip() == f"{SESSION}  taint public, trusted, 1 call(s)"
             write_grants(home, "[[grant]]\nid = 'x'\n")
             assert await bxctl(home, "status") == 1
             out = capsys.readouterr().out
             assert "grants_valid   False" in out
+            assert out.splitlines()[0] == (
+                "daemons        model down, brokerd up, inferproxy down, loopd down"
+            )
             await client.aclose()
 
 
@@ -151,7 +160,12 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
 ) -> None:
     for command in (["approvals"], ["status"], ["sessions"], ["approve", "a-00000000"]):
         assert await bxctl(home, *command) == 3
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
+        if command == ["status"]:
+            assert (
+                out.strip()
+                == "daemons        model down, brokerd down, inferproxy down, loopd down"
+            )
         assert "brokerd is unreachable" in err
         assert f"brokerd serve --home {home.root}" in err
 

@@ -73,6 +73,11 @@ def answers(path: Path) -> bool:
     return True
 
 
+def daemon_states(home: Home) -> dict[str, bool]:
+    """Each daemon of ``home``: is it serving?"""
+    return {daemon.name: daemon.ready(home) for daemon in DAEMONS}
+
+
 def _log_tail(path: Path) -> str:
     with contextlib.suppress(OSError):
         return path.read_bytes()[-LOG_TAIL:].decode("utf-8", errors="replace").strip()

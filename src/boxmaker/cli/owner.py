@@ -12,6 +12,7 @@ import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.cli.daemons import daemon_states
 from boxmaker.clock import format_utc, utc_now
 from boxmaker.wire import (
     APPROVAL_ID,
@@ -188,20 +189,31 @@ async def refuse(approval: str, /, *, reason: str, common: Common = DEFAULT) -> 
 
 
 async def status(*, common: Common = DEFAULT) -> Exit:
-    """brokerd's state: version, boot, ledger head and usability, grants, pending calls."""
+    """Which daemons run (the model, brokerd, inferproxy, loopd), and brokerd's state:
+    version, boot, ledger head and usability, grants, pending calls. Exit 3 when brokerd
+    is down, 1 when it cannot record or decide."""
+    running = daemon_states(common.resolve())
     try:
         answer = await _request(common, StatusRequest(), StatusAnswer)
     except _Failed as exc:
+        if not common.json:
+            print(_daemons_line(running))
         return fail(str(exc), exc.code)
     data: dict[str, Any] = attrs.asdict(answer)
     if common.json:
-        print_json(data)
+        print_json({**data, "daemons": running})
     else:
+        print(_daemons_line(running))
         data["uptime_s"] = round(answer.uptime_s, 1)
         for key, value in data.items():
             print(f"{key:14} {value}")
     # A broker that cannot record or decide is up but failing: say so in the exit code.
     return Exit.DONE if answer.ledger_usable and answer.grants_valid else Exit.FAILED
+
+
+def _daemons_line(running: dict[str, bool]) -> str:
+    states = ", ".join(f"{name} {'up' if up else 'down'}" for name, up in running.items())
+    return f"{'daemons':14} {states}"
 
 
 async def sessions(*, common: Common = DEFAULT) -> Exit:
