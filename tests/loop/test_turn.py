@@ -17,9 +17,12 @@ from boxmaker.loop.turn import (
     CALL_TOOL,
     SYSTEM_PROMPT,
     TOOL_CALL_PREFILL,
+    BadToolCall,
+    ToolCall,
     assistant_message,
     parse_tool_calls,
     run_turn,
+    tool_message,
 )
 from boxmaker.wire import (
     ErrorCode,
@@ -281,3 +284,60 @@ def test_a_call_without_a_tool_name_is_bad_never_an_exception(raw: dict[str, Any
     assert (call.id, call.name) == ("call-0", "?")
     kept = assistant_message({"content": None}, [call])
     assert kept["tool_calls"][0]["function"] == {"name": "?", "arguments": "{}"}
+
+
+@pytest.mark.parametrize("arguments", ["[1, 2]", "7", '"text"', "null"])
+def test_arguments_that_are_json_but_no_object_are_bad(arguments: str) -> None:
+    [call] = parse_tool_calls(calls(("read_file", arguments)))
+    assert call == BadToolCall("id-0", "read_file", "the arguments are not a JSON object")
+
+
+def test_tool_calls_that_are_no_list_are_no_calls() -> None:
+    assert parse_tool_calls({"tool_calls": {"id": "a", "function": {"name": "x"}}}) == []
+    assert parse_tool_calls({"content": "hi"}) == []
+
+
+def test_call_tool_without_inner_arguments_calls_with_none() -> None:
+    wrapped = calls(("call_tool", {"name": "list_dir"}))
+    assert parse_tool_calls(wrapped) == [ToolCall("id-0", "list_dir", {})]
+
+
+def test_a_call_without_a_name_says_so() -> None:
+    [call] = parse_tool_calls({"tool_calls": [{"id": "q", "function": {"arguments": "{}"}}]})
+    assert call == BadToolCall("q", "?", "the call names no tool")
+
+
+def test_the_kept_assistant_message_is_in_openais_shape() -> None:
+    kept = assistant_message({"content": None}, [ToolCall("id-7", "read_file", {"path": "n"})])
+    assert kept == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "id-7",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": '{"path":"n"}'},
+            }
+        ],
+    }
+    assert assistant_message({}, []) == {"role": "assistant", "content": ""}
+
+
+def test_an_ok_answer_without_content_is_an_empty_tool_message() -> None:
+    assert tool_message("t", PortAnswer(Outcome.OK)) == {
+        "role": "tool",
+        "tool_call_id": "t",
+        "content": "",
+    }
+    assert tool_message("t", PortAnswer(Outcome.DENIED, reason="expired"))["content"] == (
+        "denied: expired"
+    )
+
+
+async def test_a_bad_call_is_still_shown_as_a_tool_call() -> None:
+    model = ScriptedModel([calls(("shell", "{nope")), text("ok")])
+    events, _ = await turn(model, ScriptedBroker({}))
+    call_event = next(e for e in events if isinstance(e, ToolCallEvent))
+    result = next(e for e in events if isinstance(e, ToolResultEvent))
+    assert (call_event.tool, call_event.arguments) == ("shell", {})
+    assert call_event.call == result.call
