@@ -25,7 +25,6 @@ import logging
 import os
 import resource
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Final
@@ -39,7 +38,8 @@ from boxmaker.broker.admin import handle_admin_connection
 from boxmaker.broker.connection import LOOK_INTERVAL_S, handle_broker_connection
 from boxmaker.broker.listeners import ListenerError, UnixListener, open_unix_listener
 from boxmaker.broker.state import Broker, GrantsWatcher
-from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.daemon import run_daemon, setup_logging
+from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import (
@@ -58,7 +58,6 @@ GRACE_S: Final = 5.0
 """Spec §2: running calls get up to 5 s to finish on a clean stop."""
 GRANTS_POLL_S: Final = 2.0
 """The watcher also looks between calls, so a broken file is logged while idle."""
-CONFIG_ANCHOR: Final = "docs/runbook.md#config"
 
 LedgerOpener = Callable[[Path], LedgerFile]
 
@@ -259,25 +258,15 @@ def serve(
     Exit 2: config.toml has a problem. Exit 1: the ledger is torn, the home or a socket
     path cannot be used, or brokerd failed.
     """
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s brokerd %(levelname)s %(message)s",
-    )
+    setup_logging("brokerd")
     _raise_fd_limit()
-    where = resolve_home(home)
-    try:
-        trio.run(functools.partial(serve_broker, where, repair_torn=repair, handle_signals=True))
-    except ConfigError as exc:
-        sys.stderr.write(f"brokerd: {exc}\nbrokerd: see {CONFIG_ANCHOR}\n")
-        return 2
-    except (LedgerTorn, HomeError, ListenerError) as exc:
-        sys.stderr.write(f"brokerd: {exc}\n")
-        return 1
-    except Exception:
-        log.exception("brokerd failed")
-        return 1
-    return 0
+    return run_daemon(
+        "brokerd",
+        functools.partial(
+            serve_broker, resolve_home(home), repair_torn=repair, handle_signals=True
+        ),
+        failures=(LedgerTorn, HomeError, ListenerError),
+    )
 
 
 def _raise_fd_limit() -> None:

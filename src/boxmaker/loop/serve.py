@@ -16,8 +16,6 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import signal
-import sys
 from typing import Annotated, Any, Final
 
 import attrs
@@ -26,7 +24,8 @@ from cyclopts import App, Parameter
 
 from boxmaker import __version__
 from boxmaker.broker.listeners import ListenerError, check_peer, open_unix_listener
-from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.daemon import run_daemon, stop_on_signals
+from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
 from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.loop.conversations import append_history, load_history
 from boxmaker.loop.model_client import ModelClient
@@ -48,7 +47,6 @@ log = logging.getLogger("boxmaker.loopd")
 FIRST_FRAME_S: Final = 5.0
 GRACE_S: Final = 5.0
 """Turns still running at a stop get this long before they are cancelled."""
-CONFIG_ANCHOR: Final = "docs/runbook.md#config"
 DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
 
 
@@ -156,7 +154,7 @@ async def serve_loop(
                     )
                 )
                 if handle_signals:
-                    accept.start_soon(_signals, loop)
+                    accept.start_soon(stop_on_signals, loop.request_stop, log)
                 log.info("loopd %s serving %s", __version__, listener.path)
                 task_status.started(loop)
                 await loop.wait_stop_requested()
@@ -168,13 +166,6 @@ async def serve_loop(
         listener.remove_path()
         await model.aclose()
     log.info("loopd stopped")
-
-
-async def _signals(loop: Loop) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-        async for signum in received:
-            log.info("%s: stopping", signal.Signals(signum).name)
-            loop.request_stop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -194,24 +185,11 @@ def serve(*, home: Annotated[str | None, Parameter(help="The boxmaker home.")] =
     Exit 2: config.toml has a problem. Exit 1: the home or the socket cannot be used,
     or loopd failed.
     """
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s loopd %(levelname)s %(message)s",
+    return run_daemon(
+        "loopd",
+        functools.partial(serve_loop, resolve_home(home), handle_signals=True),
+        failures=(HomeError, ListenerError),
     )
-    where = resolve_home(home)
-    try:
-        trio.run(functools.partial(serve_loop, where, handle_signals=True))
-    except ConfigError as exc:
-        sys.stderr.write(f"loopd: {exc}\nloopd: see {CONFIG_ANCHOR}\n")
-        return 2
-    except (HomeError, ListenerError) as exc:
-        sys.stderr.write(f"loopd: {exc}\n")
-        return 1
-    except Exception:
-        log.exception("loopd failed")
-        return 1
-    return 0
 
 
 def main() -> None:

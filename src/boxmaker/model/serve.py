@@ -19,12 +19,11 @@ distribution's metadata.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import logging
 import os
-import signal
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -32,6 +31,7 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
+from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.home import Home, HomeError, resolve_home
 
 log = logging.getLogger("boxmaker.model")
@@ -111,11 +111,25 @@ def _write_url(home: Home, url: str) -> None:
     temporary.replace(home.model_url_file)
 
 
-async def _wait_for_a_signal() -> str:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-        async for signum in received:
-            return signal.Signals(signum).name
-    return "no signal"  # pragma: no cover - the receiver never ends by itself
+async def serve_model(home: Home) -> None:
+    """Load the model, write ``run/model.url``, serve until SIGINT/SIGTERM, remove the
+    file. Raises ModelUnavailable or HomeError before anything is served."""
+    home.ensure_run_dir()
+    path = model_file()
+    # Loading blocks for about a second; nothing else runs in this process yet.
+    server, url = start_server(path, threads=max(1, min(4, os.cpu_count() or 1)))
+    try:
+        _write_url(home, url)
+        log.info("serving %s at %s", path.name, url)
+        stopped = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_signals, stopped.set, log)
+            await stopped.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            home.model_url_file.unlink()
+        del server
 
 
 app = App(
@@ -129,32 +143,12 @@ app = App(
 def serve(*, home: Annotated[str | None, Parameter(help="The boxmaker home.")] = None) -> int:
     """Load the built-in model, serve it on 127.0.0.1, write run/model.url, and run
     until SIGINT/SIGTERM (exit 0). Exit 2: the model or xllamacpp is not installed."""
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s model %(levelname)s %(message)s",
+    return run_daemon(
+        "model",
+        functools.partial(serve_model, resolve_home(home)),
+        usage=(ModelUnavailable,),
+        failures=(HomeError,),
     )
-    where = resolve_home(home)
-    try:
-        where.ensure_run_dir()
-        path = model_file()
-        server, url = start_server(path, threads=max(1, min(4, os.cpu_count() or 1)))
-    except ModelUnavailable as exc:
-        sys.stderr.write(f"model: {exc}\n")
-        return 2
-    except HomeError as exc:
-        sys.stderr.write(f"model: {exc}\n")
-        return 1
-    try:
-        _write_url(where, url)
-        log.info("serving %s at %s", path.name, url)
-        name = trio.run(_wait_for_a_signal)
-        log.info("%s: stopping", name)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            where.model_url_file.unlink()
-        del server
-    return 0
 
 
 def main() -> None:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import signal
 import socket
-import sys
 from typing import Annotated, Final
 
 import attrs
@@ -33,7 +31,8 @@ from cyclopts import App, Parameter
 
 from boxmaker import __version__
 from boxmaker.broker.listeners import ListenerError, bind_unix_socket, remove_socket_path
-from boxmaker.home import ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.daemon import run_daemon, stop_on_signals
+from boxmaker.home import Home, HomeError, load_config, resolve_home
 from boxmaker.proxy.app import InferProxy, ProxySettings
 
 log = logging.getLogger("boxmaker.inferproxy")
@@ -42,7 +41,6 @@ GRACE_S: Final = 5.0
 """Open requests get this long to finish on a stop."""
 CONNECT_S: Final = 5.0
 """Seconds to connect to the model; a generation itself may take as long as it takes."""
-CONFIG_ANCHOR: Final = "docs/runbook.md#config"
 
 
 class NoUpstream(Exception):
@@ -135,7 +133,7 @@ async def serve_proxy(
             )
             async with trio.open_nursery() as signals:
                 if handle_signals:
-                    signals.start_soon(_signals, handle)
+                    signals.start_soon(stop_on_signals, handle.request_stop, log)
                 # hypercorn's serve returns after a stop, once its connections are done.
                 async with trio.open_nursery() as server:
                     handle.binds = await server.start(serve)
@@ -152,13 +150,6 @@ async def serve_proxy(
     finally:
         remove_socket_path(home.infer_sock, inode)
     log.info("inferproxy stopped")
-
-
-async def _signals(handle: ProxyHandle) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-        async for signum in received:
-            log.info("%s: stopping", signal.Signals(signum).name)
-            handle.request_stop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -184,27 +175,12 @@ def serve(
     Exit 2: config.toml has a problem, or there is no model URL. Exit 1: the home or a
     socket cannot be used, or inferproxy failed.
     """
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s inferproxy %(levelname)s %(message)s",
+    return run_daemon(
+        "inferproxy",
+        functools.partial(serve_proxy, resolve_home(home), upstream=upstream, handle_signals=True),
+        usage=(NoUpstream,),
+        failures=(HomeError, ListenerError),
     )
-    where = resolve_home(home)
-    try:
-        trio.run(functools.partial(serve_proxy, where, upstream=upstream, handle_signals=True))
-    except ConfigError as exc:
-        sys.stderr.write(f"inferproxy: {exc}\ninferproxy: see {CONFIG_ANCHOR}\n")
-        return 2
-    except NoUpstream as exc:
-        sys.stderr.write(f"inferproxy: {exc}\ninferproxy: see {CONFIG_ANCHOR}\n")
-        return 2
-    except (HomeError, ListenerError) as exc:
-        sys.stderr.write(f"inferproxy: {exc}\n")
-        return 1
-    except Exception:
-        log.exception("inferproxy failed")
-        return 1
-    return 0
 
 
 def main() -> None:
