@@ -96,3 +96,19 @@ async def test_a_bad_session_id_is_a_usage_error(
 ) -> None:
     assert await bxctl(home, "chat", "--say", "hi", "--session", "s-nope") == 2
     assert "not a session id" in capsys.readouterr().err
+
+
+async def test_the_models_words_cannot_drive_the_terminal(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sneaky = "\x1b[2J\x1b[Happroved \u202egnp.exe"
+    fake = FakeLlama(
+        script=[{"tool_calls": [{"name": "x\x1b[8m", "arguments": {}}]}, {"content": sneaky}]
+    )
+    async with stack(home, fake):
+        assert await bxctl(home, "chat", "--say", "hi") == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert "\u202e" not in out
+    assert "  -> x\\u001b[8m {}" in out
+    assert out.rstrip().endswith("\\u001b[2J\\u001b[Happroved \\u202egnp.exe")

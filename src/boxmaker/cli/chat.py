@@ -16,7 +16,7 @@ import attrs
 import orjson
 import trio
 
-from boxmaker.cli.common import DEFAULT, Common, Exit, fail
+from boxmaker.cli.common import DEFAULT, Common, Exit, fail, printable
 from boxmaker.clock import format_utc
 from boxmaker.home import Home
 from boxmaker.ndjson import FrameError, FrameReader
@@ -102,7 +102,9 @@ async def run_turn(
                 if as_json:
                     sys.stdout.write(line.decode() + "\n")
                 elif (shown := describe(event)) is not None:
-                    print(shown, file=sys.stderr if isinstance(event, ErrorFrame) else sys.stdout)
+                    # The model's words are untrusted: no escape sequences reach the terminal.
+                    where = sys.stderr if isinstance(event, ErrorFrame) else sys.stdout
+                    print(printable(shown), file=where)
                 sys.stdout.flush()
                 if on_event is not None:
                     await on_event(event)

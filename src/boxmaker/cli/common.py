@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import sys
+import unicodedata
 from typing import Any
 
 import attrs
@@ -48,3 +49,20 @@ def fail(message: str, code: Exit = Exit.FAILED) -> Exit:
     """Say what went wrong on stderr and return the exit code for it."""
     sys.stderr.write(f"bxctl: {message}\n")
     return code
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on the owner's terminal: control and format characters
+    (escape sequences, bidi overrides) shown as ``\\uXXXX``, newlines and tabs kept. What
+    the model writes is untrusted; it must not be able to move the cursor, clear the
+    screen or reorder the text of an approval prompt.
+
+    >>> printable("ok\\n\\x1b[2Jgone\\u202e")
+    'ok\\n\\\\u001b[2Jgone\\\\u202e'
+    """
+    return "".join(
+        f"\\u{ord(char):04x}"
+        if char not in "\n\t" and unicodedata.category(char) in ("Cc", "Cf")
+        else char
+        for char in text
+    )

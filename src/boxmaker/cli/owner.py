@@ -11,7 +11,7 @@ import orjson
 import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
-from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json, printable
 from boxmaker.cli.daemons import daemon_states
 from boxmaker.clock import format_utc, utc_now
 from boxmaker.wire import (
@@ -86,7 +86,9 @@ def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
         grant += f": {entry.grant.note}"
     trust = "untrusted" if entry.untrusted else "trusted"
     arguments = orjson.dumps(entry.arguments, option=orjson.OPT_SORT_KEYS).decode()
-    return "\n".join(
+    # The arguments are the model's: JSON escapes control characters but not bidi
+    # overrides, which could make a path read as another one.
+    block = "\n".join(
         [
             f"{entry.approval}  {entry.tool}  ({_time_left(entry.expires_at, now)})",
             f"  arguments  {arguments}",
@@ -97,6 +99,7 @@ def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
             f'  refuse:    bxctl refuse {entry.approval} --reason "…"',
         ]
     )
+    return printable(block)
 
 
 def _show_approvals(common: Common, answer: ApprovalsAnswer) -> None:
