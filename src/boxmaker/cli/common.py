@@ -53,9 +53,9 @@ def fail(message: str, code: Exit = Exit.FAILED) -> Exit:
 
 def printable(text: str) -> str:
     """``text`` safe to print on the owner's terminal: control and format characters
-    (escape sequences, bidi overrides) shown as ``\\uXXXX``, newlines and tabs kept. What
-    the model writes is untrusted; it must not be able to move the cursor, clear the
-    screen or reorder the text of an approval prompt.
+    (escape sequences, bidi overrides) shown as ``\\u`` and four hex digits, newlines
+    and tabs kept. What the model writes is untrusted; it must not be able to move the
+    cursor, clear the screen or reorder the text of an approval prompt.
 
     >>> printable("ok\\n\\x1b[2Jgone\\u202e")
     'ok\\n\\\\u001b[2Jgone\\\\u202e'
