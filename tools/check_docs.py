@@ -1,10 +1,12 @@
-"""Docs checks of the gate (spec §13).
+"""Docs checks of the gate (docs/testing.md).
 
 1. Every ``docs/runbook.md#anchor`` named anywhere in src/ exists as a heading of
    docs/runbook.md (GitHub's anchor rule: the heading text, lower-cased, spaces to dashes).
 2. Every module in src/ that can open a network connection is listed in docs/egress.md.
+3. Every attack family replayed in tests/hostile/ is named in docs/threat-model.md, so
+   the page says what each test defends and no defence goes undocumented.
 
-Exit 0 when both hold; otherwise one line per problem and exit 1.
+Exit 0 when all hold; otherwise one line per problem and exit 1.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "boxmaker"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 EGRESS = ROOT / "docs" / "egress.md"
+THREAT_MODEL = ROOT / "docs" / "threat-model.md"
+HOSTILE = ROOT / "tests" / "hostile"
 
 ANCHOR_REFERENCE = re.compile(r"docs/runbook\.md#([a-z0-9-]+)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.MULTILINE)
@@ -61,8 +65,19 @@ def egress_problems() -> list[str]:
     return problems
 
 
+def threat_model_problems() -> list[str]:
+    if not THREAT_MODEL.exists():
+        return ["docs/threat-model.md does not exist"]
+    named = THREAT_MODEL.read_text(encoding="utf-8")
+    return [
+        f"tests/hostile/{test.name}: not named in docs/threat-model.md"
+        for test in sorted(HOSTILE.glob("test_*.py"))
+        if f"tests/hostile/{test.name}" not in named
+    ]
+
+
 def main() -> int:
-    problems = runbook_problems() + egress_problems()
+    problems = runbook_problems() + egress_problems() + threat_model_problems()
     for problem in problems:
         print(problem)
     print(f"docs: {len(problems)} problem(s)")
