@@ -169,7 +169,9 @@ class LabelRules:
         >>> rules.label_for_opened("notes.txt", "notes.txt", 2) == rules.highest()
         True
         """
-        label = self.label_for_path(requested).join(self.label_for_path(real))
+        label = self.label_for_path(real)
+        if real != requested:  # equal without a link on the way, the common case
+            label = label.join(self.label_for_path(requested))
         return label.join(self.highest()) if links > 1 else label
 
 
