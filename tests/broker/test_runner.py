@@ -304,6 +304,162 @@ async def test_a_dangling_symlink_out_of_the_workspace_is_a_path_escape(ws: Path
     failed(await run("read_file", {"path": "gone"}, ws), Reason.PATH_ESCAPE)
 
 
+PUB_TEXT = """
+[[grant]]
+id = "read-pub"
+tool = "read_file"
+mode = "auto"
+paths = ["pub/**"]
+
+[[grant]]
+id = "list-pub"
+tool = "list_dir"
+mode = "auto"
+paths = ["pub/**"]
+
+[[grant]]
+id = "write-pub"
+tool = "write_file"
+mode = "auto"
+paths = ["pub/**"]
+"""
+PUB = grant_set(PUB_TEXT)
+HARD_LINKS = grant_set(
+    PUB_TEXT.replace('paths = ["pub/**"]', 'paths = ["pub/**"]\nhard_links = true', 1)
+)
+PUB_SECRET = "TOPSECRET\n"
+
+
+@pytest.fixture
+def linked(ws: Path) -> Path:
+    """pub/ with links into secrets/: a symlink to the file, one to the directory, a
+    hard link, and a symlink that stays in pub/. Returns secrets/key."""
+    (ws / "secrets").mkdir()
+    key = ws / "secrets" / "key"
+    key.write_text(PUB_SECRET)
+    (ws / "pub").mkdir()
+    (ws / "pub" / "readme.txt").write_text("hello\n")
+    (ws / "pub" / "k").symlink_to("../secrets/key")
+    (ws / "pub" / "s").symlink_to("../secrets")
+    (ws / "pub" / "alias").symlink_to("readme.txt")
+    os.link(key, ws / "pub" / "hard")
+    return key
+
+
+def kept(key: Path) -> bool:
+    """secrets/key still holds the secret, under its one name."""
+    return key.read_text() == PUB_SECRET and os.listdir(key.parent) == ["key"]
+
+
+@pytest.fixture(params=["cached", "thread"])
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """read_file both ways: on the trio thread from the caches, and in a worker thread."""
+    if request.param == "thread":
+        monkeypatch.setattr(runner, "read_cached_beneath", lambda *_: None)
+    return str(request.param)
+
+
+@pytest.mark.parametrize(
+    ("path", "detail"),
+    [
+        ("pub/k", "pub/k: a link leads outside grant read-pub's paths"),
+        ("pub/s/key", "pub/s/key: a link leads outside grant read-pub's paths"),
+        ("pub/s/missing", "pub/s/missing: a link leads outside grant read-pub's paths"),
+        (
+            "pub/hard",
+            "pub/hard: the file has 2 names (hard links), "
+            "and grant read-pub does not set hard_links = true",
+        ),
+    ],
+)
+async def test_a_paths_grant_bounds_the_file_a_link_opens(
+    ws: Path, linked: Path, read_path: str, path: str, detail: str
+) -> None:
+    result = await run("read_file", {"path": path}, ws, grants=PUB)
+    assert failed(result, Reason.PATH_ESCAPE) == detail
+    assert result.label == INTERNAL  # nothing was read: the requested path's label
+
+
+async def test_a_link_that_stays_in_the_grant_is_followed(
+    ws: Path, linked: Path, read_path: str
+) -> None:
+    result = await run("read_file", {"path": "pub/alias"}, ws, grants=PUB)
+    assert (ok(result), result.label) == ("hello\n", INTERNAL)
+
+
+async def test_list_dir_through_a_link_out_of_the_grant_is_refused(ws: Path, linked: Path) -> None:
+    result = await run("list_dir", {"path": "pub/s"}, ws, grants=PUB)
+    assert (
+        failed(result, Reason.PATH_ESCAPE) == "pub/s: a link leads outside grant list-pub's paths"
+    )
+    assert ok(await run("list_dir", {"path": "pub"}, ws, grants=PUB)).split("\n") == [
+        "alias@",
+        "hard",
+        "k@",
+        "readme.txt",
+        "s@",
+    ]
+
+
+@pytest.mark.parametrize("path", ["pub/s/key", "pub/s/new"])
+async def test_write_file_through_a_linked_directory_out_of_the_grant_is_refused(
+    ws: Path, linked: Path, path: str
+) -> None:
+    result = await run("write_file", {"path": path, "content": "pwned"}, ws, grants=PUB)
+    assert failed(result, Reason.PATH_ESCAPE) == (
+        f"{path}: a link leads outside grant write-pub's paths"
+    )
+    assert kept(linked)
+
+
+async def test_write_file_replaces_a_hard_linked_name_never_its_other_names(
+    ws: Path, linked: Path
+) -> None:
+    ok(await run("write_file", {"path": "pub/hard", "content": "new"}, ws, grants=PUB))
+    assert (ws / "pub" / "hard").read_text() == "new"
+    assert kept(linked)
+    assert os.stat(linked).st_nlink == 1  # the rename replaced pub/hard's name
+
+
+async def test_a_hard_link_read_by_opt_in_reads_as_the_highest_label(
+    ws: Path, linked: Path, read_path: str
+) -> None:
+    result = await run("read_file", {"path": "pub/hard"}, ws, grants=HARD_LINKS)
+    assert ok(result) == PUB_SECRET
+    assert result.label == LabelRules().highest() == Label(Taint.SECRET, True)
+    # Without paths a hard link is allowed, and still never launders a label.
+    result = await run("read_file", {"path": "pub/hard"}, ws)
+    assert (ok(result), result.label) == (PUB_SECRET, Label(Taint.SECRET, True))
+
+
+async def test_the_grant_decides_on_the_opened_descriptor(
+    ws: Path, linked: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the descriptor names when it is checked wins over the walk's names: a name
+    moved after the walk (the sandboxed shell shares the workspace) is caught."""
+    monkeypatch.setattr(runner, "read_cached_beneath", lambda *_: None)
+    monkeypatch.setattr(runner, "fd_real_path", lambda _fd: os.path.realpath(linked))
+    read = await run("read_file", {"path": "pub/readme.txt"}, ws, grants=PUB)
+    assert failed(read, Reason.PATH_ESCAPE) == (
+        "pub/readme.txt: a link leads outside grant read-pub's paths"
+    )
+    listing = await run("list_dir", {"path": "pub"}, ws, grants=PUB)
+    assert failed(listing, Reason.PATH_ESCAPE) == "pub: a link leads outside grant list-pub's paths"
+    monkeypatch.setattr(runner, "fd_real_path", lambda _fd: os.path.realpath(ws / "secrets"))
+    write = await run("write_file", {"path": "pub/new.txt", "content": "x"}, ws, grants=PUB)
+    assert failed(write, Reason.PATH_ESCAPE) == (
+        "pub/new.txt: a link leads outside grant write-pub's paths"
+    )
+    assert not (ws / "pub" / "new.txt").exists()
+    assert temp_files(ws / "pub") == []
+    # A descriptor outside the workspace altogether is the plain escape.
+    monkeypatch.setattr(runner, "fd_real_path", lambda _fd: "/etc/passwd")
+    outside = await run("read_file", {"path": "pub/readme.txt"}, ws, grants=PUB)
+    assert failed(outside, Reason.PATH_ESCAPE) == (
+        "pub/readme.txt: a symlink leads outside the workspace"
+    )
+
+
 async def test_a_symlink_inside_the_workspace_is_followed_and_labels_by_its_target(
     ws: Path,
 ) -> None:

@@ -18,6 +18,7 @@ from boxmaker.core.grants import (
     Mode,
     grants_from_document,
     host_matches,
+    opened_refusal,
     parse_grants,
 )
 from boxmaker.core.labels import Taint
@@ -113,6 +114,7 @@ def test_defaults() -> None:
     assert grant.label_taint is None
     assert grant.expires is None
     assert grant.note is None
+    assert grant.hard_links is False
 
 
 def test_empty_and_comment_only_files_are_empty_sets() -> None:
@@ -213,6 +215,27 @@ def test_expires_with_an_offset_is_converted_to_utc() -> None:
             "label_taint",
             "may only raise shell output: internal or secret",
         ),
+        # hard_links
+        (
+            grant_text(**BASE, hard_links="yes"),
+            "g",
+            "hard_links",
+            "expected true or false (a boolean), got a string",
+        ),
+        (grant_text(**BASE, hard_links=1), "g", "hard_links", None),
+        (
+            grant_text(id="g", tool="list_dir", mode="auto", hard_links=True),
+            "g",
+            "hard_links",
+            "does not apply to tool list_dir",
+        ),
+        (
+            grant_text(id="g", tool="write_file", mode="auto", hard_links=True),
+            "g",
+            "hard_links",
+            None,
+        ),
+        (grant_text(id="g", tool="shell", mode="auto", hard_links=True), "g", "hard_links", None),
         # expires
         (grant_text(**BASE, expires="2026-12-31T00:00:00Z"), "g", "expires", None),
         (grant_text(**BASE, expires=Raw("2026-12-31T00:00:00")), "g", "expires", None),
@@ -284,6 +307,77 @@ def test_no_paths_matches_every_workspace_path_including_the_root() -> None:
     grant = one(grant_text(id="g", tool="list_dir", mode="auto"))
     assert grant.matches("list_dir", args("list_dir", path="."), NOW)
     assert grant.matches("list_dir", args("list_dir", path="a/b/c"), NOW)
+
+
+def test_hard_links_is_read_files_opt_in() -> None:
+    grant = one(grant_text(**BASE, paths=["pub/**"], hard_links=True))
+    assert grant.hard_links is True
+    assert one(grant_text(**BASE, hard_links=False)).hard_links is False
+
+
+PUB = grant_text(**BASE, paths=["pub/**"])
+
+
+@pytest.mark.parametrize(
+    ("text", "requested", "real", "links", "detail"),
+    [
+        (PUB, "pub/a", "pub/a", 1, None),
+        (PUB, "pub/alias", "pub/b/c", 1, None),
+        (PUB, "pub", "pub", 1, None),
+        (PUB, "pub/k", "secrets/key", 1, "pub/k: a link leads outside grant g's paths"),
+        (PUB, "pub/s/key", "secrets/key", 1, "pub/s/key: a link leads outside grant g's paths"),
+        (PUB, "pub/up", ".", 1, "pub/up: a link leads outside grant g's paths"),
+        (
+            PUB,
+            "pub/hard",
+            "pub/hard",
+            2,
+            "pub/hard: the file has 2 names (hard links), "
+            "and grant g does not set hard_links = true",
+        ),
+        (grant_text(**BASE, paths=["pub/**"], hard_links=True), "pub/hard", "pub/hard", 2, None),
+        # Opting in to hard links never opts in to symlinks out of the paths.
+        (
+            grant_text(**BASE, paths=["pub/**"], hard_links=True),
+            "pub/k",
+            "secrets/key",
+            2,
+            "pub/k: a link leads outside grant g's paths",
+        ),
+        # Without paths the grant covers every workspace path, whatever its names.
+        (grant_text(**BASE), "pub/k", "secrets/key", 3, None),
+    ],
+)
+def test_a_paths_grant_bounds_the_file_opened(
+    text: str, requested: str, real: str, links: int, detail: str | None
+) -> None:
+    assert opened_refusal(one(text), requested, real, links) == detail
+
+
+opened_paths = st.lists(st.sampled_from(["pub", "secrets", "zq", "key"]), min_size=1, max_size=3)
+
+
+@given(
+    st.sampled_from([["pub/**"], ["pub/**", "*.md"], None]),
+    st.booleans(),
+    opened_paths.map("/".join),
+    st.integers(min_value=0, max_value=4),
+)
+def test_an_opened_file_is_allowed_only_when_covered_and_its_only_name_or_opted_in(
+    paths: list[str] | None, hard_links: bool, real: str, links: int
+) -> None:
+    keys: dict[str, Any] = {**BASE, "hard_links": hard_links}
+    if paths is not None:
+        keys["paths"] = paths
+    grant = one(grant_text(**keys))
+    refusal = opened_refusal(grant, "pub/x", real, links)
+    allowed = paths is None or (grant.covers_path(real) and (links <= 1 or hard_links))
+    assert (refusal is None) == allowed
+    if refusal is not None:
+        assert "grant g" in refusal
+        assert real not in refusal.removeprefix("pub/x: ")  # where a link leads is not told
+    # covers_path agrees with matching a call on that path.
+    assert grant.covers_path(real) == grant.matches("read_file", args("read_file", path=real), NOW)
 
 
 def test_tool_must_be_equal() -> None:
@@ -421,7 +515,7 @@ values = st.recursive(
     max_leaves=8,
 )
 GRANT_KEYS = ["id", "tool", "mode", "paths", "commands", "hosts", "max_taint", "if_untrusted"]
-grant_keys = st.sampled_from([*GRANT_KEYS, "label_taint", "expires", "note", "other"])
+grant_keys = st.sampled_from([*GRANT_KEYS, "label_taint", "hard_links", "expires", "note", "other"])
 grant_dicts = st.dictionaries(grant_keys, values, max_size=8)
 documents = st.dictionaries(
     st.sampled_from(["grant", "grants", "x"]),

@@ -54,6 +54,41 @@ def test_a_bad_rule_is_refused() -> None:
         LabelRules(secret=("/etc/**",))
 
 
+workspace_paths = st.lists(
+    st.sampled_from(["secrets", "downloads", "pub", ".env", "a.pem", "x"]), min_size=1, max_size=3
+).map("/".join)
+rule_sets = st.sampled_from(
+    [
+        LabelRules(),
+        LabelRules(secret=(), untrusted=()),
+        LabelRules(secret=("pub/**",), untrusted=()),
+    ]
+)
+
+
+@given(rule_sets, workspace_paths, workspace_paths, st.integers(min_value=0, max_value=5))
+def test_an_opened_file_reads_as_the_highest_of_its_names(
+    rules: LabelRules, requested: str, real: str, links: int
+) -> None:
+    label = rules.label_for_opened(requested, real, links)
+    both = rules.label_for_path(requested).join(rules.label_for_path(real))
+    assert rules.highest().dominates(label)
+    assert label == (both.join(rules.highest()) if links > 1 else both)
+
+
+@given(rule_sets, workspace_paths)
+def test_no_path_reads_higher_than_the_highest(rules: LabelRules, path: str) -> None:
+    assert rules.highest().dominates(rules.label_for_path(path))
+
+
+def test_a_hard_link_reads_as_the_highest_label_the_rules_give() -> None:
+    rules = converter.structure({"secret": ["secrets/**"], "untrusted": []}, LabelRules)
+    assert rules.label_for_opened("pub/hard", "pub/hard", 1) == Label(Taint.INTERNAL, False)
+    assert rules.label_for_opened("pub/hard", "pub/hard", 2) == Label(Taint.SECRET, False)
+    assert rules.label_for_opened("pub/k", "secrets/key", 1) == Label(Taint.SECRET, False)
+    assert LabelRules().label_for_opened("a", "a", 3) == Label(Taint.SECRET, True)
+
+
 def test_shell_label() -> None:
     assert shell_label(None) == Label(Taint.INTERNAL, False)
     assert shell_label(Taint.SECRET) == Label(Taint.SECRET, False)

@@ -91,6 +91,9 @@ class CachedFile:
     data: bytes
     relative: str
     """Its real path relative to the root's real path (symlinks resolved)."""
+    links: int = 1
+    """Its link count (``st_nlink``): more than 1 means it has other names (hard links).
+    The caller decides on ``relative`` and ``links`` before it passes ``data`` on."""
 
 
 def read_cached_beneath(root: str, path: str, max_size: int) -> CachedFile | None:
@@ -98,14 +101,16 @@ def read_cached_beneath(root: str, path: str, max_size: int) -> CachedFile | Non
     most ``max_size`` bytes and the kernel can serve all of it from its caches; None
     otherwise — also for anything that would leave ``root`` (``..`` above it, an
     absolute symlink, a ``/proc`` magic link). Symlinks that stay below ``root`` are
-    followed, as the file tools do."""
+    followed, as the file tools do. The real path and the link count come from the
+    opened descriptor itself (``/proc/self/fd`` and the ``fstat`` the size check needs),
+    so they are the file that was read, with no window for a link swapped in between."""
     if "\x00" in path or "\x00" in root:
         return None  # C would read a shorter path (arguments never carry one: spec §3)
     root_fd = _openat2(AT_FDCWD, root, _DIR_FLAGS, RESOLVE_CACHED)
     if root_fd is None:
         return None
     try:
-        real_root = _real_path(root_fd)
+        real_root = fd_real_path(root_fd)
         fd = _openat2(
             root_fd, path, _READ_FLAGS, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_CACHED
         )
@@ -118,7 +123,7 @@ def read_cached_beneath(root: str, path: str, max_size: int) -> CachedFile | Non
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_size or real_root is None:
             return None
         data = _read_whole(fd, info.st_size)
-        real = _real_path(fd)
+        real = fd_real_path(fd)
     except OSError:
         return None
     finally:
@@ -130,7 +135,7 @@ def read_cached_beneath(root: str, path: str, max_size: int) -> CachedFile | Non
     prefix = real_root.rstrip("/") + "/"
     if not real.startswith(prefix):
         return None
-    return CachedFile(data, real[len(prefix) :])
+    return CachedFile(data, real[len(prefix) :], info.st_nlink)
 
 
 def _read_whole(fd: int, size: int) -> bytes | None:
@@ -145,7 +150,7 @@ def _read_whole(fd: int, size: int) -> bytes | None:
     return bytes(buffer[:count]) if count == size else None
 
 
-def _real_path(fd: int) -> str | None:
+def fd_real_path(fd: int) -> str | None:
     """What ``fd`` names now (``/proc/self/fd``); None if that cannot be told."""
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")  # noqa: PTH115  (hot path: no Path)

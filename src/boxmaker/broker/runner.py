@@ -15,6 +15,15 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
   check (the sandboxed shell shares the workspace) fails instead of being followed. The
   result's label is the join of the requested path's label and the real path's (a link
   ``notes.txt -> .env`` reads as secret).
+- Links and a ``paths`` grant: the grant bounds the file actually opened. Once the
+  file (or listed directory, or write_file's directory) is open, its real path is read
+  from the descriptor (``/proc/self/fd``) and its link count from ``fstat``, and
+  :func:`~boxmaker.core.grants.opened_refusal` decides on them before anything is read
+  or written through it: a real path outside the grant's ``paths``, or a regular file
+  with other names (hard links) without the grant's ``hard_links``, is ``path_escape``.
+  The real path is also checked before opening, so a link out of the grant is refused
+  the same way whether or not its target exists. A file with other names reads as the
+  highest label ``[labels]`` gives (:meth:`~boxmaker.core.labels.LabelRules.label_for_opened`).
 - ``read_file``: without ``max_bytes`` a file over 1 MiB is ``too_large``; with it, the
   first ``max_bytes`` bytes are read (the schema says "read at most") and a marker says
   the content was cut. Only regular files are read (a FIFO or device is ``tool_error``).
@@ -63,7 +72,7 @@ from typing import Final
 import attrs
 import trio
 
-from boxmaker.broker.nowait import read_cached_beneath
+from boxmaker.broker.nowait import fd_real_path, read_cached_beneath
 from boxmaker.broker.sandbox import SANDBOX_ENV, STDERR_TAIL, SandboxPool, sandbox_argv
 from boxmaker.core.catalogue import (
     MAX_BYTES,
@@ -79,7 +88,7 @@ from boxmaker.core.catalogue import (
     result_label,
 )
 from boxmaker.core.decide import Decision
-from boxmaker.core.grants import Grant, host_matches
+from boxmaker.core.grants import Grant, host_matches, opened_refusal
 from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.paths import ROOT
 from boxmaker.core.reasons import Reason
@@ -149,6 +158,8 @@ class RunSpec:
     _argv: tuple[str, ...] | None
     _hosts: tuple[str, ...]
     _grant: str | None
+    _bounds: Grant
+    """The decision's grant: its ``paths`` and ``hard_links`` bound the file opened."""
     _token: object = attrs.field(validator=_only_for_call, repr=False)
 
     @classmethod
@@ -204,6 +215,7 @@ class RunSpec:
             argv,
             grant.hosts,
             grant.id,
+            grant,
             _FOR_CALL,
         )
 
@@ -357,6 +369,34 @@ def _open_at(dir_fd: int, name: str, flags: int, path: str) -> int:
         raise _os_failure(exc, path) from None
 
 
+def _opened_relative(fd: int, root: str, walked: str, path: str) -> str:
+    """The workspace path of what ``fd`` names now (``/proc/self/fd``): the file that
+    was opened, whatever happened to the names since the walk. path_escape when it is
+    outside the workspace; ``walked`` (the O_NOFOLLOW walk's own path) when the kernel
+    cannot tell (a file unlinked since it was opened has no path)."""
+    real = fd_real_path(fd)
+    if real is None:
+        return walked
+    if real == root:
+        return ROOT
+    prefix = root.rstrip("/") + "/"
+    if not real.startswith(prefix):
+        raise _escape(path)
+    return real[len(prefix) :]
+
+
+def _bound(spec: RunSpec, path: str, real: str, links: int = 1) -> None:
+    """path_escape unless the grant covers ``real`` (and, for ``links`` > 1, allows a
+    file with other names); see :func:`~boxmaker.core.grants.opened_refusal`."""
+    refusal = opened_refusal(spec._bounds, path, real, links)
+    if refusal is not None:
+        raise _Failed(Reason.PATH_ESCAPE, refusal)
+
+
+def _join(parent: str, name: str) -> str:
+    return name if parent == ROOT else f"{parent}/{name}"
+
+
 def _exists(dir_fd: int, name: str) -> bool:
     try:
         os.lstat(name, dir_fd=dir_fd)
@@ -380,7 +420,7 @@ def _split(relative: str) -> tuple[str, str]:
 
 def _read_file(spec: RunSpec, args: ReadFileArgs) -> RunResult:
     root, real = _real_relative(spec.workspace, args.path)
-    label = spec.label.join(spec._rules.label_for_path(real))
+    _bound(spec, args.path, real)
     if real == ROOT:
         raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
     parent, name = _split(real)
@@ -390,7 +430,12 @@ def _read_file(spec: RunSpec, args: ReadFileArgs) -> RunResult:
     finally:
         os.close(dir_fd)
     try:
+        # Decided on the open descriptor, before a byte is read through it.
         info = os.fstat(fd)
+        opened = _opened_relative(fd, root, real, args.path)
+        links = info.st_nlink if stat.S_ISREG(info.st_mode) else 1
+        _bound(spec, args.path, opened, links)
+        label = spec.label.join(spec._rules.label_for_opened(args.path, opened, links))
         if stat.S_ISDIR(info.st_mode):
             raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
         if not stat.S_ISREG(info.st_mode):
@@ -421,7 +466,9 @@ def _read_file_cached(spec: RunSpec, args: ReadFileArgs) -> RunResult | None:
     cached = read_cached_beneath(str(spec.workspace), args.path, min(limit, CACHED_READ_MAX))
     if cached is None:
         return None
-    label = spec.label.join(spec._rules.label_for_path(cached.relative))
+    # Decided on the descriptor read (nowait.py): a refusal leaves the data unused.
+    _bound(spec, args.path, cached.relative, cached.links)
+    label = spec.label.join(spec._rules.label_for_opened(args.path, cached.relative, cached.links))
     return RunResult.success(cached.data.decode("utf-8", errors="replace"), label)
 
 
@@ -437,7 +484,7 @@ def _read_up_to(fd: int, size: int) -> bytes:
 
 def _list_dir(spec: RunSpec, args: ListDirArgs) -> RunResult:
     root, real = _real_relative(spec.workspace, args.path)
-    label = spec.label.join(spec._rules.label_for_path(real))
+    _bound(spec, args.path, real)
     parent, name = _split(real)
     if real == ROOT:
         fd = _walk(root, ROOT, args.path)
@@ -452,6 +499,10 @@ def _list_dir(spec: RunSpec, args: ListDirArgs) -> RunResult:
         finally:
             os.close(dir_fd)
     try:
+        # Decided on the open descriptor, before it is listed.
+        opened = _opened_relative(fd, root, real, args.path)
+        _bound(spec, args.path, opened)
+        label = spec.label.join(spec._rules.label_for_opened(args.path, opened, 1))
         names = []
         with os.scandir(fd) as entries:
             for entry in entries:
@@ -474,8 +525,14 @@ def _write_file(spec: RunSpec, args: WriteFileArgs) -> RunResult:
     if args.path == ROOT:
         raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
     root, real_parent = _real_relative(spec.workspace, parent_path)
+    _bound(spec, args.path, _join(real_parent, name))
     dir_fd = _walk(root, real_parent, args.path)
     try:
+        # The target's real path is its directory's (read from the descriptor the
+        # rename goes through) and its own name, which is never a symlink: one there is
+        # refused below, and one raced in is replaced by the rename, not followed.
+        opened_parent = _opened_relative(dir_fd, root, real_parent, args.path)
+        _bound(spec, args.path, _join(opened_parent, name))
         mode: int | None = None
         try:
             info = os.lstat(name, dir_fd=dir_fd)

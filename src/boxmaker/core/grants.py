@@ -15,6 +15,11 @@ Matching (:meth:`Grant.matches`):
   and the host ends with ``.suffix`` (``*.example.com`` matches ``a.example.com`` and
   ``a.b.example.com``, never ``example.com`` itself);
 - ``expires``: a grant matches strictly before it (``now >= expires`` → no match).
+
+A ``paths`` grant bounds the file a tool actually opens, not only the path it asked
+for (:func:`opened_refusal`): a link in the workspace can lead a covered path to an
+uncovered file, and a hard link gives an uncovered file a covered name. The runner asks
+once it holds the opened file's descriptor, with its real path and link count.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class Grant:
     max_taint: Taint = Taint.SECRET
     if_untrusted: Mode = Mode.ASK
     label_taint: Taint | None = None
+    hard_links: bool = False
+    """read_file under ``paths``: may a regular file with more than one link be read?"""
     expires: dt.datetime | None = None
     note: str | None = None
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
@@ -117,6 +124,44 @@ class Grant:
                 host in self._exact_hosts or host.endswith(self._host_suffixes)
             )
         return True
+
+    def covers_path(self, path: str) -> bool:
+        """Is the workspace path ``path`` within ``paths`` (True when there are none)?"""
+        return self.paths is None or any(glob.matches(path) for glob in self.paths)
+
+
+def opened_refusal(grant: Grant, requested: str, real: str, links: int) -> str | None:
+    """Why a file tool may not go on with the file it opened for ``grant``, or None.
+
+    The answer is a ``path_escape`` detail. ``requested`` is the path the call named (the
+    grant covers it: decide() checked); ``real`` the opened file's (or directory's, or
+    for write_file the target's) real workspace path, symlinks resolved, at open time;
+    ``links`` its link count when it is a regular file, else 1 (a directory's count is
+    its subdirectories'). Both paths must be covered; and a file with another name
+    somewhere might be a file the grant does not cover, so under ``paths`` it needs the
+    grant's ``hard_links``. The detail names the grant, not the real path: where the
+    link leads is not the model's to learn from a refusal.
+
+    >>> grants = parse_grants('[[grant]]\\nid = "pub"\\ntool = "read_file"\\nmode = "auto"'
+    ...                       '\\npaths = ["pub/**"]')
+    >>> pub = grants.grants[0]
+    >>> opened_refusal(pub, "pub/a", "pub/b", 1) is None
+    True
+    >>> opened_refusal(pub, "pub/k", "secrets/key", 1)
+    "pub/k: a link leads outside grant pub's paths"
+    >>> print(opened_refusal(pub, "pub/hard", "pub/hard", 2))
+    pub/hard: the file has 2 names (hard links), and grant pub does not set hard_links = true
+    """
+    if grant.paths is None:
+        return None
+    if not grant.covers_path(real):
+        return f"{requested}: a link leads outside grant {grant.id}'s paths"
+    if links > 1 and not grant.hard_links:
+        return (
+            f"{requested}: the file has {links} names (hard links), "
+            f"and grant {grant.id} does not set hard_links = true"
+        )
+    return None
 
 
 def host_matches(pattern: str, host: str) -> bool:
@@ -218,6 +263,7 @@ _KEYS: Final = (
     "max_taint",
     "if_untrusted",
     "label_taint",
+    "hard_links",
     "expires",
     "note",
 )
@@ -226,6 +272,10 @@ _APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
     "commands": lambda tool: tool == "shell",
     "hosts": lambda tool: tool == "http_get",
     "label_taint": lambda tool: tool == "shell",
+    # Only read_file opens a file through a name that may be one of several: list_dir
+    # opens directories (never hard-linked), and write_file's rename replaces the name,
+    # so the other names keep the old content.
+    "hard_links": lambda tool: tool == "read_file",
 }
 # A DNS name, a *.suffix, or an IPv6 address as urllib gives it (no brackets).
 _HOST: Final = re.compile(r"(?:\*\.)?[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|[0-9a-f:]+")
@@ -310,6 +360,12 @@ def _expires(gid: str | None, value: object) -> dt.datetime:
     return value.astimezone(dt.UTC)
 
 
+def _boolean(gid: str | None, key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(gid, key, f"expected true or false (a boolean), got {_type_name(value)}")
+    return value
+
+
 def _note(gid: str | None, value: object) -> str:
     if not isinstance(value, str):
         raise _Invalid(gid, "note", f"expected a string, got {_type_name(value)}")
@@ -366,6 +422,7 @@ def _grant(index: int, raw: object, seen: set[str]) -> Grant:
         if "if_untrusted" in raw
         else Mode.ASK,
         label_taint=label_taint,
+        hard_links=_boolean(gid, "hard_links", raw["hard_links"]) if "hard_links" in raw else False,
         expires=_expires(gid, raw["expires"]) if "expires" in raw else None,
         note=_note(gid, raw["note"]) if "note" in raw else None,
     )

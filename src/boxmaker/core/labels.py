@@ -142,6 +142,38 @@ class LabelRules:
         untrusted = any(glob.matches(path) for glob in self._untrusted_globs)
         return Label(Taint.SECRET if secret else Taint.INTERNAL, untrusted)
 
+    def highest(self) -> Label:
+        """The highest label these rules give any path: secret when there is a secret
+        rule, untrusted when there is an untrusted one.
+
+        >>> LabelRules().highest()
+        Label(taint=<Taint.SECRET: 'secret'>, untrusted=True)
+        >>> LabelRules(secret=(), untrusted=()).highest()
+        Label(taint=<Taint.INTERNAL: 'internal'>, untrusted=False)
+        """
+        return Label(Taint.SECRET if self.secret else Taint.INTERNAL, bool(self.untrusted))
+
+    def label_for_opened(self, requested: str, real: str, links: int) -> Label:
+        """The label of what a file tool read through ``requested`` (a workspace path)
+        when the file it opened is at ``real`` (symlinks resolved) and has ``links``
+        names (a regular file's link count; 1 for a directory).
+
+        The higher of the two paths' labels: a link ``notes.txt -> .env`` reads as
+        secret. A file with more than one name carries the label of every name, and
+        its other names are unknown (finding them means scanning the workspace), so it
+        reads as :meth:`highest`: a hard link to a secret file never launders it.
+
+        >>> rules = LabelRules()
+        >>> rules.label_for_opened("notes.txt", ".env", 1).taint
+        <Taint.SECRET: 'secret'>
+        >>> rules.label_for_opened("notes.txt", "notes.txt", 2) == rules.highest()
+        True
+        """
+        label = self.label_for_path(real)
+        if real != requested:  # equal without a link on the way, the common case
+            label = label.join(self.label_for_path(requested))
+        return label.join(self.highest()) if links > 1 else label
+
 
 def shell_label(label_taint: Taint | None) -> Label:
     """Shell output: internal, raised by the matched grant's ``label_taint`` (never lowered).
