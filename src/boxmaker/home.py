@@ -145,6 +145,11 @@ class Home:
         """``run/model.url``: where the built-in model listens, while it runs."""
         return self.run_dir / "model.url"
 
+    @property
+    def model_sock(self) -> Path:
+        """``run/model.sock``: the built-in model's llama-server (owner only)."""
+        return self.run_dir / "model.sock"
+
     def pid_file(self, program: str) -> Path:
         return self.run_dir / f"{_program(program)}.pid"
 
@@ -271,6 +276,8 @@ class LoopConfig:
 @attrs.frozen(kw_only=True)
 class ProxyConfig:
     tcp_port: int = attrs.field(default=0, validator=_port)
+    token_file: str | None = None
+    """A file holding the token the TCP listener requires (relative to the home)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -404,8 +411,11 @@ def default_config_text() -> str:
 # first_step = "auto"
 
 [proxy]
-# inferproxy's extra TCP listener on 127.0.0.1; 0: none.
+# inferproxy's extra TCP listener on 127.0.0.1; 0: none. Any local user can connect
+# to it: set token_file too, and clients must send "Authorization: Bearer <token>".
 # tcp_port = 0
+# A private file (0600) with the token, one line (openssl rand -hex 32 > proxy.token).
+# token_file = "proxy.token"
 
 [labels]
 # Workspace paths whose content is secret / untrusted (globs; other files: internal).

@@ -79,7 +79,7 @@ async def test_a_chat_request_is_pinned_to_the_model_and_its_length_capped(
     async with proxy_on(home, fake) as client:
         response = await client.post(
             "/v1/chat/completions",
-            json=chat(max_tokens=100_000, n_predict=5, max_completion_tokens=True),
+            json=chat(max_tokens=100_000, max_completion_tokens=True),
             headers={"authorization": "Bearer leak", "x-extra": "1"},
         )
     assert response.status_code == 200
@@ -92,7 +92,6 @@ async def test_a_chat_request_is_pinned_to_the_model_and_its_length_capped(
         "model": "default",
         "messages": MESSAGES,
         "max_tokens": 64,
-        "n_predict": 5,
         "max_completion_tokens": 64,
     }
     line = next(r.getMessage() for r in caplog.records if request_id in r.getMessage())
