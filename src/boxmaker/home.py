@@ -263,7 +263,16 @@ class ModelConfig:
 @attrs.frozen(kw_only=True)
 class BrokerConfig:
     pending_timeout: float = attrs.field(default=300.0, validator=_positive)
-    loopd_uid: int = attrs.field(factory=os.getuid, validator=_at_least(0))
+
+
+LOOPD_UID_GONE: Final = (
+    "[broker] loopd_uid: no longer supported: loopd runs as the owner, the only uid "
+    "that can reach broker.sock and infer.sock; remove the key (see "
+    "docs/runbook.md#loopd-uid)"
+)
+"""A loopd under another uid could reach neither socket in the owner's 0700 run/, nor
+write its loop.sock, conversations or log in the home; a run/ it could write to would
+let it squat the owner's sockets. So the key is refused by name rather than ignored."""
 
 
 @attrs.frozen(kw_only=True)
@@ -341,6 +350,9 @@ def parse_config(text: str, home: Home, *, file: Path | None = None) -> Config:
         raw: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{file.name}: TOML syntax: {exc}"]) from None
+    broker = raw.get("broker")
+    if isinstance(broker, dict) and "loopd_uid" in broker:
+        raise ConfigError([f"{file.name}: {LOOPD_UID_GONE}"])
     workspace = raw.get("workspace")
     if workspace is None:
         raw["workspace"] = str(home.default_workspace)
@@ -401,8 +413,6 @@ def default_config_text() -> str:
 [broker]
 # How long an ask waits for bxctl approve / refuse before it expires.
 # pending_timeout = 300.0
-# The uid allowed on broker.sock (loopd's). Default: the owner's uid.
-# loopd_uid = {os.getuid()}
 
 [loop]
 # max_steps = 16
