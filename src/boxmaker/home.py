@@ -405,7 +405,8 @@ def default_config_text() -> str:
 # workspace = "workspace"
 
 [model]
-# The llama-server to use; no url: the embedded model (bxctl up starts it).
+# The llama-server to use (http(s)://… or unix:///path.sock); no url: the embedded
+# model (bxctl up starts it, on run/model.sock).
 # url = "http://127.0.0.1:8080"
 # name = "default"
 # max_tokens = 1024

@@ -389,7 +389,10 @@ async def test_the_tcp_listener_requires_the_token_and_infer_sock_does_not(
     assert all(TOKEN not in record.getMessage() for record in caplog.records)
 
 
-async def test_loopds_slot_keys_are_refused_on_the_tcp_listener(home: Home) -> None:
+async def test_loopds_slot_keys_are_refused_on_the_tcp_listener(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="boxmaker.inferproxy")
     port = with_tcp(home, token=None)
     fake = FakeLlama(script=[{"content": "hi"}])
     tcp = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}")
@@ -402,6 +405,8 @@ async def test_loopds_slot_keys_are_refused_on_the_tcp_listener(home: Home) -> N
     )
     assert plain.status_code == 200
     assert len(fake.requests) == 1
+    warning = f"127.0.0.1:{port} is open to every local user: set [proxy] token_file; "
+    assert warning + "see docs/runbook.md#proxy-token" in caplog.messages
 
 
 @pytest.mark.parametrize(

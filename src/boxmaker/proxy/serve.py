@@ -181,6 +181,12 @@ async def serve_proxy(
         sockets = [unix]
         if config.proxy.tcp_port:
             sockets.append(_tcp_socket(config.proxy.tcp_port))
+            if settings.token is None:
+                log.warning(
+                    "127.0.0.1:%d is open to every local user: set [proxy] token_file; see %s",
+                    config.proxy.tcp_port,
+                    RUNBOOK_TCP,
+                )
         hypercorn_config = _hypercorn_config(sockets)
         async with _model_client(settings.upstream) as client:
             app = InferProxy(settings, client)
