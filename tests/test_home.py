@@ -187,9 +187,9 @@ def test_a_missing_file_is_all_defaults(home: Home) -> None:
     assert config == Config.defaults(home)
     assert config.workspace == home.root / "workspace"
     assert config.model == ModelConfig(url=None, name="default", max_tokens=1024)
-    assert config.broker == BrokerConfig(pending_timeout=300.0, loopd_uid=os.getuid())
+    assert config.broker == BrokerConfig(pending_timeout=300.0)
     assert config.loop == LoopConfig(max_steps=16, reply_timeout=10.0, first_step="auto")
-    assert config.proxy == ProxyConfig(tcp_port=0)
+    assert config.proxy == ProxyConfig(tcp_port=0, token_file=None)
     assert config.labels == LabelRules(
         secret=("**/.env", "**/*.pem", "secrets/**"), untrusted=("downloads/**",)
     )
@@ -202,13 +202,21 @@ def test_the_default_text_is_all_comments_and_says_the_defaults(home: Home) -> N
     uncommented = re.sub(r"(?m)^# (\w+ = )", r"\1", text)
     assert tomllib.loads(uncommented)["broker"]["pending_timeout"] == 300.0
     config = parse_config(uncommented, home)
-    assert config == attrs_evolve_model_url(Config.defaults(home), "http://127.0.0.1:8080")
+    # The two keys without a default value in TOML show an example instead.
+    expected = attrs_evolve_model_url(Config.defaults(home), "http://127.0.0.1:8080")
+    assert config == attrs_evolve_token_file(expected, "proxy.token")
 
 
 def attrs_evolve_model_url(config: Config, url: str) -> Config:
     import attrs
 
     return attrs.evolve(config, model=attrs.evolve(config.model, url=url))
+
+
+def attrs_evolve_token_file(config: Config, token_file: str) -> Config:
+    import attrs
+
+    return attrs.evolve(config, proxy=attrs.evolve(config.proxy, token_file=token_file))
 
 
 def test_every_key_is_read(home: Home, tmp_path: Path) -> None:
@@ -222,13 +230,13 @@ name = "m"
 max_tokens = 64
 [broker]
 pending_timeout = 2
-loopd_uid = 1234
 [loop]
 max_steps = 3
 reply_timeout = 0.5
 first_step = "tool"
 [proxy]
 tcp_port = 8081
+token_file = "secret/proxy.token"
 [labels]
 secret = ["keys/**"]
 untrusted = []
@@ -240,10 +248,10 @@ output_cap = 100
     config = load_config(home)
     assert config.workspace == tmp_path / "work"
     assert config.model == ModelConfig(url="http://127.0.0.1:9999", name="m", max_tokens=64)
-    assert config.broker == BrokerConfig(pending_timeout=2.0, loopd_uid=1234)
+    assert config.broker == BrokerConfig(pending_timeout=2.0)
     assert isinstance(config.broker.pending_timeout, float)
     assert config.loop == LoopConfig(max_steps=3, reply_timeout=0.5, first_step="tool")
-    assert config.proxy.tcp_port == 8081
+    assert config.proxy == ProxyConfig(tcp_port=8081, token_file="secret/proxy.token")
     assert config.labels == LabelRules(secret=("keys/**",), untrusted=())
     assert config.runner == RunnerConfig(shell_timeout=1.5, output_cap=100)
 
@@ -280,8 +288,9 @@ def test_a_workspace_that_exposes_the_home_is_refused(home: Home, workspace: str
         ("[broker]\npending_timeout = true", "[broker] pending_timeout: expected a number"),
         ("[broker]\npending_timeout = nan", "[broker] pending_timeout: expected a finite"),
         ("[broker]\npending_timeout = 0", "[broker] pending_timeout: expected a number above 0"),
-        ("[broker]\nloopd_uid = 1.0", "[broker] loopd_uid: expected an integer"),
-        ("[broker]\nloopd_uid = -1", "[broker] loopd_uid: expected at least 0"),
+        ("[broker]\nloopd_uid = 1000", "[broker] loopd_uid: no longer supported: loopd runs"),
+        ("[broker]\nloopd_uid = -1", "see docs/runbook.md#loopd-uid)"),
+        ("[proxy]\ntoken_file = 5", "[proxy] token_file: expected a string"),
         ("[broker]\npending = 1", "[broker] pending: unknown key"),
         ("[model]\nmax_tokens = '5'", "[model] max_tokens: expected an integer"),
         ("[model]\nmax_tokens = 0", "[model] max_tokens: expected at least 1"),

@@ -145,6 +145,11 @@ class Home:
         """``run/model.url``: where the built-in model listens, while it runs."""
         return self.run_dir / "model.url"
 
+    @property
+    def model_sock(self) -> Path:
+        """``run/model.sock``: the built-in model's llama-server (owner only)."""
+        return self.run_dir / "model.sock"
+
     def pid_file(self, program: str) -> Path:
         return self.run_dir / f"{_program(program)}.pid"
 
@@ -258,7 +263,16 @@ class ModelConfig:
 @attrs.frozen(kw_only=True)
 class BrokerConfig:
     pending_timeout: float = attrs.field(default=300.0, validator=_positive)
-    loopd_uid: int = attrs.field(factory=os.getuid, validator=_at_least(0))
+
+
+LOOPD_UID_GONE: Final = (
+    "[broker] loopd_uid: no longer supported: loopd runs as the owner, the only uid "
+    "that can reach broker.sock and infer.sock; remove the key (see "
+    "docs/runbook.md#loopd-uid)"
+)
+"""A loopd under another uid could reach neither socket in the owner's 0700 run/, nor
+write its loop.sock, conversations or log in the home; a run/ it could write to would
+let it squat the owner's sockets. So the key is refused by name rather than ignored."""
 
 
 @attrs.frozen(kw_only=True)
@@ -271,6 +285,8 @@ class LoopConfig:
 @attrs.frozen(kw_only=True)
 class ProxyConfig:
     tcp_port: int = attrs.field(default=0, validator=_port)
+    token_file: str | None = None
+    """A file holding the token the TCP listener requires (relative to the home)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -334,6 +350,9 @@ def parse_config(text: str, home: Home, *, file: Path | None = None) -> Config:
         raw: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{file.name}: TOML syntax: {exc}"]) from None
+    broker = raw.get("broker")
+    if isinstance(broker, dict) and "loopd_uid" in broker:
+        raise ConfigError([f"{file.name}: {LOOPD_UID_GONE}"])
     workspace = raw.get("workspace")
     if workspace is None:
         raw["workspace"] = str(home.default_workspace)
@@ -386,7 +405,8 @@ def default_config_text() -> str:
 # workspace = "workspace"
 
 [model]
-# The llama-server to use; no url: the embedded model (bxctl up starts it).
+# The llama-server to use (http(s)://… or unix:///path.sock); no url: the embedded
+# model (bxctl up starts it, on run/model.sock).
 # url = "http://127.0.0.1:8080"
 # name = "default"
 # max_tokens = 1024
@@ -394,8 +414,6 @@ def default_config_text() -> str:
 [broker]
 # How long an ask waits for bxctl approve / refuse before it expires.
 # pending_timeout = 300.0
-# The uid allowed on broker.sock (loopd's). Default: the owner's uid.
-# loopd_uid = {os.getuid()}
 
 [loop]
 # max_steps = 16
@@ -404,8 +422,11 @@ def default_config_text() -> str:
 # first_step = "auto"
 
 [proxy]
-# inferproxy's extra TCP listener on 127.0.0.1; 0: none.
+# inferproxy's extra TCP listener on 127.0.0.1; 0: none. Any local user can connect
+# to it: set token_file too, and clients must send "Authorization: Bearer <token>".
 # tcp_port = 0
+# A private file (0600) with the token, one line (openssl rand -hex 32 > proxy.token).
+# token_file = "proxy.token"
 
 [labels]
 # Workspace paths whose content is secret / untrusted (globs; other files: internal).

@@ -28,7 +28,6 @@ from tests.broker.broker_harness import (
     records_of,
     running,
     tool_request,
-    write_config,
     write_grants,
     write_state,
 )
@@ -879,12 +878,12 @@ async def test_a_reused_call_id_is_refused_and_not_recorded(
     assert [r["arguments"] for r in records_of(home, c)] == [{"path": "a"}]
 
 
-async def test_a_peer_other_than_loopd_uid_is_refused(
+async def test_a_peer_other_than_the_owner_is_refused(
     home: Home, autojump_clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    write_config(home, "[broker]\nloopd_uid = 4242\n")
+    # The owner (who loopd runs as) is taken to be someone else: we are then a stranger.
     with trio.fail_after(GUARD):
-        async with running(home):
+        async with running(home, owner_uid=4242):
             frames = await call(home, tool_request("read_file", {"path": "a"}))
     assert len(frames) == 1
     assert frames[0]["kind"] == "error"

@@ -223,18 +223,6 @@ def test_a_loose_run_dir_is_tightened(home: Home, daemons: list[Daemon]) -> None
     assert daemon.wait() == 0
 
 
-def test_a_peer_of_another_uid_is_refused(home: Home, daemons: list[Daemon]) -> None:
-    # run/ is 0700, so another uid cannot even reach the socket; configuring loopd's uid
-    # to someone else is what exercises the SO_PEERCRED check.
-    write_config(home, "[broker]\nloopd_uid = 4242\n")
-    daemon = start(daemons, home)
-    with connect(home.broker_sock) as sock:
-        answer = read_frame(sock)
-    assert (answer["kind"], answer["code"]) == ("error", "peer_refused")
-    assert f"uid {os.getuid()}" in answer["detail"]
-    wait_for(lambda: "refused a peer" in daemon.stderr(), "the refusal's log line")
-
-
 def test_a_torn_ledger_refuses_to_start_and_repair_starts(
     home: Home, daemons: list[Daemon]
 ) -> None:

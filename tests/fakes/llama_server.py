@@ -51,15 +51,23 @@ class FakeLlama:
     url: str = ""
     _turn: int = 0
 
-    async def serve(self, port: int = 0, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self,
+        port: int = 0,
+        *,
+        uds: Path | None = None,
+        task_status: Any = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve on 127.0.0.1:``port``, or on the Unix socket ``uds`` (its URL then
+        ``unix:///…``, as the built-in model's)."""
         config = hypercorn.config.Config()
-        config.bind = [f"127.0.0.1:{port}"]
+        config.bind = [f"127.0.0.1:{port}" if uds is None else f"unix:{uds}"]
         config.accesslog = None
         config.errorlog = None
         async with trio.open_nursery() as nursery:
             serve = functools.partial(hypercorn.trio.serve, self, config)  # type: ignore[arg-type]
             binds = await nursery.start(serve)
-            self.url = binds[0]
+            self.url = binds[0] if uds is None else f"unix://{uds}"
             task_status.started(self.url)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

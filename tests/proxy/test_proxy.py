@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import stat
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -18,9 +20,9 @@ import trio
 from tests.conftest import short_home
 from tests.fakes.llama_server import MODEL_ID, FakeLlama
 
-from boxmaker.home import Home
+from boxmaker.home import ConfigError, Home, load_config
 from boxmaker.proxy.app import MAX_BODY
-from boxmaker.proxy.serve import NoUpstream, ProxyHandle, serve_proxy
+from boxmaker.proxy.serve import NoUpstream, ProxyHandle, read_token, serve_proxy
 
 GUARD = 20.0
 """Real seconds a test may take before it fails instead of hanging the suite."""
@@ -79,7 +81,7 @@ async def test_a_chat_request_is_pinned_to_the_model_and_its_length_capped(
     async with proxy_on(home, fake) as client:
         response = await client.post(
             "/v1/chat/completions",
-            json=chat(max_tokens=100_000, n_predict=5, max_completion_tokens=True),
+            json=chat(max_tokens=100_000, max_completion_tokens=True),
             headers={"authorization": "Bearer leak", "x-extra": "1"},
         )
     assert response.status_code == 200
@@ -92,7 +94,6 @@ async def test_a_chat_request_is_pinned_to_the_model_and_its_length_capped(
         "model": "default",
         "messages": MESSAGES,
         "max_tokens": 64,
-        "n_predict": 5,
         "max_completion_tokens": 64,
     }
     line = next(r.getMessage() for r in caplog.records if request_id in r.getMessage())
@@ -271,3 +272,172 @@ async def test_without_a_model_url_it_does_not_start(home: Home) -> None:
     with pytest.raises(NoUpstream, match="not an http"):
         await serve_proxy(home, upstream="unix:/tmp/model.sock")
     assert not home.infer_sock.exists()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"n_probs": 5},
+        {"lora": [{"id": 0, "scale": 1.0}]},
+        {"ignore_eos": True},
+        {"t_max_predict_ms": 1},
+        {"n_predict": 5},
+        {"grammar": "root ::= x"},
+        {"MESSAGES": []},
+    ],
+)
+async def test_a_chat_key_outside_the_allow_list_is_400_naming_it(
+    home: Home, extra: dict[str, Any]
+) -> None:
+    fake = FakeLlama(script=[{"content": "hi"}])
+    async with proxy_on(home, fake) as client:
+        response = await client.post("/v1/chat/completions", json=chat(**extra))
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["type"] == "invalid_request"
+    assert error["message"] == f"inferproxy does not forward these keys: {next(iter(extra))}"
+    assert fake.requests == []
+
+
+async def test_what_loopd_and_openai_clients_send_is_forwarded_on_infer_sock(home: Home) -> None:
+    fake = FakeLlama(script=[{"content": "hi"}])
+    body = chat(
+        tools=[],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        id_slot=0,
+        cache_prompt=True,
+        temperature=0.5,
+        top_p=0.9,
+        stop=["\n"],
+        seed=1,
+        response_format={"type": "text"},
+        stream=False,
+    )
+    async with proxy_on(home, fake) as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert fake.requests[-1] == {**body, "model": "default", "max_tokens": 64}
+
+
+async def test_a_unix_socket_model_is_forwarded_to(home: Home) -> None:
+    fake = FakeLlama(script=[{"content": "hi"}])
+    sock = home.run_dir / "fake-model.sock"
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as model:
+            upstream = await model.start(
+                lambda task_status: fake.serve(uds=sock, task_status=task_status)
+            )
+            assert upstream == f"unix://{sock}"
+            async with proxy_on(home, upstream=upstream) as client:
+                response = await client.post("/v1/chat/completions", json=chat())
+                health = await client.get("/health")
+            model.cancel_scope.cancel()
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "hi"
+    assert health.status_code == 200
+    assert fake.paths[-1] == "GET /health"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def with_tcp(home: Home, *, token: str | None) -> int:
+    port = free_port()
+    text = f'[model]\nname = "default"\nmax_tokens = 64\n[proxy]\ntcp_port = {port}\n'
+    if token is not None:
+        fd = os.open(home.root / "proxy.token", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, f"{token}\n".encode())
+        os.close(fd)
+        text += 'token_file = "proxy.token"\n'
+    home.config_toml.write_text(text)
+    return port
+
+
+async def test_the_tcp_listener_requires_the_token_and_infer_sock_does_not(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    port = with_tcp(home, token=TOKEN)
+    fake = FakeLlama(script=[{"content": "one"}, {"content": "two"}])
+    async with proxy_on(home, fake) as unix_client:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as tcp:
+            missing = await tcp.post("/v1/chat/completions", json=chat())
+            wrong = await tcp.get("/health", headers={"authorization": f"Bearer {TOKEN[:-1]}x"})
+            prefix = await tcp.get("/health", headers={"authorization": f"Bearer {TOKEN[:-1]}"})
+            bare = await tcp.get("/health", headers={"authorization": TOKEN})
+            right = await tcp.post(
+                "/v1/chat/completions", json=chat(), headers={"authorization": f"Bearer {TOKEN}"}
+            )
+        local = await unix_client.post("/v1/chat/completions", json=chat())
+    for refused in (missing, wrong, prefix, bare):
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"] == "Bearer"
+        error = error_of(refused)
+        assert error["type"] == "unauthorized"
+        assert error["message"].endswith("see docs/runbook.md#proxy-token")
+    assert right.status_code == 200
+    assert right.json()["choices"][0]["message"]["content"] == "one"
+    assert local.status_code == 200
+    assert fake.paths == ["POST /v1/chat/completions", "POST /v1/chat/completions"]
+    assert all(TOKEN not in record.getMessage() for record in caplog.records)
+
+
+async def test_loopds_slot_keys_are_refused_on_the_tcp_listener(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="boxmaker.inferproxy")
+    port = with_tcp(home, token=None)
+    fake = FakeLlama(script=[{"content": "hi"}])
+    tcp = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}")
+    async with proxy_on(home, fake), tcp:
+        slot = await tcp.post("/v1/chat/completions", json=chat(id_slot=0, cache_prompt=True))
+        plain = await tcp.post("/v1/chat/completions", json=chat())
+    assert slot.status_code == 400
+    assert error_of(slot)["message"] == (
+        "inferproxy does not forward these keys: cache_prompt, id_slot"
+    )
+    assert plain.status_code == 200
+    assert len(fake.requests) == 1
+    warning = f"127.0.0.1:{port} is open to every local user: set [proxy] token_file; "
+    assert warning + "see docs/runbook.md#proxy-token" in caplog.messages
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "problem"),
+    [
+        (0o644, TOKEN, "others may read it (chmod 600 it)"),
+        (0o600, "short", "expected one line of at least 16 printable ASCII"),
+        (0o600, "two words " + TOKEN, "expected one line of at least 16 printable ASCII"),
+        (None, TOKEN, "cannot read it (No such file or directory)"),
+    ],
+)
+def test_a_token_file_that_cannot_be_trusted_is_a_config_error(
+    home: Home, mode: int | None, text: str, problem: str
+) -> None:
+    with_tcp(home, token=TOKEN)
+    path = home.root / "proxy.token"
+    if mode is None:
+        path.unlink()
+    else:
+        path.write_text(text)
+        path.chmod(mode)
+    with pytest.raises(ConfigError) as caught:
+        read_token(home, load_config(home))
+    message = str(caught.value)
+    assert message.startswith(f"config.toml: [proxy] token_file: {path}: {problem}")
+    assert message.endswith("see docs/runbook.md#proxy-token")
+    assert TOKEN not in message
+
+
+def test_the_token_is_read_from_its_file(home: Home) -> None:
+    with_tcp(home, token=TOKEN)
+    assert read_token(home, load_config(home)) == TOKEN
+    home.config_toml.write_text("")
+    assert read_token(home, load_config(home)) is None

@@ -152,7 +152,8 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
     (shutdown) goes through.
     """
     try:
-        if not await check_peer(stream, allowed=broker.config.broker.loopd_uid, name="broker.sock"):
+        # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
+        if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
             return
         requester = Requester(stream)
         # The request is read in its own frame, so what reading it took (the raw line,

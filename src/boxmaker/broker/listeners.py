@@ -60,7 +60,9 @@ def remove_socket_path(path: Path, inode: int) -> None:
             path.unlink()
 
 
-def _remove_stale(path: Path) -> None:
+def remove_stale_socket(path: Path) -> None:
+    """Make way for a new socket at ``path``: a dead socket file is removed, a live one
+    or anything else refused (:class:`ListenerError`). Blocking."""
     try:
         info = path.lstat()
     except FileNotFoundError:
@@ -75,7 +77,9 @@ def _remove_stale(path: Path) -> None:
     except OSError as exc:
         raise ListenerError(f"{path}: cannot probe the old socket ({exc.strerror})") from exc
     else:
-        raise ListenerError(f"{path}: another process is serving on it (is brokerd running?)")
+        raise ListenerError(
+            f"{path}: another process is serving on it (is this home's daemon running?)"
+        )
     finally:
         probe.close()
     path.unlink(missing_ok=True)
@@ -93,7 +97,7 @@ def bind_unix_socket(path: Path) -> tuple[socket.socket, int]:
     """A listening Unix socket at ``path`` (mode 0600; a stale socket file replaced, a
     live one or anything else refused) and the inode that identifies our socket file.
     Blocking. Raises :class:`ListenerError`."""
-    _remove_stale(path)
+    remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(path))

@@ -108,7 +108,7 @@ async def serve_broker(
     HomeError, LedgerTorn, ListenerError.
 
     ``open_file`` opens the ledger's file layer (tests inject one that fails);
-    ``owner_uid`` is who may use admin.sock (default: our own uid).
+    ``owner_uid`` is who may use admin.sock and broker.sock (default: our own uid).
     """
     prepared = await trio.to_thread.run_sync(
         functools.partial(_prepare, home, repair_torn=repair_torn, open_file=open_file)

