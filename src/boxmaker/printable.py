@@ -105,13 +105,13 @@ class PrintableFormatter(logging.Formatter):
     (a newline in it too); a traceback keeps its lines, each escaped and indented, so
     that no line of it can pass for a record of its own."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:
         return printable(super().formatMessage(record))
 
-    def formatException(self, ei: logging._SysExcInfoType) -> str:  # noqa: N802
+    def formatException(self, ei: logging._SysExcInfoType) -> str:
         return _indented(super().formatException(ei))
 
-    def formatStack(self, stack_info: str) -> str:  # noqa: N802
+    def formatStack(self, stack_info: str) -> str:
         return _indented(super().formatStack(stack_info))
 
 
