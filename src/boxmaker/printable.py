@@ -19,6 +19,7 @@ shown as JSON, where a typed backslash reads ``\\\\``.
 from __future__ import annotations
 
 import logging
+import re
 import unicodedata
 from typing import Final, TextIO
 
@@ -28,6 +29,10 @@ the byte-order mark, tags), lone surrogates, and the line and paragraph separato
 
 LAYOUT: Final = "\n\t"
 """Kept by ``lines=True``: the line breaks and tabs of a block the program lays out."""
+
+
+_CANDIDATE: Final = re.compile(r"[^ -~]")
+"""Each character but printable ASCII: only these need a look at their category."""
 
 
 def _escaped(char: str) -> str:
@@ -55,12 +60,14 @@ def printable(text: str, *, lines: bool = False) -> str:
     if text.isprintable():  # the common case, and much faster than looking at each char
         return text
     keep = LAYOUT if lines else ""
-    return "".join(
-        _escaped(char)
-        if char not in keep and unicodedata.category(char) in UNSAFE_CATEGORIES
-        else char
-        for char in text
-    )
+
+    def shown(match: re.Match[str]) -> str:
+        char = match.group()
+        if char in keep or unicodedata.category(char) not in UNSAFE_CATEGORIES:
+            return char
+        return _escaped(char)
+
+    return _CANDIDATE.sub(shown, text)
 
 
 class PrintableStream:
