@@ -85,11 +85,11 @@ def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
     grant = f"{entry.grant.id} (mode {entry.grant.mode})"
     if entry.grant.note:
         grant += f": {entry.grant.note}"
-    # Each line is one field: a newline in the tool name or the grant's note is escaped.
     trust = "untrusted" if entry.untrusted else "trusted"
     arguments = orjson.dumps(entry.arguments, option=orjson.OPT_SORT_KEYS).decode()
     # The arguments are the model's: JSON escapes control characters but not bidi
-    # overrides, which could make a path read as another one.
+    # overrides, which could make a path read as another one. Each line is escaped on
+    # its own: a newline in the tool name or the grant's note cannot start a line.
     return "\n".join(
         printable(line)
         for line in [
