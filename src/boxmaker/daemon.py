@@ -12,18 +12,18 @@ from typing import Final
 import trio
 
 from boxmaker.home import ConfigError
+from boxmaker.printable import PrintableFormatter, printable
 
 CONFIG_ANCHOR: Final = "docs/runbook.md#config"
 
 
 def setup_logging(name: str) -> None:
     """INFO and up to stderr, each line naming the daemon (``bxctl up`` keeps it in
-    ``logs/<name>.log``)."""
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s {name} %(levelname)s %(message)s",
-    )
+    ``logs/<name>.log``). Each record is one line, its text escaped: the model's tool
+    names and arguments cannot write controls or a line of their own into the log."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 def run_daemon(
@@ -40,13 +40,16 @@ def run_daemon(
     try:
         trio.run(main)
     except ConfigError as exc:
-        sys.stderr.write(f"{name}: {exc}\n{name}: see {CONFIG_ANCHOR}\n")
+        # One line a problem: each names the file and the key.
+        for problem in exc.problems:
+            sys.stderr.write(f"{name}: {printable(problem)}\n")
+        sys.stderr.write(f"{name}: see {CONFIG_ANCHOR}\n")
         return 2
     except usage as exc:
-        sys.stderr.write(f"{name}: {exc}\n")
+        sys.stderr.write(f"{name}: {printable(str(exc))}\n")
         return 2
     except failures as exc:
-        sys.stderr.write(f"{name}: {exc}\n")
+        sys.stderr.write(f"{name}: {printable(str(exc))}\n")
         return 1
     except Exception:
         logging.getLogger(f"boxmaker.{name}").exception("%s failed", name)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Final, TextIO, cast
+
 from cyclopts import App
+from rich.console import Console
 
 from boxmaker import __version__
 from boxmaker.cli.audit import audit_app
@@ -12,6 +17,7 @@ from boxmaker.cli.demo import demo
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
+from boxmaker.printable import PrintableStream
 
 app = App(
     name="bxctl",
@@ -26,9 +32,31 @@ for command in (demo, up, down, chat, approvals, approve, refuse, status, sessio
     app.command(command)
 
 
+BROKEN_PIPE: Final = 141
+"""What a shell reports for a program killed by SIGPIPE (128 + 13), as ``cat`` is."""
+
+
 def main() -> None:
-    """Console entry point: a command's return value is the exit code (spec §11)."""
-    app()
+    """Console entry point: a command's return value is the exit code (spec §11).
+
+    Everything the commands print passes through ``printable``: what the model chose
+    cannot drive the owner's terminal. Only cyclopts' help and usage errors, which hold
+    no outside text, go to the terminal as they are (with their colours).
+
+    A reader that stops early (``bxctl audit show | head``) ends the command quietly
+    with exit 141, as it ends ``cat``: the output was not all delivered."""
+    terminal = sys.stdout
+    console, error_console = Console(file=terminal), Console(file=sys.stderr, stderr=True)
+    sys.stdout = cast(TextIO, PrintableStream(terminal))
+    sys.stderr = cast(TextIO, PrintableStream(sys.stderr))
+    try:
+        code = app(console=console, error_console=error_console, result_action="return_value")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit: let that go nowhere, not to stderr.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), terminal.fileno())
+        sys.exit(BROKEN_PIPE)
+    sys.exit(int(code or 0))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from cyclopts import App
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.ledger.records import parse_head
 from boxmaker.ledger.verify import iter_lines, verify_file
+from boxmaker.printable import printable
 
 audit_app = App(name="audit", help="The hash-chained audit ledger.")
 
@@ -80,7 +81,7 @@ def verify(*, expect_head: str | None = None, common: Common = DEFAULT) -> Exit:
         )
     else:
         for problem in report.problems:
-            print(problem)
+            print(printable(str(problem)))
         if report.problems_left_out:
             print(f"... and {report.problems_left_out} more problem(s)")
         states = ", ".join(f"{name} {n}" for name, n in attrs.asdict(report.calls).items())
@@ -127,6 +128,7 @@ def _selected(
 
 
 def _describe(record: dict[str, Any]) -> str:
+    """One line for one record; its values are the model's and the owner's words."""
     parts = [f"{record.get('seq')!s:>6}", str(record.get("at")), f"{record.get('kind')!s:<8}"]
     if "call" in record:
         parts.append(str(record["call"]))
@@ -135,7 +137,7 @@ def _describe(record: dict[str, Any]) -> str:
             value = record[name]
             shown = orjson.dumps(value).decode() if isinstance(value, dict | list) else value
             parts.append(f"{name}={shown}")
-    return "  ".join(parts)
+    return printable("  ".join(parts))
 
 
 @audit_app.command
@@ -166,7 +168,9 @@ def show(
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
     for line, record in selected:
         if common.json:
-            sys.stdout.buffer.write(line + b"\n")
+            # A record's own JSON, its controls escaped as JSON escapes them: the same JSON.
+            text = line.decode("utf-8", errors="backslashreplace")
+            sys.stdout.write(printable(text) + "\n")
         elif record is None:
             print(f"(not a record) {line[:120]!r}")
         else:

@@ -16,10 +16,11 @@ import attrs
 import orjson
 import trio
 
-from boxmaker.cli.common import DEFAULT, Common, Exit, fail, printable
+from boxmaker.cli.common import DEFAULT, Common, Exit, fail
 from boxmaker.clock import format_utc
 from boxmaker.home import Home
 from boxmaker.ndjson import FrameError, FrameReader
+from boxmaker.printable import printable
 from boxmaker.wire import (
     SESSION_ID,
     BadFrame,
@@ -46,21 +47,23 @@ class TurnEnd:
 
 
 def describe(event: LoopEvent) -> str | None:
-    """How an event reads to the owner (None: nothing to show).
+    """How an event reads to the owner (None: nothing to show), escaped: one line an
+    event, but for the model's reply, whose own lines are kept.
 
     >>> describe(ToolResultEvent(call="c-0123456789abcdef", outcome="denied", reason="no_grant"))
     '  <- denied: no_grant'
     """
     if isinstance(event, SessionEvent):
-        return f"session {event.session}"
+        return printable(f"session {event.session}")
     if isinstance(event, ModelEvent):
         return None
     if isinstance(event, ToolCallEvent):
         arguments = orjson.dumps(event.arguments, option=orjson.OPT_SORT_KEYS).decode()
-        return f"  -> {event.tool} {arguments}"
+        return printable(f"  -> {event.tool} {arguments}")
     if isinstance(event, WaitingEvent):
         return "\n".join(
-            [
+            printable(line)
+            for line in [
                 f"  .. waiting for the owner: approval {event.approval} (grant {event.grant}), "
                 f"until {format_utc(event.expires_at)}",
                 f"     approve: bxctl approve {event.approval}",
@@ -68,10 +71,10 @@ def describe(event: LoopEvent) -> str | None:
             ]
         )
     if isinstance(event, ToolResultEvent):
-        return f"  <- {event.outcome}" + (f": {event.reason}" if event.reason else "")
+        return printable(f"  <- {event.outcome}" + (f": {event.reason}" if event.reason else ""))
     if isinstance(event, ReplyEvent):
-        return event.text
-    return f"error: {event.code}: {event.detail}"
+        return printable(event.text, lines=True)
+    return printable(f"error: {event.code}: {event.detail}")
 
 
 OnEvent = Callable[[LoopEvent], Awaitable[None]]
@@ -102,9 +105,8 @@ async def run_turn(
                 if as_json:
                     sys.stdout.write(line.decode() + "\n")
                 elif (shown := describe(event)) is not None:
-                    # The model's words are untrusted: no escape sequences reach the terminal.
                     where = sys.stderr if isinstance(event, ErrorFrame) else sys.stdout
-                    print(printable(shown), file=where)
+                    print(shown, file=where)
                 sys.stdout.flush()
                 if on_event is not None:
                     await on_event(event)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import sys
-import unicodedata
 from typing import Any
 
 import attrs
@@ -12,6 +11,7 @@ import orjson
 from cyclopts import Parameter
 
 from boxmaker.home import Home, resolve_home
+from boxmaker.printable import printable
 
 
 class Exit(enum.IntEnum):
@@ -42,27 +42,12 @@ DEFAULT = Common()
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    """``data`` as JSON; the escaping of ``printable`` is JSON's, so the JSON is exact."""
+    text = orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
+    sys.stdout.write(printable(text, lines=True) + "\n")
 
 
 def fail(message: str, code: Exit = Exit.FAILED) -> Exit:
     """Say what went wrong on stderr and return the exit code for it."""
-    sys.stderr.write(f"bxctl: {message}\n")
+    sys.stderr.write(f"bxctl: {printable(message, lines=True)}\n")
     return code
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on the owner's terminal: control and format characters
-    (escape sequences, bidi overrides) shown as ``\\u`` and four hex digits, newlines
-    and tabs kept. What the model writes is untrusted; it must not be able to move the
-    cursor, clear the screen or reorder the text of an approval prompt.
-
-    >>> printable("ok\\n\\x1b[2Jgone\\u202e")
-    'ok\\n\\\\u001b[2Jgone\\\\u202e'
-    """
-    return "".join(
-        f"\\u{ord(char):04x}"
-        if char not in "\n\t" and unicodedata.category(char) in ("Cc", "Cf")
-        else char
-        for char in text
-    )

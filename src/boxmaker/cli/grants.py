@@ -7,6 +7,7 @@ from cyclopts import App
 from boxmaker.cli.common import DEFAULT, Common, Exit, print_json
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.grants_file import load_grants
+from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
 
@@ -31,7 +32,7 @@ def check(*, common: Common = DEFAULT) -> Exit:
                 }
             )
         else:
-            print(f"invalid: {result.detail()}")
+            print(printable(f"invalid: {result.detail()}"))
         return Exit.FAILED
     if common.json:
         print_json(
@@ -42,7 +43,7 @@ def check(*, common: Common = DEFAULT) -> Exit:
             }
         )
     else:
-        print(f"{path}: valid, {len(result.grants)} grant(s)")
+        print(printable(f"{path}: valid, {len(result.grants)} grant(s)"))
         for grant in result.grants:
-            print(f"  {grant.id}: {grant.tool} {grant.mode}")
+            print(printable(f"  {grant.id}: {grant.tool} {grant.mode}"))
     return Exit.DONE

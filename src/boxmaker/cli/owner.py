@@ -11,9 +11,10 @@ import orjson
 import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
-from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json, printable
+from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemons import daemon_states
 from boxmaker.clock import format_utc, utc_now
+from boxmaker.printable import printable
 from boxmaker.wire import (
     APPROVAL_ID,
     AdminAnswer,
@@ -50,7 +51,7 @@ async def _request(common: Common, request: AdminRequest, expected: type[AnswerT
     except DaemonUnreachable as exc:
         raise _Failed(Exit.UNREACHABLE, str(exc)) from None
     if isinstance(answer, ErrorFrame):
-        raise _Failed(Exit.FAILED, f"{answer.code}: {answer.detail}")
+        raise _Failed(Exit.FAILED, printable(f"{answer.code}: {answer.detail}"))
     if not isinstance(answer, expected):
         raise _Failed(Exit.FAILED, f"brokerd answered {type(answer).__name__}, not {expected}")
     return answer
@@ -87,9 +88,11 @@ def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
     trust = "untrusted" if entry.untrusted else "trusted"
     arguments = orjson.dumps(entry.arguments, option=orjson.OPT_SORT_KEYS).decode()
     # The arguments are the model's: JSON escapes control characters but not bidi
-    # overrides, which could make a path read as another one.
-    block = "\n".join(
-        [
+    # overrides, which could make a path read as another one. Each line is escaped on
+    # its own: a newline in the tool name or the grant's note cannot start a line.
+    return "\n".join(
+        printable(line)
+        for line in [
             f"{entry.approval}  {entry.tool}  ({_time_left(entry.expires_at, now)})",
             f"  arguments  {arguments}",
             f"  grant      {grant}",
@@ -99,7 +102,6 @@ def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
             f'  refuse:    bxctl refuse {entry.approval} --reason "…"',
         ]
     )
-    return printable(block)
 
 
 def _show_approvals(common: Common, answer: ApprovalsAnswer) -> None:
@@ -159,7 +161,7 @@ async def approve(approval: str, /, *, note: str | None = None, common: Common =
         print_json(converter.unstructure(answer, Approved))
     else:
         suffix = f" ({answer.reason})" if answer.reason else ""
-        print(f"{answer.call}: {answer.outcome}{suffix}")
+        print(printable(f"{answer.call}: {answer.outcome}{suffix}"))
     # Approving something that is then denied or withdrawn did not do what was asked.
     return Exit.DONE if answer.outcome in {"ask", "allowed"} else Exit.FAILED
 
@@ -187,7 +189,7 @@ async def refuse(approval: str, /, *, reason: str, common: Common = DEFAULT) -> 
     if common.json:
         print_json(converter.unstructure(answer, Refused))
     else:
-        print(f"{answer.call}: refused")
+        print(printable(f"{answer.call}: refused"))
     return Exit.DONE
 
 
@@ -209,7 +211,7 @@ async def status(*, common: Common = DEFAULT) -> Exit:
         print(_daemons_line(running))
         data["uptime_s"] = round(answer.uptime_s, 1)
         for key, value in data.items():
-            print(f"{key:14} {value}")
+            print(printable(f"{key:14} {value}"))
     # A broker that cannot record or decide is up but failing: say so in the exit code.
     return Exit.DONE if answer.ledger_usable and answer.grants_valid else Exit.FAILED
 
@@ -232,5 +234,5 @@ async def sessions(*, common: Common = DEFAULT) -> Exit:
     else:
         for view in answer.sessions:
             trust = "untrusted" if view.untrusted else "trusted"
-            print(f"{view.session}  taint {view.taint}, {trust}, {view.calls} call(s)")
+            print(printable(f"{view.session}  taint {view.taint}, {trust}, {view.calls} call(s)"))
     return Exit.DONE
