@@ -9,7 +9,7 @@ Time is the mock clock's: ``mock_clock`` never moves unless a test jumps it.
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -17,24 +17,33 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from boxmaker.broker.sandbox import WARM_MAX_AGE, SandboxPool, ShellRun, sandbox_argv
+from boxmaker.broker.sandbox import (
+    WARM_MAX_AGE,
+    Launch,
+    SandboxPool,
+    SandboxUser,
+    ShellRun,
+    sandbox_argv,
+)
 
 BWRAP = shutil.which("bwrap")
 pytestmark = pytest.mark.skipif(BWRAP is None, reason="bubblewrap is not installed")
+# As root (CI), the sandbox runs as an ordinary uid that owns the workspace: never root.
+USER = SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
 
 
-def argv_for(workspace: Path) -> tuple[str, ...]:
+def argv_for(workspace: Path) -> Launch:
     assert BWRAP is not None
-    return sandbox_argv(BWRAP, workspace)
+    return Launch(sandbox_argv(BWRAP, workspace), USER)
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    return workspace
+def ws() -> Iterator[Path]:
+    with sandbox_workspace() as workspace:
+        yield workspace
 
 
 @asynccontextmanager
@@ -46,7 +55,7 @@ async def running_pool() -> AsyncIterator[SandboxPool]:
         nursery.cancel_scope.cancel()
 
 
-async def shell(pool: SandboxPool, argv: tuple[str, ...], command: str) -> ShellRun:
+async def shell(pool: SandboxPool, argv: Launch, command: str) -> ShellRun:
     async with pool.sandbox(argv) as sandbox:
         return await sandbox.run(command, time_limit=30, output_cap=65536)
 
@@ -99,10 +108,12 @@ async def test_nothing_of_one_call_is_seen_by_the_next(ws: Path) -> None:
         assert int(listing) <= 4, listing
 
 
-async def test_a_sandbox_of_another_argv_is_torn_down_unused(tmp_path: Path) -> None:
-    first, second = tmp_path / "first", tmp_path / "second"
-    first.mkdir()
-    second.mkdir()
+async def test_a_sandbox_of_another_argv_is_torn_down_unused() -> None:
+    with sandbox_workspace() as first, sandbox_workspace() as second:
+        await _another_argv(first, second)
+
+
+async def _another_argv(first: Path, second: Path) -> None:
     async with running_pool() as pool:
         await shell(pool, argv_for(first), "true")
         await wait_all_tasks_blocked()
@@ -116,7 +127,7 @@ async def test_a_sandbox_of_another_argv_is_torn_down_unused(tmp_path: Path) -> 
         await wait_all_tasks_blocked()
         assert warm.process.returncode is not None
         assert pool.warm is not None
-        assert pool.warm.argv == argv_for(second)
+        assert pool.warm.launch == argv_for(second)
 
 
 @pytest.mark.parametrize(("age", "used"), [(WARM_MAX_AGE - 0.001, True), (WARM_MAX_AGE, False)])
