@@ -565,6 +565,10 @@ async def test_shell_non_zero_exit_is_a_tool_error_with_the_stderr_tail(ws: Path
 async def test_shell_stderr_follows_stdout_on_success(ws: Path) -> None:
     content = ok(await run("shell", {"command": "echo out; echo warn >&2"}, ws))
     assert content == "out\n\n[stderr]\nwarn\n"
+    # The same through /dev/stdout and /dev/stderr, which reopen the pipes brokerd made
+    # (as root, for another uid: the pipes are that uid's).
+    command = "echo out > /dev/stdout; echo warn > /dev/stderr"
+    assert ok(await run("shell", {"command": command}, ws)) == "out\n\n[stderr]\nwarn\n"
 
 
 @needs_bwrap

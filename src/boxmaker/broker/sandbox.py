@@ -210,6 +210,16 @@ def sandbox_argv(
         *_proc_covers(),
         "--dev",
         "/dev",
+        # The in-memory file systems a command can write are no bigger than its memory
+        # limit: /dev/shm and /tmp sized, /dev itself (a tmpfs too) read-only.
+        "--size",
+        str(limits.memory),
+        "--tmpfs",
+        "/dev/shm",  # noqa: S108  (the sandbox's own, sized tmpfs)
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(limits.memory),
         "--tmpfs",
         "/tmp",  # noqa: S108  (a fresh tmpfs inside the sandbox, not the host's /tmp)
         "--bind",
@@ -363,6 +373,11 @@ class Sandbox:
         try:
             pipes += (os.pipe() for _ in range(4))
             (command_read, _), (_, out_write), (_, err_write), (_, status_write) = pipes
+            if user is not None:
+                # brokerd's pipes are root's: the command, another uid, could not
+                # reopen its own stdout or stderr (/dev/stdout) otherwise.
+                for read_end, _ in pipes[:3]:
+                    os.fchown(read_end, user.uid, user.gid)
             opened.append(_filled_pipe(seccomp))
             fds = {"seccomp": opened[0], "status": status_write}
             opened.append(_filled_pipe(_launch_args(launch, fds)))

@@ -21,6 +21,7 @@ Pure: it builds bytes and touches nothing.
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 from typing import Final
@@ -85,6 +86,7 @@ def _instruction(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
+@functools.cache
 def filter_program(machine: str | None = None) -> bytes | None:
     """The filter for ``machine`` (default: this one, as ``platform.machine()`` says),
     as bwrap's ``--seccomp`` reads it: ``struct sock_filter`` entries, native order.
