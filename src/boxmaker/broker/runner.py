@@ -30,7 +30,14 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
   the host's ``/bin``, ``/sbin``, ``/lib*`` (as symlinks when the host's are), and
   :data:`~boxmaker.broker.sandbox.ETC_FILES` — no ``/etc/passwd``: host user names stay
   out, so ``whoami`` fails inside.
-  All capabilities are dropped (brokerd may run as root).
+  All capabilities are dropped, and the sandbox is never host root: brokerd as root
+  starts bwrap as ``[runner] sandbox_uid`` or the workspace's owner, and refuses a
+  root-owned workspace (sandbox_unavailable, docs/runbook.md#sandbox-as-root). A
+  seccomp filter keeps setuid/setgid bits off every file; /proc/sys and the other
+  host knobs under /proc are read-only. The ``[runner]`` limits (memory, processes,
+  file size, CPU time) hold for every process of the command; one that kills it
+  (SIGXCPU, SIGXFSZ) is named in the ``tool_error`` detail, and a memory or fork
+  failure's stderr points at its limit (docs/runbook.md#sandbox-limits).
 - ``http_get``: no redirect is followed (a 3xx is ``tool_error`` naming the Location,
   so the next URL goes through decide() again); a status of 400 or more is
   ``tool_error``; the body is capped after content decoding (no zip bombs); proxies and

@@ -16,6 +16,16 @@ warm sandbox before its command, and nothing of one call is seen by the next
 started with exactly the argv the call's RunSpec names, and only within
 :data:`WARM_MAX_AGE` of its start, so a change on the host (a replaced workspace or
 /etc file) reaches the next call soon; otherwise the call sets up its own.
+
+What the command is (docs/runbook.md#sandbox-as-root, #sandbox-limits): never host root
+— brokerd as root starts bwrap as an ordinary uid (:func:`sandbox_user`), and
+:meth:`Sandbox.start` refuses uid 0 — with no capabilities, under a seccomp filter that
+keeps setuid/setgid bits off its files (seccomp.py), with /proc/sys and the other host
+knobs under /proc read-only, and under the resource limits the launcher sets before it
+execs the command. bwrap starts with an empty environment and its options in a pipe
+(``--args``): its /proc entries, readable as the sandbox's pid 1, show neither
+brokerd's environment nor host paths. (The workspace's host path still shows in the
+sandbox's /proc/self/mountinfo, as the root of its bind mount.)
 """
 
 from __future__ import annotations
