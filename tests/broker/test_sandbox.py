@@ -206,6 +206,12 @@ def test_a_sandbox_never_starts_as_root(ws: Path, user: SandboxUser) -> None:
         Sandbox.start(launch)
 
 
+def test_a_sandbox_never_starts_in_the_root_group(ws: Path) -> None:
+    launch = Launch(argv_for(ws).argv, SandboxUser(65534, 0))
+    with pytest.raises(OSError, match=r"never runs in the host's root group \(gid 0\)"):
+        Sandbox.start(launch)
+
+
 @pytest.mark.skipif(not AS_ROOT, reason="brokerd's own uid is root only when run as root")
 def test_as_root_a_sandbox_without_a_user_is_refused(ws: Path) -> None:
     with pytest.raises(OSError, match=r"never runs as host root"):

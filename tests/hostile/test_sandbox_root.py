@@ -126,6 +126,16 @@ async def test_as_root_a_workspace_of_root_is_refused_and_nothing_runs(home: Hom
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="only root can run the sandbox as another uid")
+async def test_as_root_a_workspace_of_the_root_group_gives_the_owners_number(
+    home: Home, ws: Path
+) -> None:
+    os.chown(ws, SANDBOX_UID, 0)
+    answer, _ = await shell(home, "id -u && id -G")
+    assert answer["outcome"] == "ok", answer
+    assert answer["content"] == f"{SANDBOX_UID}\n{SANDBOX_UID}\n"
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="only root can run the sandbox as another uid")
 async def test_as_root_sandbox_uid_chooses_the_sandbox_uid(home: Home, ws: Path) -> None:
     other = 4242
     os.chown(ws, other, other)

@@ -77,6 +77,7 @@ LAUNCHER: Final = (
 """What a sandbox starts with: it waits for its command on stdin, then becomes
 ``/bin/sh -c COMMAND`` with stdin on /dev/null."""
 NOT_ROOT_DETAIL: Final = "the sandbox never runs as host root (uid 0)"
+NOT_ROOT_GROUP_DETAIL: Final = "the sandbox never runs in the host's root group (gid 0)"
 
 
 @attrs.frozen
@@ -150,8 +151,9 @@ class SandboxRefused(Exception):
 def sandbox_user(workspace: Path, configured_uid: int | None) -> SandboxUser | None:
     """Whom bwrap runs as (docs/runbook.md#sandbox-as-root). brokerd not root: None, its
     own uid (``[runner] sandbox_uid`` cannot change it). brokerd root: ``sandbox_uid``
-    (gid the same number) when set, else the workspace's owner and group; a workspace
-    owned by root then raises :class:`SandboxRefused` — uid 0 is never used."""
+    (gid the same number) when set, else the workspace's owner and group (its owner's
+    number when the group is root's); a workspace owned by root then raises
+    :class:`SandboxRefused` — uid 0 and gid 0 are never used."""
     if os.geteuid() != 0:
         return None
     if configured_uid is not None:
@@ -159,7 +161,10 @@ def sandbox_user(workspace: Path, configured_uid: int | None) -> SandboxUser | N
     try:
         info = workspace.stat()
     except OSError as exc:
-        raise SandboxRefused(f"cannot inspect the workspace {workspace} ({exc.strerror})") from exc
+        raise SandboxRefused(
+            f"cannot inspect the workspace {workspace} ({exc.strerror}); "
+            "see docs/runbook.md#sandbox-as-root"
+        ) from exc
     if info.st_uid == 0:
         raise SandboxRefused(
             f"brokerd runs as root and the workspace {workspace} belongs to root; "
@@ -167,7 +172,7 @@ def sandbox_user(workspace: Path, configured_uid: int | None) -> SandboxUser | N
             "the workspace (or run brokerd as an ordinary user); "
             "see docs/runbook.md#sandbox-as-root"
         )
-    return SandboxUser(info.st_uid, info.st_gid)
+    return SandboxUser(info.st_uid, info.st_gid or info.st_uid)
 
 
 @functools.cache
@@ -372,6 +377,8 @@ class Sandbox:
         user = launch.user
         if (user.uid if user is not None else os.geteuid()) == 0:
             raise OSError(errno.EPERM, NOT_ROOT_DETAIL)
+        if user is not None and user.gid == 0:
+            raise OSError(errno.EPERM, NOT_ROOT_GROUP_DETAIL)
         seccomp = filter_program()
         if seccomp is None:
             raise OSError(
