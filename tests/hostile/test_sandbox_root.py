@@ -88,6 +88,45 @@ async def test_the_sandbox_is_not_host_root_and_has_no_capabilities(home: Home, 
     assert made.st_uid == (SANDBOX_UID if AS_ROOT else os.getuid())
 
 
+def host_view(marker: str) -> list[tuple[str, str, str]]:
+    """For each host process whose command line has ``marker``: its Uid and Gid lines
+    and its uid_map, read from the host (so the map is in the host's terms)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if marker.encode() in (entry / "cmdline").read_bytes():
+                status = (entry / "status").read_text().splitlines()
+                ids = [line for line in status if line.startswith(("Uid:", "Gid:"))]
+                found.append((ids[0], ids[1], (entry / "uid_map").read_text()))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+async def test_from_the_host_the_command_is_an_ordinary_uid(home: Home, ws: Path) -> None:
+    marker = "1.23456"
+    seen: list[tuple[str, str, str]] = []
+
+    async def look() -> None:
+        while not seen:
+            seen.extend(host_view(marker))
+            await trio.sleep(0.01)
+
+    with trio.fail_after(LIMIT):
+        async with running(home), trio.open_nursery() as nursery:
+            nursery.start_soon(look)
+            [answer] = await call(home, tool_request("shell", {"command": f"sleep {marker}"}))
+            nursery.cancel_scope.cancel()
+    assert answer["outcome"] == "ok", answer
+    assert seen, "the sandboxed command was never seen from the host"
+    expected = SANDBOX_UID if AS_ROOT else os.getuid()
+    uid_line, gid_line, uid_map = seen[0]
+    assert uid_line.split()[1:] == [str(expected)] * 4
+    assert "0" not in gid_line.split()[1:]
+    # Every uid of the sandbox's namespace is, on the host, the ordinary uid.
+    assert [line.split()[1:] for line in uid_map.splitlines()] == [[str(expected), "1"]]
+
+
 @pytest.mark.parametrize(
     "knob", ["kernel/printk_ratelimit", "kernel/core_pattern", "vm/overcommit_ratio"]
 )
