@@ -194,6 +194,13 @@ def test_a_missing_file_is_all_defaults(home: Home) -> None:
         secret=("**/.env", "**/*.pem", "secrets/**"), untrusted=("downloads/**",)
     )
     assert config.runner == RunnerConfig(shell_timeout=30.0, output_cap=65536)
+    assert config.runner == RunnerConfig(
+        sandbox_uid=None,
+        memory_limit_mib=1024,
+        process_limit=256,
+        file_size_limit_mib=1024,
+        cpu_time_limit=None,
+    )
 
 
 def test_the_default_text_is_all_comments_and_says_the_defaults(home: Home) -> None:
@@ -243,6 +250,11 @@ untrusted = []
 [runner]
 shell_timeout = 1.5
 output_cap = 100
+sandbox_uid = 1000
+memory_limit_mib = 512
+process_limit = 64
+file_size_limit_mib = 8
+cpu_time_limit = 5
 """
     )
     config = load_config(home)
@@ -253,7 +265,15 @@ output_cap = 100
     assert config.loop == LoopConfig(max_steps=3, reply_timeout=0.5, first_step="tool")
     assert config.proxy == ProxyConfig(tcp_port=8081, token_file="secret/proxy.token")
     assert config.labels == LabelRules(secret=("keys/**",), untrusted=())
-    assert config.runner == RunnerConfig(shell_timeout=1.5, output_cap=100)
+    assert config.runner == RunnerConfig(
+        shell_timeout=1.5,
+        output_cap=100,
+        sandbox_uid=1000,
+        memory_limit_mib=512,
+        process_limit=64,
+        file_size_limit_mib=8,
+        cpu_time_limit=5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -299,6 +319,14 @@ def test_a_workspace_that_exposes_the_home_is_refused(home: Home, workspace: str
         ("[loop]\nmax_steps = 0", "[loop] max_steps: expected at least 1"),
         ("[proxy]\ntcp_port = 70000", "[proxy] tcp_port: expected a port"),
         ("[runner]\noutput_cap = 'big'", "[runner] output_cap: expected an integer"),
+        # The sandbox never runs as host root (docs/runbook.md#sandbox-as-root).
+        ("[runner]\nsandbox_uid = 0", "[runner] sandbox_uid: expected at least 1"),
+        ("[runner]\nsandbox_uid = 'nobody'", "[runner] sandbox_uid: expected an integer"),
+        ("[runner]\nmemory_limit_mib = 0", "[runner] memory_limit_mib: expected at least 1"),
+        ("[runner]\nprocess_limit = 0", "[runner] process_limit: expected at least 1"),
+        ("[runner]\nfile_size_limit_mib = -1", "[runner] file_size_limit_mib: expected at least 1"),
+        ("[runner]\ncpu_time_limit = 0", "[runner] cpu_time_limit: expected at least 1"),
+        ("[runner]\ncpu_time_limit = 1.5", "[runner] cpu_time_limit: expected an integer"),
         ("[labels]\nsecret = 'x'", "[labels] secret"),
         ("[labels]\nsecret = ['ok', 5]", "[labels] secret[1]: expected a string"),
         # core.labels words its own glob problems; the table is named either way.

@@ -291,8 +291,26 @@ class ProxyConfig:
 
 @attrs.frozen(kw_only=True)
 class RunnerConfig:
+    """``[runner]``: the tools' time and output, and the shell sandbox's uid and limits
+    (docs/runbook.md#sandbox-as-root, #sandbox-limits)."""
+
     shell_timeout: float = attrs.field(default=30.0, validator=_positive)
     output_cap: int = attrs.field(default=65536, validator=_at_least(1))
+    sandbox_uid: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_at_least(1))
+    )
+    """The host uid (and gid) the sandbox runs as when brokerd runs as root; None: the
+    workspace's owner. Never 0."""
+    memory_limit_mib: int = attrs.field(default=1024, validator=_at_least(1))
+    """Address space of each sandboxed process (RLIMIT_AS), MiB."""
+    process_limit: int = attrs.field(default=256, validator=_at_least(1))
+    """Processes the sandbox's uid may have in the sandbox (RLIMIT_NPROC)."""
+    file_size_limit_mib: int = attrs.field(default=1024, validator=_at_least(1))
+    """The largest file a sandboxed command may write (RLIMIT_FSIZE), MiB."""
+    cpu_time_limit: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_at_least(1))
+    )
+    """CPU seconds of each sandboxed process (RLIMIT_CPU); None: shell_timeout rounded up."""
 
 
 @attrs.frozen(kw_only=True)
@@ -436,6 +454,14 @@ def default_config_text() -> str:
 [runner]
 # shell_timeout = 30.0
 # output_cap = 65536
+# The shell sandbox's limits (docs/runbook.md#sandbox-limits): per process, address space
+# and the largest file written (MiB) and CPU seconds; processes of the sandbox in all.
+# memory_limit_mib = 1024
+# file_size_limit_mib = 1024
+# process_limit = 256
+# cpu_time_limit (whole seconds): default shell_timeout rounded up.
+# sandbox_uid: the host uid (and gid) the sandbox runs as when brokerd runs as root,
+# never 0; default the workspace's owner. See docs/runbook.md#sandbox-as-root
 """
 
 

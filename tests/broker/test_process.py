@@ -25,6 +25,7 @@ from tests.broker.broker_harness import (
     write_config,
     write_grants,
 )
+from tests.broker.sandbox_support import sandbox_workspace
 
 from boxmaker.broker.sandbox import LAUNCHER
 from boxmaker.home import Home
@@ -200,6 +201,19 @@ def test_kill_9_mid_pending_leaves_the_call_unfinished_after_restart(
 def test_kill_9_after_a_run_decision_leaves_the_call_unfinished(
     home: Home, daemons: list[Daemon]
 ) -> None:
+    with sandbox_workspace() as workspace:
+        use_workspace(home, workspace)
+        kill_9_while_running(home, daemons)
+
+
+def use_workspace(home: Home, workspace: Path) -> None:
+    """Point config.toml at ``workspace`` (from sandbox_workspace): as root, the shell
+    refuses the home's own workspace, which belongs to root."""
+    config = home.config_toml.read_text()
+    write_config(home, f"workspace = {str(workspace)!r}\n{config}")
+
+
+def kill_9_while_running(home: Home, daemons: list[Daemon]) -> None:
     write_grants(home, grant("sleepy", "shell", "auto"))
     daemon = start(daemons, home)
     frame = tool_request("shell", {"command": "sleep 60"})
@@ -291,18 +305,34 @@ def test_another_uid_cannot_reach_either_socket(home: Home, daemons: list[Daemon
     assert daemon.wait() == 0
 
 
-def sandboxes_on(workspace: Path) -> list[int]:
-    """Pids of bwrap processes running the launcher on ``workspace``."""
+def sandboxes_of(brokerd: int) -> list[int]:
+    """Pids of the bwrap processes ``brokerd`` started that run the launcher. (Their
+    command lines name neither the workspace nor any other host path: the options go
+    through --args.)"""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            if LAUNCHER.encode() in argv and str(workspace).encode() in argv:
+            if parent == brokerd and argv[-2:] and argv[-2].endswith(LAUNCHER.encode()):
                 found.append(int(entry.name))
     return found
+
+
+def running_pids(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not gone, not a zombie)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+    return alive
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -310,17 +340,21 @@ def sandboxes_on(workspace: Path) -> list[int]:
 def test_the_sandbox_set_up_ahead_ends_with_brokerd(
     home: Home, daemons: list[Daemon], how: str
 ) -> None:
-    write_grants(home, grant("sh", "shell", "auto"))
-    daemon = start(daemons, home)
-    workspace = home.default_workspace.resolve()
-    with connect(home.broker_sock) as sock:
-        send(sock, tool_request("shell", {"command": "echo hi"}))
-        answer = read_frame(sock)
-    assert (answer["outcome"], answer["content"]) == ("ok", "hi\n")
-    wait_for(lambda: sandboxes_on(workspace), "a sandbox set up ahead of the next call")
-    if how == "SIGTERM":
-        daemon.process.send_signal(signal.SIGTERM)
-        assert daemon.wait() == 0
-    else:
-        daemon.kill()
-    wait_for(lambda: not sandboxes_on(workspace), "the sandbox gone with brokerd")
+    with sandbox_workspace() as workspace:
+        use_workspace(home, workspace)
+        write_grants(home, grant("sh", "shell", "auto"))
+        daemon = start(daemons, home)
+        with connect(home.broker_sock) as sock:
+            send(sock, tool_request("shell", {"command": "echo hi"}))
+            answer = read_frame(sock)
+        assert (answer["outcome"], answer["content"]) == ("ok", "hi\n")
+        wait_for(
+            lambda: sandboxes_of(daemon.process.pid), "a sandbox set up ahead of the next call"
+        )
+        sandboxes = sandboxes_of(daemon.process.pid)
+        if how == "SIGTERM":
+            daemon.process.send_signal(signal.SIGTERM)
+            assert daemon.wait() == 0
+        else:
+            daemon.kill()
+        wait_for(lambda: not running_pids(sandboxes), "the sandbox gone with brokerd")

@@ -8,12 +8,14 @@ import datetime as dt
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
+from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
 from boxmaker.broker import runner, sandbox
 from boxmaker.broker.runner import NO_BWRAP_DETAIL, RunResult, RunSpec, execute
@@ -132,10 +134,10 @@ def ok(result: RunResult) -> str:
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    return workspace
+def ws() -> Iterator[Path]:
+    # As root (CI), a workspace of an ordinary uid: the sandbox never runs as root.
+    with sandbox_workspace() as workspace:
+        yield workspace
 
 
 @pytest.fixture
@@ -233,7 +235,23 @@ def test_runspec_says_what_runs(ws: Path) -> None:
     }
     if shell.argv is not None:
         argv = shell.argv
-        assert argv[-3:] == ("/bin/sh", "-c", sandbox.LAUNCHER)
+        # The limits from [runner]: CPU time is shell_timeout rounded up by default.
+        limits = sandbox.SandboxLimits(memory=1 << 30, processes=256, file_size=1 << 30, cpu_time=7)
+        assert argv[-3:] == ("/bin/sh", "-c", limits.ulimit() + sandbox.LAUNCHER)
+        assert "ulimit -v 1048576 && ulimit -f 2097152 && ulimit -St 7 && " in argv[-1]
+        launch = shell.sandbox
+        assert isinstance(launch, sandbox.Launch)
+        assert launch.limits == limits
+        # Never root: as root, the workspace's owner (an ordinary uid); else brokerd's.
+        expected_user = sandbox.SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
+        assert launch.user == expected_user
+        assert argv[argv.index("--proc") + 1 : argv.index("--dev")] == (
+            "/proc",
+            *("--ro-bind-try", "/proc/sys", "/proc/sys"),
+            *("--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"),
+            *("--ro-bind-try", "/proc/irq", "/proc/irq"),
+            *("--ro-bind-try", "/proc/bus", "/proc/bus"),
+        )
         for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--clearenv"):
             assert flag in argv
         assert argv[argv.index("--bind") + 1 : argv.index("--bind") + 3] == (
@@ -703,6 +721,10 @@ async def test_shell_non_zero_exit_is_a_tool_error_with_the_stderr_tail(ws: Path
 async def test_shell_stderr_follows_stdout_on_success(ws: Path) -> None:
     content = ok(await run("shell", {"command": "echo out; echo warn >&2"}, ws))
     assert content == "out\n\n[stderr]\nwarn\n"
+    # The same through /dev/stdout and /dev/stderr, which reopen the pipes brokerd made
+    # (as root, for another uid: the pipes are that uid's).
+    command = "echo out > /dev/stdout; echo warn > /dev/stderr"
+    assert ok(await run("shell", {"command": command}, ws)) == "out\n\n[stderr]\nwarn\n"
 
 
 @needs_bwrap
@@ -785,7 +807,7 @@ async def test_no_bwrap_is_sandbox_unavailable_and_nothing_runs(
 async def test_a_bwrap_that_cannot_set_up_the_sandbox_is_sandbox_unavailable(
     ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = tmp_path / "fake-bin"
+    fake = ws.parent / "fake-bin"  # where the sandbox's uid can run it from
     fake.mkdir()
     bwrap = fake / "bwrap"
     bwrap.write_text(

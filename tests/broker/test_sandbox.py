@@ -8,8 +8,10 @@ Time is the mock clock's: ``mock_clock`` never moves unless a test jumps it.
 
 from __future__ import annotations
 
+import errno
 import shutil
-from collections.abc import AsyncIterator
+import struct
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -17,24 +19,37 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from boxmaker.broker.sandbox import WARM_MAX_AGE, SandboxPool, ShellRun, sandbox_argv
+from boxmaker.broker import sandbox as sandbox_module
+from boxmaker.broker.sandbox import (
+    WARM_MAX_AGE,
+    Launch,
+    Sandbox,
+    SandboxLimits,
+    SandboxPool,
+    SandboxUser,
+    ShellRun,
+    sandbox_argv,
+)
+from boxmaker.broker.seccomp import filter_program
 
 BWRAP = shutil.which("bwrap")
 pytestmark = pytest.mark.skipif(BWRAP is None, reason="bubblewrap is not installed")
+# As root (CI), the sandbox runs as an ordinary uid that owns the workspace: never root.
+USER = SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
 
 
-def argv_for(workspace: Path) -> tuple[str, ...]:
+def argv_for(workspace: Path) -> Launch:
     assert BWRAP is not None
-    return sandbox_argv(BWRAP, workspace)
+    return Launch(sandbox_argv(BWRAP, workspace), USER)
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    return workspace
+def ws() -> Iterator[Path]:
+    with sandbox_workspace() as workspace:
+        yield workspace
 
 
 @asynccontextmanager
@@ -46,7 +61,7 @@ async def running_pool() -> AsyncIterator[SandboxPool]:
         nursery.cancel_scope.cancel()
 
 
-async def shell(pool: SandboxPool, argv: tuple[str, ...], command: str) -> ShellRun:
+async def shell(pool: SandboxPool, argv: Launch, command: str) -> ShellRun:
     async with pool.sandbox(argv) as sandbox:
         return await sandbox.run(command, time_limit=30, output_cap=65536)
 
@@ -99,10 +114,12 @@ async def test_nothing_of_one_call_is_seen_by_the_next(ws: Path) -> None:
         assert int(listing) <= 4, listing
 
 
-async def test_a_sandbox_of_another_argv_is_torn_down_unused(tmp_path: Path) -> None:
-    first, second = tmp_path / "first", tmp_path / "second"
-    first.mkdir()
-    second.mkdir()
+async def test_a_sandbox_of_another_argv_is_torn_down_unused() -> None:
+    with sandbox_workspace() as first, sandbox_workspace() as second:
+        await _another_argv(first, second)
+
+
+async def _another_argv(first: Path, second: Path) -> None:
     async with running_pool() as pool:
         await shell(pool, argv_for(first), "true")
         await wait_all_tasks_blocked()
@@ -116,7 +133,7 @@ async def test_a_sandbox_of_another_argv_is_torn_down_unused(tmp_path: Path) -> 
         await wait_all_tasks_blocked()
         assert warm.process.returncode is not None
         assert pool.warm is not None
-        assert pool.warm.argv == argv_for(second)
+        assert pool.warm.launch == argv_for(second)
 
 
 @pytest.mark.parametrize(("age", "used"), [(WARM_MAX_AGE - 0.001, True), (WARM_MAX_AGE, False)])
@@ -177,3 +194,72 @@ async def test_a_long_command_is_handed_over_whole(ws: Path) -> None:
     # hand-over must not block the trio thread.
     command = "echo " + "x" * 100_000 + " | wc -c"
     assert stdout(await shell(SandboxPool(), argv_for(ws), command)) == "100001\n"
+
+
+# --- never root, and never without the seccomp filter ----------------------------------
+
+
+@pytest.mark.parametrize("user", [SandboxUser(0, 0), SandboxUser(0, 65534)])
+def test_a_sandbox_never_starts_as_root(ws: Path, user: SandboxUser) -> None:
+    launch = Launch(argv_for(ws).argv, user)
+    with pytest.raises(OSError, match=r"the sandbox never runs as host root \(uid 0\)"):
+        Sandbox.start(launch)
+
+
+def test_a_sandbox_never_starts_in_the_root_group(ws: Path) -> None:
+    launch = Launch(argv_for(ws).argv, SandboxUser(65534, 0))
+    with pytest.raises(OSError, match=r"never runs in the host's root group \(gid 0\)"):
+        Sandbox.start(launch)
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="brokerd's own uid is root only when run as root")
+def test_as_root_a_sandbox_without_a_user_is_refused(ws: Path) -> None:
+    with pytest.raises(OSError, match=r"never runs as host root"):
+        Sandbox.start(Launch(argv_for(ws).argv, None))
+
+
+def test_without_a_filter_for_the_architecture_nothing_starts(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandbox_module, "filter_program", lambda: None)
+    with pytest.raises(OSError, match=r"no seccomp filter for this architecture"):
+        Sandbox.start(argv_for(ws))
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_filter_is_classic_bpf_ending_in_its_returns(machine: str) -> None:
+    program = filter_program(machine)
+    assert program is not None
+    assert len(program) % 8 == 0
+    # struct sock_filter: u16 code, u8 jt, u8 jf, u32 k; the last four are returns.
+    codes = [struct.unpack("=HBBI", program[at : at + 8]) for at in range(0, len(program), 8)]
+    assert len(codes) < 64
+    assert [(code, k) for code, _, _, k in codes[-4:]] == [
+        (0x06, 0x7FFF0000),  # allow
+        (0x06, 0x00050000 | errno.EPERM),  # a setuid/setgid mode
+        (0x06, 0x00050000 | errno.EPERM),  # another ABI
+        (0x06, 0x00050000 | errno.ENOSYS),  # openat2, io_uring_setup
+    ]
+    # Every jump lands inside the program.
+    for at, (code, jt, jf, _) in enumerate(codes):
+        if code & 0x07 == 0x05:  # BPF_JMP
+            assert at + 1 + max(jt, jf) < len(codes)
+
+
+def test_there_is_no_filter_for_an_unknown_architecture() -> None:
+    assert filter_program("riscv64") is None
+    assert filter_program("i686") is None
+
+
+async def test_the_limits_reach_the_command(ws: Path) -> None:
+    assert BWRAP is not None
+    limits = SandboxLimits(memory=300 << 20, processes=40, file_size=5 << 20, cpu_time=9)
+    launch = Launch(sandbox_argv(BWRAP, ws, limits), USER, limits)
+    command = "grep -E '^Max (cpu time|file size|processes|address space) ' /proc/self/limits"
+    lines = stdout(await shell(SandboxPool(), launch, command)).splitlines()
+    assert [line.split()[-3:] for line in lines] == [
+        ["9", "10", "seconds"],
+        [str(5 << 20), str(5 << 20), "bytes"],
+        ["40", "40", "processes"],
+        [str(300 << 20), str(300 << 20), "bytes"],
+    ]

@@ -39,7 +39,14 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
   the host's ``/bin``, ``/sbin``, ``/lib*`` (as symlinks when the host's are), and
   :data:`~boxmaker.broker.sandbox.ETC_FILES` — no ``/etc/passwd``: host user names stay
   out, so ``whoami`` fails inside.
-  All capabilities are dropped (brokerd may run as root).
+  All capabilities are dropped, and the sandbox is never host root: brokerd as root
+  starts bwrap as ``[runner] sandbox_uid`` or the workspace's owner, and refuses a
+  root-owned workspace (sandbox_unavailable, docs/runbook.md#sandbox-as-root). A
+  seccomp filter keeps setuid/setgid bits off every file; /proc/sys and the other
+  host knobs under /proc are read-only. The ``[runner]`` limits (memory, processes,
+  file size, CPU time) hold for every process of the command; one that kills it
+  (SIGXCPU, SIGXFSZ) is named in the ``tool_error`` detail, and a memory or fork
+  failure's stderr points at its limit (docs/runbook.md#sandbox-limits).
 - ``http_get``: no redirect is followed (a 3xx is ``tool_error`` naming the Location,
   so the next URL goes through decide() again); a status of 400 or more is
   ``tool_error``; the body is capped after content decoding (no zip bombs); proxies and
@@ -61,9 +68,11 @@ import contextlib
 import errno
 import functools
 import logging
+import math
 import os
 import secrets
 import shutil
+import signal
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,7 +82,18 @@ import attrs
 import trio
 
 from boxmaker.broker.nowait import fd_real_path, read_cached_beneath
-from boxmaker.broker.sandbox import SANDBOX_ENV, STDERR_TAIL, SandboxPool, sandbox_argv
+from boxmaker.broker.sandbox import (
+    LIMITS_FAILED,
+    LIMITS_FAILED_WORDS,
+    SANDBOX_ENV,
+    STDERR_TAIL,
+    Launch,
+    SandboxLimits,
+    SandboxPool,
+    SandboxRefused,
+    sandbox_argv,
+    sandbox_user,
+)
 from boxmaker.core.catalogue import (
     MAX_BYTES,
     ArgumentProblem,
@@ -97,6 +117,7 @@ from boxmaker.home import RunnerConfig
 logger = logging.getLogger("boxmaker.brokerd.runner")
 
 RUNBOOK_SANDBOX: Final = "docs/runbook.md#sandbox"
+RUNBOOK_SANDBOX_LIMITS: Final = "docs/runbook.md#sandbox-limits"
 NO_BWRAP_DETAIL: Final = (
     "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
     "see docs/runbook.md#sandbox"
@@ -155,7 +176,9 @@ class RunSpec:
     _label: Label
     _time_limit: float | None
     _output_cap: int
-    _argv: tuple[str, ...] | None
+    _sandbox: Launch | str | None
+    """shell: how its sandbox starts, or why it cannot (a detail for
+    sandbox_unavailable); None for the other tools."""
     _hosts: tuple[str, ...]
     _grant: str | None
     _bounds: Grant
@@ -195,13 +218,11 @@ class RunSpec:
         value = checked.value
         time_limit: float | None = None
         output_cap = MAX_BYTES
-        argv: tuple[str, ...] | None = None
+        sandbox: Launch | str | None = None
         if isinstance(value, ShellArgs):
             time_limit = runner.shell_timeout
             output_cap = runner.output_cap
-            bwrap = shutil.which("bwrap")
-            if bwrap is not None:
-                argv = sandbox_argv(bwrap, workspace)
+            sandbox = _launch(workspace, runner)
         elif isinstance(value, HttpGetArgs):
             time_limit = HTTP_TIMEOUT
         return cls(
@@ -212,7 +233,7 @@ class RunSpec:
             label,
             time_limit,
             output_cap,
-            argv,
+            sandbox,
             grant.hosts,
             grant.id,
             grant,
@@ -251,10 +272,16 @@ class RunSpec:
         return self._output_cap
 
     @property
+    def sandbox(self) -> Launch | str | None:
+        """shell: how its sandbox starts (:class:`~boxmaker.broker.sandbox.Launch`), or
+        why it cannot (str). None for the other tools."""
+        return self._sandbox
+
+    @property
     def argv(self) -> tuple[str, ...] | None:
-        """shell: the bwrap command line (mounts and env included; the runner adds only
-        ``--json-status-fd``). None for the other tools, and when there is no bwrap."""
-        return self._argv
+        """shell: the bwrap command line (mounts, env and limits included; the sandbox
+        adds only its descriptors). None for the other tools, and when it cannot run."""
+        return self._sandbox.argv if isinstance(self._sandbox, Launch) else None
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -571,13 +598,66 @@ def _write_file(spec: RunSpec, args: WriteFileArgs) -> RunResult:
 # --- shell ---------------------------------------------------------------------------
 
 
+def _sandbox_limits(runner: RunnerConfig) -> SandboxLimits:
+    cpu_time = runner.cpu_time_limit
+    return SandboxLimits(
+        memory=runner.memory_limit_mib << 20,
+        processes=runner.process_limit,
+        file_size=runner.file_size_limit_mib << 20,
+        cpu_time=cpu_time if cpu_time is not None else math.ceil(runner.shell_timeout),
+    )
+
+
+def _launch(workspace: Path, runner: RunnerConfig) -> Launch | str:
+    """The sandbox of a shell call in ``workspace``, or why there can be none."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return NO_BWRAP_DETAIL
+    try:
+        user = sandbox_user(workspace, runner.sandbox_uid)
+    except SandboxRefused as refused:
+        return str(refused)
+    limits = _sandbox_limits(runner)
+    return Launch(sandbox_argv(bwrap, workspace, limits), user, limits)
+
+
+def _limit_detail(limits: SandboxLimits, returncode: int, stderr: str) -> str | None:
+    """What to say of a command that the sandbox's limits stopped, if they did: a
+    SIGXCPU or SIGXFSZ death names its limit; the memory and process limits only make a
+    call fail, and the command's own words are the hint."""
+    killed = {
+        signal.SIGXCPU: f"cpu_time_limit ({limits.cpu_time} s)",
+        signal.SIGXFSZ: f"file_size_limit_mib ({limits.file_size >> 20} MiB)",
+    }
+    for number, key in killed.items():
+        if returncode in (128 + number, -number):
+            return f"the command was killed ({number.name}): it exceeded [runner] {key}"
+    hints = {
+        f"memory_limit_mib ({limits.memory >> 20} MiB)": (
+            "Cannot allocate memory",
+            "MemoryError",
+            "out of memory",
+        ),
+        f"process_limit ({limits.processes})": (
+            "Cannot fork",
+            "can't fork",
+            "Resource temporarily unavailable",
+        ),
+    }
+    for key, words in hints.items():
+        if any(word in stderr for word in words):
+            return f"the command probably reached [runner] {key}"
+    return None
+
+
 async def _shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) -> RunResult:
-    argv = spec.argv
-    if argv is None:
-        return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, NO_BWRAP_DETAIL, spec.label)
+    launch = spec.sandbox
+    if not isinstance(launch, Launch):
+        detail = launch if isinstance(launch, str) else NO_BWRAP_DETAIL
+        return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
     try:
         # A pool that is not running only ever sets up a sandbox for the call at hand.
-        async with (sandboxes or SandboxPool()).sandbox(argv) as sandbox:
+        async with (sandboxes or SandboxPool()).sandbox(launch) as sandbox:
             run = await sandbox.run(command, time_limit=spec.time_limit, output_cap=spec.output_cap)
     except OSError as exc:
         detail = f"bubblewrap (bwrap) could not be started: {_describe(exc)}; see {RUNBOOK_SANDBOX}"
@@ -585,16 +665,17 @@ async def _shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) -> 
     if run.timed_out:
         detail = f"killed after {spec.time_limit:g} s (the time limit)"
         return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
-    if not run.ran:
-        detail = (
-            f"bubblewrap could not set up the sandbox: {run.err.last_words()}; "
-            f"see {RUNBOOK_SANDBOX}"
-        )
+    stderr = run.err.last_words()
+    if not run.ran or (run.returncode == LIMITS_FAILED and stderr.endswith(LIMITS_FAILED_WORDS)):
+        detail = f"bubblewrap could not set up the sandbox: {stderr}; see {RUNBOOK_SANDBOX}"
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
     if run.returncode != 0:
         detail = f"exit status {run.returncode}"
         if run.err.total:
-            detail += ": " + run.err.last_words()
+            detail += ": " + stderr
+        limit = _limit_detail(launch.limits, run.returncode or 0, stderr)
+        if limit is not None:
+            detail = f"{limit} ({detail}); see {RUNBOOK_SANDBOX_LIMITS}"
         return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
     return RunResult.success(run.content(spec.output_cap), spec.label)
 

@@ -16,11 +16,22 @@ warm sandbox before its command, and nothing of one call is seen by the next
 started with exactly the argv the call's RunSpec names, and only within
 :data:`WARM_MAX_AGE` of its start, so a change on the host (a replaced workspace or
 /etc file) reaches the next call soon; otherwise the call sets up its own.
+
+What the command is (docs/runbook.md#sandbox-as-root, #sandbox-limits): never host root
+— brokerd as root starts bwrap as an ordinary uid (:func:`sandbox_user`), and
+:meth:`Sandbox.start` refuses uid 0 — with no capabilities, under a seccomp filter that
+keeps setuid/setgid bits off its files (seccomp.py), with /proc/sys and the other host
+knobs under /proc read-only, and under the resource limits the launcher sets before it
+execs the command. bwrap starts with an empty environment and its options in a pipe
+(``--args``): its /proc entries, readable as the sandbox's pid 1, show neither
+brokerd's environment nor host paths. (The workspace's host path still shows in the
+sandbox's /proc/self/mountinfo, as the root of its bind mount.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -33,6 +44,8 @@ from typing import Final
 import attrs
 import orjson
 import trio
+
+from boxmaker.broker.seccomp import filter_program
 
 logger = logging.getLogger("boxmaker.brokerd.sandbox")
 
@@ -49,6 +62,9 @@ SYSTEM_DIRS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
 """The only /etc entries the sandbox sees: the loader's cache, Debian's alternatives
 (``/usr/bin/awk`` links through it) and the time zone."""
+PROC_COVERED: Final = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+"""The host's knobs under /proc, shown read-only over the sandbox's fresh /proc."""
+WORKSPACE: Final = "/workspace"
 WARM_MAX_AGE: Final = 60.0
 """Seconds a sandbox set up ahead stays usable; an older one is torn down unused."""
 
@@ -60,6 +76,103 @@ LAUNCHER: Final = (
 )
 """What a sandbox starts with: it waits for its command on stdin, then becomes
 ``/bin/sh -c COMMAND`` with stdin on /dev/null."""
+NOT_ROOT_DETAIL: Final = "the sandbox never runs as host root (uid 0)"
+NOT_ROOT_GROUP_DETAIL: Final = "the sandbox never runs in the host's root group (gid 0)"
+
+
+@attrs.frozen
+class SandboxUser:
+    """The host uid and gid bwrap runs as when brokerd is root (no supplementary
+    groups): the sandbox is then a user namespace of an ordinary uid."""
+
+    uid: int
+    gid: int
+
+
+LIMITS_FAILED: Final = 125
+"""The launcher's exit status when it could not set the limits."""
+LIMITS_FAILED_WORDS: Final = "boxmaker: the sandbox limits could not be set"
+"""...and the last line of its stderr then."""
+
+
+@attrs.frozen
+class SandboxLimits:
+    """Resource limits of every process of a command ([runner] in config.toml), set by
+    the launcher's ``ulimit`` before it execs the command: soft and hard both, so the
+    command cannot raise them, and nothing has run in the sandbox yet."""
+
+    memory: int
+    """Bytes of address space (RLIMIT_AS; ``ulimit -v``, KiB)."""
+    processes: int
+    """Processes of the sandbox's uid in its user namespace (RLIMIT_NPROC)."""
+    file_size: int
+    """Bytes of the largest file a command may write (RLIMIT_FSIZE; ``ulimit -f``, in
+    POSIX's 512-byte blocks: /bin/sh is always started as ``sh``, so bash is in POSIX
+    mode too)."""
+    cpu_time: int
+    """Seconds of CPU time per process (RLIMIT_CPU)."""
+
+    def ulimit(self) -> str:
+        """The shell line that sets them, or exits with :data:`LIMITS_FAILED` (the
+        command never runs without them). RLIMIT_NPROC is ``-u`` in bash and busybox,
+        ``-p`` in dash. CPU time: the hard limit a second above the soft one, so a
+        command over it gets SIGXCPU (which names the limit), and SIGKILL only if it
+        ignores that."""
+        processes = self.processes
+        return (
+            f"{{ ulimit -v {self.memory // 1024} && ulimit -f {self.file_size // 512} && "
+            f"ulimit -St {self.cpu_time} && ulimit -Ht {self.cpu_time + 1} && "
+            f"{{ ulimit -u {processes} 2>/dev/null || ulimit -p {processes}; }}; }} || "
+            f"{{ echo '{LIMITS_FAILED_WORDS}' >&2; exit {LIMITS_FAILED}; }}; "
+        )
+
+
+DEFAULT_LIMITS: Final = SandboxLimits(memory=1 << 30, processes=256, file_size=1 << 30, cpu_time=30)
+
+
+@attrs.frozen
+class Launch:
+    """Everything a sandbox is started with. A sandbox set up ahead serves a call only
+    when its Launch equals the call's: the argv as :func:`sandbox_argv` made it (not
+    as bwrap reads it through ``--args``), and the host user."""
+
+    argv: tuple[str, ...]
+    """From :func:`sandbox_argv`: bwrap, its options, then ``/bin/sh -c LAUNCHER``."""
+    user: SandboxUser | None
+    """Whom bwrap runs as; None: brokerd's own uid (never root, see :meth:`Sandbox.start`)."""
+    limits: SandboxLimits = DEFAULT_LIMITS
+    """The limits the argv's launcher sets (for the details that name them)."""
+
+
+class SandboxRefused(Exception):
+    """The sandbox cannot run safely as things are; the message says why and what to do."""
+
+
+def sandbox_user(workspace: Path, configured_uid: int | None) -> SandboxUser | None:
+    """Whom bwrap runs as (docs/runbook.md#sandbox-as-root). brokerd not root: None, its
+    own uid (``[runner] sandbox_uid`` cannot change it). brokerd root: ``sandbox_uid``
+    (gid the same number) when set, else the workspace's owner and group (its owner's
+    number when the group is root's); a workspace owned by root then raises
+    :class:`SandboxRefused` — uid 0 and gid 0 are never used."""
+    if os.geteuid() != 0:
+        return None
+    if configured_uid is not None:
+        return SandboxUser(configured_uid, configured_uid)
+    try:
+        info = workspace.stat()
+    except OSError as exc:
+        raise SandboxRefused(
+            f"cannot inspect the workspace {workspace} ({exc.strerror}); "
+            "see docs/runbook.md#sandbox-as-root"
+        ) from exc
+    if info.st_uid == 0:
+        raise SandboxRefused(
+            f"brokerd runs as root and the workspace {workspace} belongs to root; "
+            f"{NOT_ROOT_DETAIL}: set [runner] sandbox_uid to an ordinary uid that owns "
+            "the workspace (or run brokerd as an ordinary user); "
+            "see docs/runbook.md#sandbox-as-root"
+        )
+    return SandboxUser(info.st_uid, info.st_gid or info.st_uid)
 
 
 @functools.cache
@@ -78,9 +191,20 @@ def _system_mounts() -> tuple[str, ...]:
     return tuple(args)
 
 
-def sandbox_argv(bwrap: str, workspace: Path) -> tuple[str, ...]:
+def _proc_covers() -> tuple[str, ...]:
+    args: list[str] = []
+    for path in PROC_COVERED:
+        args += ["--ro-bind-try", path, path]
+    return tuple(args)
+
+
+def sandbox_argv(
+    bwrap: str, workspace: Path, limits: SandboxLimits = DEFAULT_LIMITS
+) -> tuple[str, ...]:
     """The bwrap command line of a shell sandbox on ``workspace`` (spec §8). The same for
-    every call in one workspace: the command reaches :data:`LAUNCHER` on stdin."""
+    every call in one workspace: the command reaches :data:`LAUNCHER` on stdin, after
+    ``limits`` are set. :meth:`Sandbox.start` passes all but the last three arguments
+    (``/bin/sh -c`` and the launcher) through ``--args``."""
     env: list[str] = []
     for key, value in SANDBOX_ENV.items():
         env += ["--setenv", key, value]
@@ -96,21 +220,34 @@ def sandbox_argv(bwrap: str, workspace: Path) -> tuple[str, ...]:
         *_system_mounts(),
         "--proc",
         "/proc",
+        # bwrap covers these itself only where it finds them writable at set-up; here
+        # they are read-only whoever runs it.
+        *_proc_covers(),
         "--dev",
         "/dev",
+        # The in-memory file systems a command can write are no bigger than its memory
+        # limit: /dev/shm and /tmp sized, /dev itself (a tmpfs too) read-only.
+        "--size",
+        str(limits.memory),
+        "--tmpfs",
+        "/dev/shm",  # noqa: S108  (the sandbox's own, sized tmpfs)
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(limits.memory),
         "--tmpfs",
         "/tmp",  # noqa: S108  (a fresh tmpfs inside the sandbox, not the host's /tmp)
         "--bind",
         str(workspace),
-        "/workspace",
+        WORKSPACE,
         # Last, so the mounts above exist: the sandbox's root (and /etc in it) read-only.
         "--remount-ro",
         "/",
         "--chdir",
-        "/workspace",
+        WORKSPACE,
         "/bin/sh",
         "-c",
-        LAUNCHER,
+        limits.ulimit() + LAUNCHER,
     )
 
 
@@ -189,67 +326,115 @@ def _command_ran(status: bytes) -> bool:
     return False
 
 
+def _launch_args(launch: Launch, fds: Mapping[str, int]) -> bytes:
+    """bwrap's options as ``--args`` reads them (NUL-separated): the launch's, after
+    the descriptors of this start."""
+    options = list(launch.argv[1:-3])
+    head = ["--json-status-fd", str(fds["status"]), "--seccomp", str(fds["seccomp"])]
+    return b"".join(os.fsencode(arg) + b"\0" for arg in head + options)
+
+
+def _filled_pipe(data: bytes) -> int:
+    """A pipe's read end with ``data`` (at most a pipe's buffer) waiting in it."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data)
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return read_end
+
+
 @attrs.define(eq=False)
 class Sandbox:
     """One bwrap process: set up, waiting for its one command, or done."""
 
-    argv: tuple[str, ...]
+    launch: Launch
     process: subprocess.Popen[bytes]
     _command_in: trio.lowlevel.FdStream
     _outputs: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream, trio.lowlevel.FdStream]
     """stdout, stderr and bwrap's ``--json-status-fd``."""
     started_at: float
 
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.launch.argv
+
     @classmethod
-    def start(cls, argv: tuple[str, ...]) -> Sandbox:
-        """Start bwrap with ``argv`` (from :func:`sandbox_argv`). Raises OSError when it
-        cannot be started. Call from the trio thread, never a worker thread: bwrap's
-        ``--die-with-parent`` is PR_SET_PDEATHSIG, which fires when the *thread* that
-        forked it exits, and trio retires idle worker threads after 10 s — every longer
-        command would be killed. The trio thread lives as long as brokerd, which is
-        exactly whom the sandbox must not outlive."""
+    def start(cls, launch: Launch) -> Sandbox:
+        """Start bwrap for ``launch``. Raises OSError when it cannot be started, and
+        when it would run as root. Call from the trio thread, never a worker thread:
+        bwrap's ``--die-with-parent`` is PR_SET_PDEATHSIG, which fires when the *thread*
+        that forked it exits, and trio retires idle worker threads after 10 s — every
+        longer command would be killed. The trio thread lives as long as brokerd, which
+        is exactly whom the sandbox must not outlive.
+
+        bwrap starts with an empty environment (the sandbox's pid 1 is bwrap's child,
+        and its /proc/1/environ is readable inside) and finds its options, host paths
+        included, in a pipe (``--args``), so its command line shows none of them."""
+        user = launch.user
+        if (user.uid if user is not None else os.geteuid()) == 0:
+            raise OSError(errno.EPERM, NOT_ROOT_DETAIL)
+        if user is not None and user.gid == 0:
+            raise OSError(errno.EPERM, NOT_ROOT_GROUP_DETAIL)
+        seccomp = filter_program()
+        if seccomp is None:
+            raise OSError(
+                errno.ENOSYS,
+                "no seccomp filter for this architecture (only x86_64 and aarch64)",
+            )
+        opened: list[int] = []
         pipes: list[tuple[int, int]] = []
         try:
             pipes += (os.pipe() for _ in range(4))
-        except OSError:
-            for read_end, write_end in pipes:
-                os.close(read_end)
-                os.close(write_end)
-            raise
-        (command_read, command_write), (_, out_write), (_, err_write), (_, status_write) = pipes
-        try:
+            (command_read, _), (_, out_write), (_, err_write), (_, status_write) = pipes
+            if user is not None:
+                # brokerd's pipes are root's: the command, another uid, could not
+                # reopen its own stdout or stderr (/dev/stdout) otherwise.
+                for read_end, _ in pipes[:3]:
+                    os.fchown(read_end, user.uid, user.gid)
+            opened.append(_filled_pipe(seccomp))
+            fds = {"seccomp": opened[0], "status": status_write}
+            opened.append(_filled_pipe(_launch_args(launch, fds)))
             process = subprocess.Popen(
-                [argv[0], "--json-status-fd", str(status_write), *argv[1:]],
+                [launch.argv[0], "--args", str(opened[1]), *launch.argv[-3:]],
                 stdin=command_read,
                 stdout=out_write,
                 stderr=err_write,
+                env={},
                 # Its own process group to kill (spec §8). A new group, not a new
                 # session: bwrap gives the command its own session (--new-session), and
                 # a second setsid here measurably slowed every call.
                 process_group=0,
-                pass_fds=(status_write,),
+                pass_fds=(*opened, status_write),
+                user=None if user is None else user.uid,
+                group=None if user is None else user.gid,
+                extra_groups=None if user is None else [],
             )
         except BaseException:
-            for read_end, _ in pipes[1:]:
+            for read_end, write_end in pipes:
                 os.close(read_end)
-            os.close(command_write)
-            raise
-        finally:
-            for fd in (command_read, out_write, err_write, status_write):
+                os.close(write_end)
+            for fd in opened:
                 os.close(fd)
-        out, err, status = (trio.lowlevel.FdStream(read_end) for read_end, _ in pipes[1:])
+            raise
+        for fd in (command_read, out_write, err_write, status_write, *opened):
+            os.close(fd)
+        out, err, status = (trio.lowlevel.FdStream(read_end) for read_end, _ in pipes[1:4])
         return cls(
-            argv,
+            launch,
             process,
-            trio.lowlevel.FdStream(command_write),
+            trio.lowlevel.FdStream(pipes[0][1]),
             (out, err, status),
             trio.current_time(),
         )
 
-    def usable(self, argv: tuple[str, ...], now: float) -> bool:
-        """Set up with exactly ``argv``, young enough, and not ended."""
+    def usable(self, launch: Launch, now: float) -> bool:
+        """Started for exactly ``launch``, young enough, and not ended."""
         return (
-            self.argv == argv
+            self.launch == launch
             and now - self.started_at < WARM_MAX_AGE
             and self.process.poll() is None
         )
@@ -297,13 +482,13 @@ class SandboxPool:
 
     :meth:`run` is brokerd's task that starts sandboxes (from the trio thread, see
     :meth:`Sandbox.start`) and tears down unused ones. Nothing is set up before the first
-    shell call, whose argv the pool then keeps using; without :meth:`run` every call
+    shell call, whose Launch the pool then keeps using; without :meth:`run` every call
     sets up its own sandbox.
     """
 
     def __init__(self) -> None:
         self._warm: Sandbox | None = None
-        self._wanted: tuple[str, ...] | None = None
+        self._wanted: Launch | None = None
         self._retired: list[Sandbox] = []
         self._wakeup = trio.Event()
 
@@ -313,10 +498,10 @@ class SandboxPool:
         return self._warm
 
     @contextlib.asynccontextmanager
-    async def sandbox(self, argv: tuple[str, ...]) -> AsyncIterator[Sandbox]:
-        """A sandbox for one call with ``argv``: the warm one when it is usable, else
+    async def sandbox(self, launch: Launch) -> AsyncIterator[Sandbox]:
+        """A sandbox for one call with ``launch``: the warm one when it is usable, else
         a new one (OSError when bwrap cannot be started). Torn down on the way out."""
-        sandbox = self._take(argv) or Sandbox.start(argv)
+        sandbox = self._take(launch) or Sandbox.start(launch)
         try:
             yield sandbox
         finally:
@@ -324,12 +509,12 @@ class SandboxPool:
             # The next one is set up once this call is done, not while its command runs.
             self._wakeup.set()
 
-    def _take(self, argv: tuple[str, ...]) -> Sandbox | None:
-        self._wanted = argv
+    def _take(self, launch: Launch) -> Sandbox | None:
+        self._wanted = launch
         warm, self._warm = self._warm, None
         if warm is None:
             return None
-        if warm.usable(argv, trio.current_time()):
+        if warm.usable(launch, trio.current_time()):
             return warm
         self._retired.append(warm)
         self._wakeup.set()

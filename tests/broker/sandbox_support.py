@@ -1,0 +1,37 @@
+"""Workspaces the shell sandbox can use, whoever runs the tests.
+
+brokerd as root runs the sandbox as the workspace's owner, never as root
+(docs/runbook.md#sandbox-as-root). As root (CI), a test's workspace therefore belongs to
+an ordinary uid, in a directory that uid can walk to (pytest's tmp_path is under a 0700
+directory of root's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+SANDBOX_UID: Final = 65534
+"""The ordinary uid (and gid) that owns a test workspace when the tests run as root."""
+AS_ROOT: Final = os.geteuid() == 0
+
+
+@contextlib.contextmanager
+def sandbox_workspace() -> Iterator[Path]:
+    """An empty workspace the sandbox can reach and write, removed afterwards. Its
+    parent (``ws.parent``) is reachable too: a place for fake programs."""
+    base = Path(tempfile.mkdtemp(prefix="bx-ws-", dir="/tmp"))
+    try:
+        base.chmod(0o711)
+        workspace = base / "ws"
+        workspace.mkdir()
+        if AS_ROOT:
+            os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
+        yield workspace
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
