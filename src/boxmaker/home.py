@@ -256,7 +256,8 @@ class ModelConfig:
 
 
 MIN_BUFFERED_BYTES: Final = 2 * 1024 * 1024
-"""Room for one whole 1 MiB frame (and the chunk that completes it), with margin."""
+"""Room for one whole 1 MiB frame (and the chunk that completes it), with margin: the
+least ``max_buffered_bytes`` and ``max_pending_bytes`` may be."""
 
 
 @attrs.frozen(kw_only=True)
@@ -268,6 +269,9 @@ class BrokerConfig:
     pending_timeout: float = attrs.field(default=300.0, validator=_positive)
     loopd_uid: int = attrs.field(factory=os.getuid, validator=_at_least(0))
     max_pending: int = attrs.field(default=10_000, validator=_at_least(1))
+    max_pending_bytes: int = attrs.field(
+        default=32 * 1024 * 1024, validator=_at_least(MIN_BUFFERED_BYTES)
+    )
     max_connections: int = attrs.field(default=16_000, validator=_at_least(1))
     max_buffered_bytes: int = attrs.field(
         default=32 * 1024 * 1024, validator=_at_least(MIN_BUFFERED_BYTES)
@@ -409,8 +413,10 @@ def default_config_text() -> str:
 # pending_timeout = 300.0
 # The uid allowed on broker.sock (loopd's). Default: the owner's uid.
 # loopd_uid = {os.getuid()}
-# Asks waiting for the owner at once; one more is denied too_many_pending.
+# Asks waiting for the owner at once, and the bytes of their requests; one more is
+# denied too_many_pending.
 # max_pending = 10000
+# max_pending_bytes = 33554432
 # broker.sock connections at once (lowered to what the open-file limit allows);
 # one more is answered `error busy` and closed.
 # max_connections = 16000

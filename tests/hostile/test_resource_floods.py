@@ -270,6 +270,45 @@ def test_asks_beyond_max_pending_are_denied_with_a_recorded_reason(
     assert verify_file(home.audit_log).sound
 
 
+def test_large_asks_beyond_max_pending_bytes_are_denied_with_a_recorded_reason(
+    home: Home, daemons: list[Daemon]
+) -> None:
+    # Each waiting ask keeps its arguments: 600 kB of content each, 2 MiB for all.
+    write_config(home, "[broker]\npending_timeout = 30.0\nmax_pending_bytes = 2097152\n")
+    write_grants(home, grant("drafts", "write_file", "ask"))
+    start(daemons, home)
+    content = "x" * 600_000
+    pending: list[socket.socket] = []
+    with held(pending):
+        for index in range(3):
+            sock = open_socket(home.broker_sock)
+            pending.append(sock)
+            send(sock, tool_request("write_file", {"path": f"d{index}.txt", "content": content}))
+            assert read_frame(sock)["kind"] == "pending"
+        frame = tool_request("write_file", {"path": "d3.txt", "content": content})
+        with open_socket(home.broker_sock) as sock:
+            send(sock, frame)
+            answer = read_frame(sock)
+        assert (answer["outcome"], answer["reason"]) == ("denied", "too_many_pending")
+        held_bytes = 3 * len(orjson.dumps(frame))  # the same size as each pending one
+        assert answer["detail"] == (
+            f"the calls waiting for the owner already hold {held_bytes} bytes of requests "
+            f"([broker] max_pending_bytes); see {TOO_MANY_PENDING_DETAIL}"
+        )
+        (decision,) = records_of(home, frame["call"])
+        assert (decision["verdict"], decision["reason"], decision["grant"]) == (
+            "deny",
+            "too_many_pending",
+            "drafts",
+        )
+        assert status_pending(home) == 3
+        # A small ask still fits.
+        with open_socket(home.broker_sock) as sock:
+            send(sock, tool_request("write_file", {"path": "d4.txt", "content": "short"}))
+            assert read_frame(sock)["kind"] == "pending"
+    assert verify_file(home.audit_log).sound
+
+
 def test_an_ask_flood_up_to_the_fd_limit_leaves_admin_sock_answering(
     home: Home, daemons: list[Daemon]
 ) -> None:

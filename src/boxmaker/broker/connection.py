@@ -12,9 +12,11 @@ policy rule lives in the core; this module only orders the steps and the records
   must not be able to do that. The ids are remembered for the boot (~100 bytes each).
 - ``audit_unavailable`` (ledger stopped) is answered and not recorded (spec §3 step 2);
   every other denial and verdict is recorded before anything else happens.
-- An ask while ``[broker] max_pending`` asks already wait (limits.py) is denied
-  ``too_many_pending``, recorded like any denial: the table, and the descriptors its
-  connections hold, stay bounded, and the owner sees in the ledger what was turned away.
+- An ask while ``[broker] max_pending`` asks already wait, or whose request would take
+  the waiting requests past ``max_pending_bytes`` (limits.py), is denied
+  ``too_many_pending``, recorded like any denial: the table, the memory of its
+  arguments and the descriptors its connections hold stay bounded, and the owner sees
+  in the ledger what was turned away.
 - Ask: the entry waits for its ending; the pending deadline and the one-second look
   (§6.5) are two broker-wide tasks (:meth:`Broker.run_expiry`, :meth:`Broker.look_all`)
   rather than two cancel scopes per call; how
@@ -58,7 +60,7 @@ from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.core.decide import Ask, Decision, Deny, Run, ToolRequest, approval_outcome, evaluate
 from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.core.labels import FRESH, UNKNOWN, Label
-from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, RUNBOOK_TOO_MANY_PENDING, Reason
+from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.ledger import records
 from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
@@ -116,6 +118,8 @@ class Requester:
     def __init__(self, stream: trio.SocketStream, budget: BufferBudget | None = None) -> None:
         self.stream = stream
         self.reader = FrameReader(stream, budget=budget)
+        self.request_bytes = 0
+        """The request frame's size: what its arguments cost while the call waits."""
 
     def gone(self) -> bool:
         """The last look / the one-second look (spec §5.3 step 2, §6.5): has the
@@ -186,6 +190,7 @@ async def _read_request(requester: Requester) -> ToolRequestFrame | None:
         return None
     if line is None:
         return None
+    requester.request_bytes = len(line)
     try:
         frame = decode_broker_request(line)
     except ForbiddenKind as exc:
@@ -274,10 +279,15 @@ async def _tool_request(broker: Broker, requester: Requester, frame: ToolRequest
         return
     request = ToolRequest(call, frame.session, frame.tool, frame.arguments)
     verdict, grants = await _evaluate(broker, request)
-    # The slot is held from the decision (before its record is awaited) to the call's end.
-    holds_slot = isinstance(verdict, Ask) and broker.capacity.reserve_pending()
-    if isinstance(verdict, Ask) and not holds_slot:
-        verdict = _too_many_pending(verdict, broker.capacity.limits.max_pending)
+    # An ask holds a pending slot and its request's bytes from its decision (before its
+    # record is awaited) to the end of its call.
+    slot: int | None = None
+    if isinstance(verdict, Ask):
+        full = broker.capacity.reserve_pending(requester.request_bytes)
+        if full is None:
+            slot = requester.request_bytes
+        else:
+            verdict = _too_many_pending(verdict, full)
     decision = verdict.decision
     if isinstance(verdict, Ask):
         _log_decision(decision)  # now: the owner may be watching the log for it
@@ -295,20 +305,16 @@ async def _tool_request(broker: Broker, requester: Requester, frame: ToolRequest
         else:
             await _ask(broker, requester, request, decision, grants)
     finally:
-        if holds_slot:
-            broker.capacity.release_pending()
+        if slot is not None:
+            broker.capacity.release_pending(slot)
         # After the answer: a log line costs as much as a tenth of a call's latency.
         if not isinstance(verdict, Ask):
             _log_decision(decision)
 
 
-def _too_many_pending(ask: Ask, max_pending: int) -> Deny:
-    """The ask that would go past ``[broker] max_pending``: denied, on the grant it
-    matched and the state it was decided on (the record says which grant it was)."""
-    detail = (
-        f"{max_pending} calls already wait for the owner ([broker] max_pending); "
-        f"see {RUNBOOK_TOO_MANY_PENDING}"
-    )
+def _too_many_pending(ask: Ask, detail: str) -> Deny:
+    """The ask that would go past ``[broker] max_pending`` or ``max_pending_bytes``:
+    denied, on the grant it matched and the state it was decided on."""
     return Deny(
         attrs.evolve(ask.decision, verdict="deny", reason=Reason.TOO_MANY_PENDING, detail=detail)
     )

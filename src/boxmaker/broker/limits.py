@@ -13,10 +13,11 @@ pending asks, so that the owner could no longer reach admin.sock to see or refus
   (nothing was asked, so nothing is recorded). ``max_connections`` is lowered at start
   to what the open-file limit leaves after the reserve. admin.sock has no cap: it is
   the owner's, and the reserve is what keeps it reachable.
-- **Pending asks**: at ``max_pending`` asks waiting for the owner, one more ask is
-  denied ``too_many_pending`` with a decision record (connection.py). It is lowered at
-  start to three quarters of the connections, so calls that need no owner still get
-  through while the asks wait.
+- **Pending asks**: at ``max_pending`` asks waiting for the owner, or when the waiting
+  asks' request frames add up to ``max_pending_bytes`` (their arguments are held as
+  long as they wait), one more ask is denied ``too_many_pending`` with a decision
+  record (connection.py). ``max_pending`` is lowered at start to three quarters of the
+  connections, so calls that need no owner still get through while the asks wait.
 
 :func:`release_freed_memory` hands freed heap pages back to the system when a flood's
 buffers are gone (glibc keeps them otherwise).
@@ -34,6 +35,7 @@ from typing import Final
 
 import attrs
 
+from boxmaker.core.reasons import RUNBOOK_TOO_MANY_PENDING
 from boxmaker.home import BrokerConfig
 from boxmaker.ndjson import BufferBudget
 
@@ -66,6 +68,7 @@ class Limits:
 
     max_connections: int
     max_pending: int
+    max_pending_bytes: int
     max_buffered_bytes: int
     fd_limit: int | None
     fd_reserve: int
@@ -77,7 +80,7 @@ class Limits:
 
         >>> config = BrokerConfig(max_pending=10_000, max_connections=16_000)
         >>> Limits.derive(config, fd_limit=1024, fds_open=20)
-        Limits(max_connections=748, max_pending=561, max_buffered_bytes=33554432, fd_limit=1024, fd_reserve=256)
+        Limits(max_connections=748, max_pending=561, max_pending_bytes=33554432, max_buffered_bytes=33554432, fd_limit=1024, fd_reserve=256)
         >>> Limits.derive(config, fd_limit=None, fds_open=20).max_pending
         10000
         """  # noqa: E501
@@ -90,6 +93,7 @@ class Limits:
         return cls(
             max_connections=connections,
             max_pending=pending,
+            max_pending_bytes=config.max_pending_bytes,
             max_buffered_bytes=config.max_buffered_bytes,
             fd_limit=fd_limit,
             fd_reserve=reserve,
@@ -99,6 +103,7 @@ class Limits:
         fds = "unlimited" if self.fd_limit is None else str(self.fd_limit)
         return (
             f"max_connections {self.max_connections}, max_pending {self.max_pending}, "
+            f"max_pending_bytes {self.max_pending_bytes}, "
             f"max_buffered_bytes {self.max_buffered_bytes}, open-file limit {fds} "
             f"({self.fd_reserve} kept from broker.sock)"
         )
@@ -113,6 +118,8 @@ class Capacity:
         self.connections = 0
         self.pending = 0
         """Asks holding a pending slot: from their decision until their call ends."""
+        self.pending_bytes = 0
+        """The sizes of their request frames (their arguments live as long)."""
         self.refused = 0
         self._refusing = False
 
@@ -163,14 +170,27 @@ class Capacity:
 
     # -- pending asks -----------------------------------------------------------------
 
-    def reserve_pending(self) -> bool:
-        if self.pending >= self.limits.max_pending:
-            return False
+    def reserve_pending(self, size: int) -> str | None:
+        """Take a pending slot for an ask whose request is ``size`` bytes; None when
+        taken, else why not (the detail of its ``too_many_pending`` denial)."""
+        limits = self.limits
+        if self.pending >= limits.max_pending:
+            return (
+                f"{self.pending} calls already wait for the owner ([broker] max_pending); "
+                f"see {RUNBOOK_TOO_MANY_PENDING}"
+            )
+        if self.pending_bytes + size > limits.max_pending_bytes:
+            return (
+                f"the calls waiting for the owner already hold {self.pending_bytes} bytes "
+                f"of requests ([broker] max_pending_bytes); see {RUNBOOK_TOO_MANY_PENDING}"
+            )
         self.pending += 1
-        return True
+        self.pending_bytes += size
+        return None
 
-    def release_pending(self) -> None:
+    def release_pending(self, size: int) -> None:
         self.pending -= 1
+        self.pending_bytes -= size
 
 
 _libc: ctypes.CDLL | None = None
