@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import selectors
+import shutil
 import socket
 import time
 from collections import Counter
@@ -198,6 +200,21 @@ def test_a_flood_of_unterminated_frames_stays_within_the_buffer_budget(
         assert read_frame(sock)["kind"] == "catalogue"
 
 
+@pytest.fixture
+def fd_room() -> Iterator[None]:
+    """This process holds a thousand sockets: its soft open-file limit raised for it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if want < 1100:
+        pytest.skip(f"the open-file limit ({hard}) is too low for 1,000 connections")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.usefixtures("fd_room")
 def test_the_defaults_hold_a_flood_of_1000_unterminated_frames_under_256_mb(
     home: Home, daemons: list[Daemon]
 ) -> None:
@@ -309,6 +326,7 @@ def test_large_asks_beyond_max_pending_bytes_are_denied_with_a_recorded_reason(
     assert verify_file(home.audit_log).sound
 
 
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
 def test_an_ask_flood_up_to_the_fd_limit_leaves_admin_sock_answering(
     home: Home, daemons: list[Daemon]
 ) -> None:
