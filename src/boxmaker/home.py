@@ -272,7 +272,7 @@ class BrokerConfig:
     max_pending_bytes: int = attrs.field(
         default=32 * 1024 * 1024, validator=_at_least(MIN_BUFFERED_BYTES)
     )
-    max_connections: int = attrs.field(default=16_000, validator=_at_least(1))
+    max_connections: int = attrs.field(default=12_000, validator=_at_least(1))
     max_buffered_bytes: int = attrs.field(
         default=32 * 1024 * 1024, validator=_at_least(MIN_BUFFERED_BYTES)
     )
@@ -419,7 +419,7 @@ def default_config_text() -> str:
 # max_pending_bytes = 33554432
 # broker.sock connections at once (lowered to what the open-file limit allows);
 # one more is answered `error busy` and closed.
-# max_connections = 16000
+# max_connections = 12000
 # Bytes of unfinished frames held across all broker.sock connections.
 # max_buffered_bytes = 33554432
 

@@ -13,7 +13,7 @@ from boxmaker.home import BrokerConfig, ConfigError, Home, default_config_text, 
 
 def test_the_defaults_with_room_keep_10000_pending() -> None:
     limits = Limits.derive(BrokerConfig(), fd_limit=1_048_576, fds_open=30)
-    assert (limits.max_connections, limits.max_pending) == (16_000, 10_000)
+    assert (limits.max_connections, limits.max_pending) == (12_000, 10_000)
     assert limits.fd_reserve == FD_RESERVE
     assert limits.max_buffered_bytes == limits.max_pending_bytes == 32 * 1024 * 1024
 
@@ -23,7 +23,7 @@ def test_a_small_fd_limit_lowers_connections_and_pending() -> None:
     # A quarter of a small limit is kept; the rest after what is open is broker.sock's.
     assert limits.fd_reserve == 32
     assert limits.max_connections == 128 - 20 - 32
-    assert limits.max_pending == limits.max_connections - limits.max_connections // 4
+    assert limits.max_pending == limits.max_connections - limits.max_connections // 8
 
 
 def test_an_absurd_fd_limit_still_leaves_one_of_each() -> None:

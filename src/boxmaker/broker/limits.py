@@ -16,7 +16,7 @@ pending asks, so that the owner could no longer reach admin.sock to see or refus
 - **Pending asks**: at ``max_pending`` asks waiting for the owner, or when the waiting
   asks' request frames add up to ``max_pending_bytes`` (their arguments are held as
   long as they wait), one more ask is denied ``too_many_pending`` with a decision
-  record (connection.py). ``max_pending`` is lowered at start to three quarters of the
+  record (connection.py). ``max_pending`` is lowered at start to seven eighths of the
   connections, so calls that need no owner still get through while the asks wait.
 
 :func:`release_freed_memory` hands freed heap pages back to the system when a flood's
@@ -81,9 +81,9 @@ class Limits:
         """``fds_open``: descriptors already in use at start (stdio, the listeners, the
         ledger, trio's own).
 
-        >>> config = BrokerConfig(max_pending=10_000, max_connections=16_000)
+        >>> config = BrokerConfig(max_pending=10_000, max_connections=12_000)
         >>> Limits.derive(config, fd_limit=1024, fds_open=20)
-        Limits(max_connections=748, max_pending=561, max_pending_bytes=33554432, max_buffered_bytes=33554432, fd_limit=1024, fd_reserve=256)
+        Limits(max_connections=748, max_pending=655, max_pending_bytes=33554432, max_buffered_bytes=33554432, fd_limit=1024, fd_reserve=256)
         >>> Limits.derive(config, fd_limit=None, fds_open=20).max_pending
         10000
         """  # noqa: E501
@@ -92,7 +92,7 @@ class Limits:
         if fd_limit is not None:
             reserve = min(FD_RESERVE, fd_limit // 4)
             connections = max(1, min(connections, fd_limit - fds_open - reserve))
-        pending = max(1, min(config.max_pending, connections - connections // 4))
+        pending = max(1, min(config.max_pending, connections - connections // 8))
         return cls(
             max_connections=connections,
             max_pending=pending,
