@@ -201,7 +201,7 @@ async def _serve_connections(
                 await broker.wait_stop_requested()
                 log.info("stopping: no new connections")
                 accept.cancel_scope.cancel()
-            # serve_listeners closed the listeners; remove the paths at once, so a client
+            # The accept loops closed the listeners; remove the paths at once, so a client
             # sees "not running" rather than a socket nobody accepts on.
             broker_listener.remove_path()
             admin_listener.remove_path()
