@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from boxmaker.ndjson import (
     MAX_FRAME,
+    BufferBudget,
     FrameError,
     FrameReader,
     FrameTooLong,
+    OverBudget,
     TruncatedFrame,
     receive_frame_within,
 )
@@ -146,6 +148,55 @@ async def test_clean_eof_is_none_and_stays_none() -> None:
     assert await reader.receive_line() is None
     assert await reader.receive_line() is None
     assert stream.reads == 2
+
+
+async def test_readers_sharing_a_budget_hold_at_most_it_together() -> None:
+    budget = BufferBudget(100, name="[test] budget")
+    left, right = trio.testing.memory_stream_pair()
+    first = FrameReader(right, chunk=60, budget=budget)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first.receive_line)  # a line that never ends
+        await left.send_all(b"x" * 64)
+        await trio.testing.wait_all_tasks_blocked()
+        assert budget.used == 64
+        second = FrameReader(ChunkStream([b"y" * 50]), budget=budget)
+        with pytest.raises(OverBudget, match=r"already hold 100 bytes \(\[test\] budget\)"):
+            await second.receive_line()
+        assert budget.used == 64  # the refused chunk was never counted
+        third = FrameReader(ChunkStream([b"z" * 30, b"\n"]), budget=budget)
+        assert await third.receive_line() == b"z" * 30  # what fits still gets through
+        assert budget.used == 64
+        nursery.cancel_scope.cancel()
+    first.close()
+    assert budget.used == 0
+    first.close()
+    assert budget.used == 0
+    with pytest.raises(FrameError, match="out of step"):
+        await first.receive_line()
+
+
+async def test_a_complete_line_gives_its_bytes_back() -> None:
+    budget = BufferBudget(1000, name="[test] budget")
+    reader = FrameReader(ChunkStream([b"abc\nde", b"f\n"]), budget=budget)
+    assert await reader.receive_line() == b"abc"
+    assert budget.used == 2  # "de" waits for its newline
+    assert await reader.receive_line() == b"def"
+    assert budget.used == 0
+    assert await reader.receive_line() is None
+    assert budget.used == 0
+    assert budget.peak == 6
+
+
+async def test_a_failed_frame_gives_its_bytes_back() -> None:
+    budget = BufferBudget(1000, name="[test] budget")
+    reader = FrameReader(ChunkStream([b"x" * 50]), max_frame=20, chunk=30, budget=budget)
+    with pytest.raises(FrameTooLong):
+        await reader.receive_line()
+    assert budget.used == 0
+    reader = FrameReader(ChunkStream([b"cut"]), budget=budget)
+    with pytest.raises(TruncatedFrame):
+        await reader.receive_line()
+    assert budget.used == 0
 
 
 def test_bad_settings_are_refused() -> None:

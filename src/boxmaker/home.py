@@ -260,9 +260,26 @@ class ModelConfig:
     max_tokens: int = attrs.field(default=1024, validator=_at_least(1))
 
 
+MIN_BUFFERED_BYTES: Final = 2 * 1024 * 1024
+"""Room for one whole 1 MiB frame (and the chunk that completes it), with margin: the
+least ``max_buffered_bytes`` and ``max_pending_bytes`` may be."""
+
+
 @attrs.frozen(kw_only=True)
 class BrokerConfig:
+    """``[broker]``. The three caps bound what a flood of broker.sock connections costs
+    (docs/runbook.md#too-many-pending, docs/runbook.md#too-many-connections); brokerd
+    lowers ``max_connections`` further to what its open-file limit allows."""
+
     pending_timeout: float = attrs.field(default=300.0, validator=_positive)
+    max_pending: int = attrs.field(default=10_000, validator=_at_least(1))
+    max_pending_bytes: int = attrs.field(
+        default=32 * 1024 * 1024, validator=_at_least(MIN_BUFFERED_BYTES)
+    )
+    max_connections: int = attrs.field(default=12_000, validator=_at_least(1))
+    max_buffered_bytes: int = attrs.field(
+        default=32 * 1024 * 1024, validator=_at_least(MIN_BUFFERED_BYTES)
+    )
 
 
 LOOPD_UID_GONE: Final = (
@@ -432,6 +449,15 @@ def default_config_text() -> str:
 [broker]
 # How long an ask waits for bxctl approve / refuse before it expires.
 # pending_timeout = 300.0
+# Asks waiting for the owner at once, and the bytes of their requests; one more is
+# denied too_many_pending.
+# max_pending = 10000
+# max_pending_bytes = 33554432
+# broker.sock connections at once (lowered to what the open-file limit allows);
+# one more is answered `error busy` and closed.
+# max_connections = 12000
+# Bytes of unfinished frames held across all broker.sock connections.
+# max_buffered_bytes = 33554432
 
 [loop]
 # max_steps = 16

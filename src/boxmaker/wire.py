@@ -389,6 +389,9 @@ class ErrorCode(enum.StrEnum):
     NO_SUCH_APPROVAL = "no_such_approval"
     EXPIRED = "expired"
     INTERNAL = "internal"
+    BUSY = "busy"
+    """broker.sock: refused at connect, before any frame was read: brokerd is at
+    ``[broker] max_connections`` or short of file descriptors."""
     MODEL_UNREACHABLE = "model_unreachable"
     """loop.sock: inferproxy or the model behind it did not answer (spec §9, §10)."""
     MODEL_ERROR = "model_error"

@@ -38,12 +38,15 @@ START_S = 30.0
 
 
 class Daemon:
-    def __init__(self, home: Home, *extra: str) -> None:
+    def __init__(self, home: Home, *extra: str, nofile: int | None = None) -> None:
+        """``nofile``: brokerd's RLIMIT_NOFILE, soft and hard (``prlimit``)."""
         self.home = home
         self.log = home.root / f"brokerd-{time.monotonic_ns()}.log"
+        limit = [] if nofile is None else ["prlimit", f"--nofile={nofile}:{nofile}", "--"]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [
+                    *limit,
                     sys.executable,
                     "-m",
                     "boxmaker.broker.serve",
@@ -90,8 +93,10 @@ def daemons() -> Iterator[list[Daemon]]:
         daemon.kill()
 
 
-def start(daemons: list[Daemon], home: Home, *extra: str, ready: bool = True) -> Daemon:
-    daemon = Daemon(home, *extra)
+def start(
+    daemons: list[Daemon], home: Home, *extra: str, ready: bool = True, nofile: int | None = None
+) -> Daemon:
+    daemon = Daemon(home, *extra, nofile=nofile)
     daemons.append(daemon)
     if ready:
         daemon.wait_ready()

@@ -12,6 +12,11 @@ policy rule lives in the core; this module only orders the steps and the records
   must not be able to do that. The ids are remembered for the boot (~100 bytes each).
 - ``audit_unavailable`` (ledger stopped) is answered and not recorded (spec §3 step 2);
   every other denial and verdict is recorded before anything else happens.
+- An ask while ``[broker] max_pending`` asks already wait, or whose request would take
+  the waiting requests past ``max_pending_bytes`` (limits.py), is denied
+  ``too_many_pending``, recorded like any denial: the table, the memory of its
+  arguments and the descriptors its connections hold stay bounded, and the owner sees
+  in the ledger what was turned away.
 - Ask: the entry waits for its ending; the pending deadline and the one-second look
   (§6.5) are two broker-wide tasks (:meth:`Broker.run_expiry`, :meth:`Broker.look_all`)
   rather than two cancel scopes per call; how
@@ -29,6 +34,7 @@ import logging
 import socket
 from typing import Final
 
+import attrs
 import trio
 
 from boxmaker.broker.listeners import check_peer
@@ -57,7 +63,7 @@ from boxmaker.core.labels import FRESH, UNKNOWN, Label
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.ledger import records
-from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
+from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
 from boxmaker.state_files import raise_state
 from boxmaker.wire import (
     Answer,
@@ -109,9 +115,11 @@ class Requester:
     the stream would read.
     """
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, budget: BufferBudget | None = None) -> None:
         self.stream = stream
-        self.reader = FrameReader(stream)
+        self.reader = FrameReader(stream, budget=budget)
+        self.request_bytes = 0
+        """The request frame's size: what its arguments cost while the call waits."""
 
     def gone(self) -> bool:
         """The last look / the one-second look (spec §5.3 step 2, §6.5): has the
@@ -155,10 +163,14 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
         if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
             return
-        requester = Requester(stream)
+        requester = Requester(stream, broker.capacity.budget)
         # The request is read in its own frame, so what reading it took (the raw line,
-        # the decoder's leftovers) is gone while the call waits (spec §6.5).
-        frame = await _read_request(requester)
+        # the decoder's leftovers) is gone while the call waits (spec §6.5); the reader
+        # is closed at once, so its bytes go back to the budget shared by all.
+        try:
+            frame = await _read_request(requester)
+        finally:
+            requester.reader.close()
         if frame is not None:
             await _tool_request(broker, requester, frame)
     except DISCONNECTS as exc:
@@ -179,6 +191,7 @@ async def _read_request(requester: Requester) -> ToolRequestFrame | None:
         return None
     if line is None:
         return None
+    requester.request_bytes = len(line)
     try:
         frame = decode_broker_request(line)
     except ForbiddenKind as exc:
@@ -267,6 +280,15 @@ async def _tool_request(broker: Broker, requester: Requester, frame: ToolRequest
         return
     request = ToolRequest(call, frame.session, frame.tool, frame.arguments)
     verdict, grants = await _evaluate(broker, request)
+    # An ask holds a pending slot and its request's bytes from its decision (before its
+    # record is awaited) to the end of its call.
+    slot: int | None = None
+    if isinstance(verdict, Ask):
+        full = broker.capacity.reserve_pending(requester.request_bytes)
+        if full is None:
+            slot = requester.request_bytes
+        else:
+            verdict = _too_many_pending(verdict, full)
     decision = verdict.decision
     if isinstance(verdict, Ask):
         _log_decision(decision)  # now: the owner may be watching the log for it
@@ -284,9 +306,19 @@ async def _tool_request(broker: Broker, requester: Requester, frame: ToolRequest
         else:
             await _ask(broker, requester, request, decision, grants)
     finally:
+        if slot is not None:
+            broker.capacity.release_pending(slot)
         # After the answer: a log line costs as much as a tenth of a call's latency.
         if not isinstance(verdict, Ask):
             _log_decision(decision)
+
+
+def _too_many_pending(ask: Ask, detail: str) -> Deny:
+    """The ask that would go past ``[broker] max_pending`` or ``max_pending_bytes``:
+    denied, on the grant it matched and the state it was decided on."""
+    return Deny(
+        attrs.evolve(ask.decision, verdict="deny", reason=Reason.TOO_MANY_PENDING, detail=detail)
+    )
 
 
 def _log_decision(decision: Decision) -> None:

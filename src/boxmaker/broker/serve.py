@@ -36,7 +36,12 @@ from cyclopts import App, Parameter
 from boxmaker import __version__
 from boxmaker.broker.admin import handle_admin_connection
 from boxmaker.broker.connection import LOOK_INTERVAL_S, handle_broker_connection
-from boxmaker.broker.listeners import ListenerError, UnixListener, open_unix_listener
+from boxmaker.broker.listeners import (
+    ListenerError,
+    UnixListener,
+    open_unix_listener,
+    serve_capped,
+)
 from boxmaker.broker.state import Broker, GrantsWatcher
 from boxmaker.daemon import run_daemon, setup_logging
 from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
@@ -170,12 +175,11 @@ async def _serve_connections(
         async with trio.open_nursery() as admins:
             async with trio.open_nursery() as accept:
                 await accept.start(
-                    functools.partial(
-                        trio.serve_listeners,
-                        functools.partial(handle_broker_connection, broker),
-                        [broker_listener.listener],
-                        handler_nursery=calls,
-                    )
+                    serve_capped,
+                    broker_listener.listener,
+                    functools.partial(handle_broker_connection, broker),
+                    calls,
+                    broker.capacity,
                 )
                 await accept.start(
                     functools.partial(
@@ -192,11 +196,12 @@ async def _serve_connections(
                     admin_listener.path,
                     broker.boot,
                 )
+                log.info("brokerd limits: %s", broker.capacity.limits.describe())
                 task_status.started(broker)
                 await broker.wait_stop_requested()
                 log.info("stopping: no new connections")
                 accept.cancel_scope.cancel()
-            # serve_listeners closed the listeners; remove the paths at once, so a client
+            # The accept loops closed the listeners; remove the paths at once, so a client
             # sees "not running" rather than a socket nobody accepts on.
             broker_listener.remove_path()
             admin_listener.remove_path()

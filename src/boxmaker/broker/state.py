@@ -37,6 +37,7 @@ from typing import Final, TypeAlias
 import attrs
 import trio
 
+from boxmaker.broker.limits import Capacity
 from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.approvals import ApprovalsTable, PendingEntry
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, parse_grants
@@ -320,6 +321,8 @@ class Broker:
     """The shell sandbox kept set up ahead of the next call (sandbox.py)."""
     states: SessionStates = attrs.field(init=False)
     """The session states read this boot (:class:`SessionStates`)."""
+    capacity: Capacity = attrs.field(init=False)
+    """broker.sock's caps and what is used of them (limits.py)."""
     _expired: dict[str, None] = attrs.Factory(dict)
     _deadlines: list[tuple[float, str]] = attrs.Factory(list)
     """A heap of (deadline, approval) of the pending entries; an item whose entry has
@@ -333,6 +336,7 @@ class Broker:
         # Home's paths are properties that join on every use: computed once per boot.
         self._sessions_dir = self.home.sessions_dir
         self.states = SessionStates(self._sessions_dir)
+        self.capacity = Capacity.for_config(self.config.broker)
 
     @property
     def workspace(self) -> Path:

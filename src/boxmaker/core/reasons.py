@@ -20,6 +20,8 @@ class Reason(enum.StrEnum):
     WITHDRAWN = "withdrawn"
     AUDIT_UNAVAILABLE = "audit_unavailable"
     BROKER_STOPPING = "broker_stopping"
+    TOO_MANY_PENDING = "too_many_pending"
+    """An ask while ``[broker] max_pending`` calls already wait for the owner."""
     # failures of a run (spec §8, "Reason codes of a failed answer")
     TOOL_ERROR = "tool_error"
     TIMEOUT = "timeout"
@@ -31,4 +33,5 @@ class Reason(enum.StrEnum):
     RESULT_UNRECORDED = "result_unrecorded"
 
 
+RUNBOOK_TOO_MANY_PENDING = "docs/runbook.md#too-many-pending"
 AUDIT_UNAVAILABLE_DETAIL = "an earlier write failed; see docs/runbook.md#audit-unavailable"
