@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from typing import Any
 
 import pytest
@@ -320,6 +321,21 @@ def test_shell_commands_use_fnmatch_on_the_whole_line() -> None:
     assert not ok("ls -la")
     assert not ok(" git status")
     assert not ok("Git status")
+
+
+def test_shell_command_patterns_do_not_backtrack_on_a_long_command() -> None:
+    # fnmatch.translate makes each star but the last an atomic group (Python >= 3.11), so
+    # matching is linear in the command; a command is at most 64 KiB (catalogue.py).
+    patterns = ["*a*a*a*a*b", "*a*b*a*b*a*b*c", "git status*", "make *test*"]
+    grant = one(grant_text(id="g", tool="shell", mode="auto", commands=patterns))
+    longest = args("shell", command="a" * (64 * 1024))
+    also_long = args("shell", command="ab " * (64 * 1024 // 3))
+    start = time.perf_counter()
+    matched = [grant.matches("shell", checked, NOW) for checked in (longest, also_long) * 5]
+    elapsed = time.perf_counter() - start
+    assert matched == [False, False] * 5
+    assert elapsed < 1.0, f"{elapsed:.2f} s"  # measured: about 2 ms in all
+    assert grant.matches("shell", args("shell", command="a" * 1000 + "b"), NOW)
 
 
 def test_shell_without_commands_matches_every_command() -> None:
