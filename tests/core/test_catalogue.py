@@ -23,6 +23,7 @@ from boxmaker.core.catalogue import (
     check_arguments,
     result_label,
 )
+from boxmaker.core.hosts import Destination
 from boxmaker.core.labels import HTTP_GET_LABEL, Label, LabelRules, Taint
 from boxmaker.core.reasons import Reason
 
@@ -87,6 +88,11 @@ def test_checked_arguments_expose_what_grants_match() -> None:
     assert (shell.paths, shell.command, shell.host) == ((), "git status", None)
     http = checked("http_get", {"url": "HTTPS://Docs.Python.org:443/3/"})
     assert (http.paths, http.command, http.host) == ((), None, "docs.python.org")
+    assert http.destination == Destination("https", "docs.python.org", 443)
+    assert checked("http_get", {"url": "http://[0::1]:81/"}).destination == Destination(
+        "http", "::1", 81
+    )
+    assert (read.destination, shell.destination) == (None, None)
     assert checked("list_dir", {"path": "."}).match_paths == ("",)
 
 

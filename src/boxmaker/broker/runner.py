@@ -34,8 +34,13 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
 - ``http_get``: no redirect is followed (a 3xx is ``tool_error`` naming the Location,
   so the next URL goes through decide() again); a status of 400 or more is
   ``tool_error``; the body is capped after content decoding (no zip bombs); proxies and
-  .netrc from brokerd's environment are ignored. The host is checked against the
-  grant's ``hosts`` again right before connecting.
+  .netrc from brokerd's environment are ignored. The host and port are checked against
+  the grant's ``hosts`` again right before connecting; then the host is resolved once,
+  every address it resolves to is checked (:func:`boxmaker.core.hosts.address_problem`:
+  loopback, private, link-local and other special addresses only where the grant names
+  them), and the connection goes to a checked address, with the URL's host in the Host
+  header and as the TLS server name: no second lookup, so no DNS rebinding in between.
+  A refused address is ``tool_error`` with a detail pointing at the runbook.
 - A shell call may use a sandbox brokerd set up ahead of it (sandbox.py); each sandbox
   serves one call and is torn down after it.
 - A RunSpec's private token stops accidental construction, not a determined caller
@@ -51,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import ipaddress
 import logging
 import os
 import secrets
@@ -79,7 +85,8 @@ from boxmaker.core.catalogue import (
     result_label,
 )
 from boxmaker.core.decide import Decision
-from boxmaker.core.grants import Grant, host_matches
+from boxmaker.core.grants import Grant
+from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.paths import ROOT
 from boxmaker.core.reasons import Reason
@@ -88,6 +95,7 @@ from boxmaker.home import RunnerConfig
 logger = logging.getLogger("boxmaker.brokerd.runner")
 
 RUNBOOK_SANDBOX: Final = "docs/runbook.md#sandbox"
+RUNBOOK_HTTP_GET: Final = "docs/runbook.md#http-get"
 NO_BWRAP_DETAIL: Final = (
     "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
     "see docs/runbook.md#sandbox"
@@ -545,18 +553,47 @@ async def _shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) -> 
 # --- http_get ------------------------------------------------------------------------
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def resolve_addresses(host: str, port: int) -> list[str]:
+    """The IP addresses ``host`` resolves to, in the resolver's order, each once.
+
+    An IP address resolves to itself without a lookup. This is the seam tests replace
+    (no test resolves a real name or connects anywhere but 127.0.0.1).
+    """
+    if _is_address(host):
+        return [str(ipaddress.ip_address(host))]
+    infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
+    addresses: list[str] = []
+    for _family, _type, _proto, _canonname, sockaddr in infos:
+        address = str(sockaddr[0])
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
+
+
 async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
     # Imported on the first http_get, not at start: httpx (with ssl and its transport
     # stack) is ~8 MB of brokerd's resident memory, paid only where http_get is used.
     import httpx
 
     host = spec.arguments.host
-    # Fail closed on the run path too: the host must be the grant's, and httpx must
-    # read the URL's host the way the check did.
+    destination = spec.arguments.destination
+    rules = host_rules(spec.network)
+    url = httpx.URL(args.url)
+    # Fail closed on the run path too: the host and port must be the grant's, and httpx
+    # must read the URL's host the way the check did.
     if (
         host is None
-        or not any(host_matches(pattern, host) for pattern in spec.network)
-        or httpx.URL(args.url).host != host
+        or destination is None
+        or not any(rule.allows(destination) for rule in rules)
+        or url.host != host
     ):
         detail = f"host {host!r} is not allowed by grant {spec.grant}"
         return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
@@ -564,11 +601,29 @@ async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
     encoding = "utf-8"
     with trio.move_on_after(HTTP_TIMEOUT) as scope:
         try:
+            addresses = await resolve_addresses(destination.host, destination.port)
+        except OSError as exc:
+            detail = f"{destination.host}: the name does not resolve ({_describe(exc)})"
+            raise _Failed(Reason.TOOL_ERROR, detail) from None
+        problem = address_problem(rules, destination, addresses)
+        if problem is not None or not addresses:
+            problem = problem or f"{destination.host}: the name resolves to no address"
+            raise _Failed(Reason.TOOL_ERROR, f"{problem}; see {RUNBOOK_HTTP_GET}")
+        # The checked address, never the name again: the URL carries the address, the
+        # Host header and the TLS server name (certificate check included) the name.
+        headers = {"Host": url.netloc.decode("ascii")}
+        extensions = {} if _is_address(host) else {"sni_hostname": url.host}
+        try:
             async with (
                 httpx.AsyncClient(
                     follow_redirects=False, trust_env=False, timeout=HTTP_TIMEOUT
                 ) as client,
-                client.stream("GET", args.url) as response,
+                client.stream(
+                    "GET",
+                    url.copy_with(host=addresses[0]),
+                    headers=headers,
+                    extensions=extensions,
+                ) as response,
             ):
                 if response.is_redirect:
                     location = response.headers.get("location", "")[:500]

@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from boxmaker.core.hosts import Destination
 from boxmaker.core.labels import (
     HTTP_GET_LABEL,
     WRITE_FILE_LABEL,
@@ -194,6 +195,8 @@ class CheckedArguments:
     command: str | None = attrs.field(init=False, eq=False, repr=False)
     host: str | None = attrs.field(init=False, eq=False, repr=False)
     """The lower-cased host of an http_get URL."""
+    destination: Destination | None = attrs.field(init=False, eq=False, repr=False)
+    """Scheme, host and port of an http_get URL, as ``hosts`` entries match them."""
     match_paths: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
     """``paths`` in the form globs match (:func:`boxmaker.core.paths.match_form`)."""
 
@@ -212,6 +215,12 @@ class CheckedArguments:
     def _host(self) -> str | None:
         if isinstance(self.value, HttpGetArgs):
             return urllib.parse.urlsplit(self.value.url).hostname
+        return None
+
+    @destination.default
+    def _destination(self) -> Destination | None:
+        if isinstance(self.value, HttpGetArgs):
+            return Destination.of_url(self.value.url)
         return None
 
     @match_paths.default

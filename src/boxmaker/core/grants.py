@@ -13,7 +13,9 @@ Matching (:meth:`Grant.matches`):
   matches ``;``, ``&&`` and newlines (``git status*`` matches ``git status; rm x``);
 - ``hosts``: the URL's host, lower-cased, equals the entry, or the entry is ``*.suffix``
   and the host ends with ``.suffix`` (``*.example.com`` matches ``a.example.com`` and
-  ``a.b.example.com``, never ``example.com`` itself);
+  ``a.b.example.com``, never ``example.com`` itself); and the URL's port is the entry's
+  ``:port``, or without one the scheme's own (80, 443) (:mod:`boxmaker.core.hosts`,
+  which also says which resolved addresses an entry must name);
 - ``expires``: a grant matches strictly before it (``now >= expires`` → no match).
 """
 
@@ -30,6 +32,8 @@ from typing import Any, Final
 import attrs
 
 from boxmaker.core.catalogue import FILE_TOOLS, TOOL_NAMES, CheckedArguments, ToolName
+from boxmaker.core.hosts import HostRule, host_rules
+from boxmaker.core.hosts import host_matches as host_matches
 from boxmaker.core.labels import Taint
 from boxmaker.core.paths import Glob, any_glob, glob_problem
 
@@ -57,7 +61,8 @@ class Grant:
     commands: tuple[str, ...] | None = None
     """shell: None = every command."""
     hosts: tuple[str, ...] = ()
-    """http_get: exact hosts and ``*.suffix`` entries, lower-cased."""
+    """http_get: entries as :class:`~boxmaker.core.hosts.HostRule` parses them
+    (host or ``*.suffix``, optional ``:port``), lower-cased."""
     max_taint: Taint = Taint.SECRET
     if_untrusted: Mode = Mode.ASK
     label_taint: Taint | None = None
@@ -66,8 +71,7 @@ class Grant:
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
     _path_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
     _command_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
-    _exact_hosts: frozenset[str] = attrs.field(eq=False, repr=False, init=False)
-    _host_suffixes: tuple[str, ...] = attrs.field(eq=False, repr=False, init=False)
+    _host_rules: tuple[HostRule, ...] = attrs.field(eq=False, repr=False, init=False)
 
     @_path_re.default
     def _compile_paths(self) -> re.Pattern[str] | None:
@@ -79,13 +83,9 @@ class Grant:
             return None
         return re.compile("|".join(fnmatch.translate(p) for p in self.commands))
 
-    @_exact_hosts.default
-    def _hosts_exact(self) -> frozenset[str]:
-        return frozenset(h for h in self.hosts if not h.startswith("*."))
-
-    @_host_suffixes.default
-    def _hosts_suffixes(self) -> tuple[str, ...]:
-        return tuple(h[1:] for h in self.hosts if h.startswith("*."))
+    @_host_rules.default
+    def _compile_hosts(self) -> tuple[HostRule, ...]:
+        return host_rules(self.hosts)
 
     def expired(self, now: dt.datetime) -> bool:
         """At or after ``expires`` the grant does not match (the boundary is ``>=``)."""
@@ -112,28 +112,11 @@ class Grant:
                 return False
         if self.tool == "http_get":
             # Fail closed: an http_get grant without hosts (only built by hand) allows none.
-            host = arguments.host
-            return host is not None and (
-                host in self._exact_hosts or host.endswith(self._host_suffixes)
+            destination = arguments.destination
+            return destination is not None and any(
+                rule.allows(destination) for rule in self._host_rules
             )
         return True
-
-
-def host_matches(pattern: str, host: str) -> bool:
-    """``pattern`` is a grant's host entry; ``host`` a lower-cased URL host.
-
-    >>> host_matches("docs.python.org", "docs.python.org")
-    True
-    >>> host_matches("*.example.com", "a.b.example.com")
-    True
-    >>> host_matches("*.example.com", "example.com")
-    False
-    >>> host_matches("*.example.com", "badexample.com")
-    False
-    """
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:])
-    return host == pattern
 
 
 @attrs.frozen
@@ -227,8 +210,6 @@ _APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
     "hosts": lambda tool: tool == "http_get",
     "label_taint": lambda tool: tool == "shell",
 }
-# A DNS name, a *.suffix, or an IPv6 address as urllib gives it (no brackets).
-_HOST: Final = re.compile(r"(?:\*\.)?[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|[0-9a-f:]+")
 _MAX_NOTE: Final = 500
 
 
@@ -288,14 +269,10 @@ def _commands(gid: str | None, value: object) -> tuple[str, ...]:
 def _hosts(gid: str | None, value: object) -> tuple[str, ...]:
     hosts = []
     for entry in _strings(gid, "hosts", value):
-        host = entry.lower()
-        if not _HOST.fullmatch(host):
-            raise _Invalid(
-                gid,
-                "hosts",
-                f"{_show(entry)}: expected a host name or *.suffix (no scheme, port, path)",
-            )
-        hosts.append(host)
+        rule = HostRule.parse(entry)
+        if isinstance(rule, str):
+            raise _Invalid(gid, "hosts", f"{_show(entry)}: {rule}")
+        hosts.append(entry.lower())
     return tuple(hosts)
 
 
