@@ -8,7 +8,10 @@ import datetime as dt
 import os
 import shutil
 import socket
+import ssl
 import stat
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -919,6 +922,51 @@ async def test_a_numeric_host_is_judged_by_the_address_it_resolves_to(
         "name; see docs/runbook.md#http-get"
     )
     assert server.paths == []
+
+
+def _tls_listener(tmp: Path) -> tuple[socket.socket, ssl.SSLContext, list[str | None]]:
+    """A TLS server socket on 127.0.0.1 with a throwaway self-signed certificate; the
+    list collects the server names (SNI) clients send."""
+    key, cert = tmp / "key.pem", tmp / "cert.pem"
+    request = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    names_and_files = ["-subj", "/CN=svc.test", "-keyout", str(key), "-out", str(cert)]
+    subprocess.run([*request, *names_and_files], check=True, capture_output=True)
+    names: list[str | None] = []
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.sni_callback = lambda _sock, name, _context: names.append(name)
+    listener = socket.create_server(("127.0.0.1", 0))
+    return listener, context, names
+
+
+def _accept_one_handshake(listener: socket.socket, context: ssl.SSLContext) -> None:
+    connection, _ = listener.accept()
+    with connection:
+        connection.settimeout(10)
+        try:
+            with context.wrap_socket(connection, server_side=True):
+                pass
+        except (ssl.SSLError, OSError):
+            pass  # the client refuses the self-signed certificate: expected
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a cert")
+async def test_https_to_a_name_sends_the_name_as_tls_server_name(
+    ws: Path, tmp_path: Path, resolver: Resolver
+) -> None:
+    listener, context, names = _tls_listener(tmp_path)
+    port = listener.getsockname()[1]
+    resolver.answers["svc.test"] = ["127.0.0.1"]
+    grants = web(f"svc.test:{port}", f"127.0.0.1:{port}")
+    with listener:
+        server = threading.Thread(target=_accept_one_handshake, args=(listener, context))
+        server.start()
+        result = await run("http_get", {"url": f"https://svc.test:{port}/"}, ws, grants=grants)
+        await trio.to_thread.run_sync(server.join, 10)
+    # The connection went to 127.0.0.1 (the only address listening), the TLS server name
+    # was the URL's name, and the certificate was checked (a self-signed one fails).
+    assert names == ["svc.test"]
+    assert failed(result, Reason.TOOL_ERROR).startswith("ConnectError")
 
 
 async def test_the_real_resolver_returns_an_address_as_itself() -> None:
