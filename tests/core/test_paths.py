@@ -371,6 +371,11 @@ def test_a_path_of_exactly_the_limits_is_accepted() -> None:
     assert normalize_path(longest) == longest
     # Two-byte characters count twice: 127 of them and one byte are 255 bytes.
     assert normalize_path("é" * 127 + "x") == "é" * 127 + "x"
+    # A lone surrogate counts as the three bytes it would take, never raises.
+    assert normalize_path("\udc80" * 85) == "\udc80" * 85
+    assert normalize_path("\udc80" * 86) == PathProblem(
+        "a segment of the path is longer than 255 bytes"
+    )
 
 
 @pytest.mark.parametrize(
