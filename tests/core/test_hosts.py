@@ -12,6 +12,7 @@ from boxmaker.core.hosts import (
     DEFAULT_PORTS,
     Destination,
     HostRule,
+    HostSet,
     address_problem,
     host_matches,
     host_rules,
@@ -308,3 +309,47 @@ def test_special_kind_is_total_and_global_unicast_is_ordinary(
         assert address.is_global
         assert not address.is_multicast
         assert not address.is_reserved
+
+
+entries = st.lists(
+    st.sampled_from(["a.org", "b.a.org", "*.a.org", "*.org", "127.0.0.1", "::1", "x"]).flatmap(
+        lambda host: st.sampled_from(
+            [host, f"{host}:80", f"{host}:443", f"{host}:8080"]
+            if ":" not in host
+            else [host, f"[{host}]:80", f"[{host}]:8080"]
+        )
+    ),
+    max_size=5,
+)
+urls = st.builds(
+    "{}://{}{}/".format,
+    st.sampled_from(["http", "https"]),
+    st.sampled_from(["a.org", "b.a.org", "c.b.a.org", "org", "x", "127.0.0.1", "[::1]"]),
+    st.sampled_from(["", ":80", ":443", ":8080", ":9"]),
+)
+
+
+@given(entries, urls)
+def test_the_indexed_set_agrees_with_the_rules(hosts: list[str], url: str) -> None:
+    rules = host_rules(hosts)
+    destination = Destination.of_url(url)
+    assert destination is not None
+    expected = any(rule.allows(destination) for rule in rules)
+    assert HostSet(rules).allows(destination) is expected
+
+
+def destination(url: str) -> Destination:
+    parsed = Destination.of_url(url)
+    assert parsed is not None, url
+    return parsed
+
+
+def test_the_indexed_set() -> None:
+    hosts = HostSet(host_rules(["a.org", "a.org:8080", "*.b.org", "*.c.org:9"]))
+    allowed = ["http://a.org/", "https://a.org/", "http://a.org:8080/", "https://x.b.org/"]
+    allowed += ["http://x.c.org:9/", "http://y.x.c.org:9/"]
+    refused = ["http://a.org:9/", "http://b.org/", "http://x.b.org:9/", "http://x.c.org/"]
+    refused += ["http://c.org:9/", "http://xa.org/", "http://x.b.org:8080/"]
+    assert [u for u in allowed if not hosts.allows(destination(u))] == []
+    assert [u for u in refused if hosts.allows(destination(u))] == []
+    assert not HostSet(()).allows(Destination("http", "a.org", 80))

@@ -32,7 +32,7 @@ from typing import Any, Final
 import attrs
 
 from boxmaker.core.catalogue import FILE_TOOLS, TOOL_NAMES, CheckedArguments, ToolName
-from boxmaker.core.hosts import HostRule, host_rules
+from boxmaker.core.hosts import HostRule, HostSet, host_rules
 from boxmaker.core.hosts import host_matches as host_matches
 from boxmaker.core.labels import Taint
 from boxmaker.core.paths import Glob, any_glob, glob_problem
@@ -71,7 +71,7 @@ class Grant:
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
     _path_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
     _command_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
-    _host_rules: tuple[HostRule, ...] = attrs.field(eq=False, repr=False, init=False)
+    _host_set: HostSet = attrs.field(eq=False, repr=False, init=False)
 
     @_path_re.default
     def _compile_paths(self) -> re.Pattern[str] | None:
@@ -83,9 +83,9 @@ class Grant:
             return None
         return re.compile("|".join(fnmatch.translate(p) for p in self.commands))
 
-    @_host_rules.default
-    def _compile_hosts(self) -> tuple[HostRule, ...]:
-        return host_rules(self.hosts)
+    @_host_set.default
+    def _compile_hosts(self) -> HostSet:
+        return HostSet(host_rules(self.hosts))
 
     def expired(self, now: dt.datetime) -> bool:
         """At or after ``expires`` the grant does not match (the boundary is ``>=``)."""
@@ -113,9 +113,7 @@ class Grant:
         if self.tool == "http_get":
             # Fail closed: an http_get grant without hosts (only built by hand) allows none.
             destination = arguments.destination
-            return destination is not None and any(
-                rule.allows(destination) for rule in self._host_rules
-            )
+            return destination is not None and self._host_set.allows(destination)
         return True
 
 
