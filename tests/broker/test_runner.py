@@ -862,6 +862,31 @@ async def test_every_resolved_address_is_checked(
     assert server.paths == []
 
 
+async def test_the_next_checked_address_is_tried_when_one_does_not_connect(
+    ws: Path, server: Server, resolver: Resolver
+) -> None:
+    # The test server listens on 127.0.0.1 only: ::1 (or a missing IPv6) refuses.
+    resolver.answers["svc.test"] = ["::1", "127.0.0.1"]
+    port = server.port
+    grants = web(f"svc.test:{port}", f"[::1]:{port}", f"127.0.0.1:{port}")
+    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants)
+    assert ok(result) == "héllo"
+    assert server.hosts == [f"svc.test:{port}"]
+
+
+async def test_when_no_address_connects_the_last_error_is_the_detail(
+    ws: Path, resolver: Resolver
+) -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()
+    resolver.answers["svc.test"] = ["127.0.0.1", "127.0.0.1"]
+    grants = web(f"svc.test:{port}", f"127.0.0.1:{port}")
+    target = f"http://svc.test:{port}/"
+    detail = failed(await run("http_get", {"url": target}, ws, grants=grants), Reason.TOOL_ERROR)
+    assert detail.startswith("ConnectError")
+
+
 async def test_the_named_address_must_have_the_urls_port(
     ws: Path, server: Server, resolver: Resolver
 ) -> None:

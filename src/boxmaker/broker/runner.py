@@ -38,8 +38,9 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
   the grant's ``hosts`` again right before connecting; then the host is resolved once,
   every address it resolves to is checked (:func:`boxmaker.core.hosts.address_problem`:
   loopback, private, link-local and other special addresses only where the grant names
-  them), and the connection goes to a checked address, with the URL's host in the Host
-  header and as the TLS server name: no second lookup, so no DNS rebinding in between.
+  them), and the connection goes to a checked address (the next one in the resolver's
+  order when one does not connect), with the URL's host in the Host header and as the
+  TLS server name: no second lookup, so no DNS rebinding in between.
   A refused address is ``tool_error`` with a detail pointing at the runbook.
 - A shell call may use a sandbox brokerd set up ahead of it (sandbox.py); each sandbox
   serves one call and is torn down after it.
@@ -64,7 +65,7 @@ import shutil
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
@@ -91,6 +92,9 @@ from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.paths import ROOT
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger("boxmaker.brokerd.runner")
 
@@ -597,7 +601,7 @@ async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
     ):
         detail = f"host {host!r} is not allowed by grant {spec.grant}"
         return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
-    body = bytearray()
+    body = b""
     encoding = "utf-8"
     with trio.move_on_after(HTTP_TIMEOUT) as scope:
         try:
@@ -614,48 +618,64 @@ async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
         headers = {"Host": url.netloc.decode("ascii")}
         extensions = {} if _is_address(host) else {"sni_hostname": url.host}
         try:
-            async with (
-                httpx.AsyncClient(
-                    follow_redirects=False, trust_env=False, timeout=HTTP_TIMEOUT
-                ) as client,
-                client.stream(
-                    "GET",
-                    url.copy_with(host=addresses[0]),
-                    headers=headers,
-                    extensions=extensions,
-                ) as response,
-            ):
-                if response.is_redirect:
-                    location = response.headers.get("location", "")[:500]
-                    detail = (
-                        f"HTTP {response.status_code}: redirect to {location} "
-                        "(not followed; ask for that URL)"
-                    )
-                    raise _Failed(Reason.TOOL_ERROR, detail)
-                if response.status_code >= 400:
-                    detail = f"HTTP {response.status_code} {response.reason_phrase}"
-                    raise _Failed(Reason.TOOL_ERROR, detail)
-                over = False
-                # Stopping by cancellation, not by leaving the loop: the exception then
-                # unwinds httpx's chain of async generators instead of abandoning them.
-                with trio.CancelScope() as reading:
-                    async for chunk in response.aiter_bytes():
-                        if over:
-                            continue
-                        body += chunk
-                        if len(body) > MAX_BYTES:
-                            over = True
-                            reading.cancel()
-                if over:
-                    raise _Failed(Reason.TOO_LARGE, f"{args.url}: over {MAX_BYTES} bytes")
-                encoding = response.encoding or "utf-8"
+            async with httpx.AsyncClient(
+                follow_redirects=False, trust_env=False, timeout=HTTP_TIMEOUT
+            ) as client:
+                # In the resolver's order; the next address only when one does not connect
+                # (all of them were checked above).
+                for index, address in enumerate(addresses):
+                    target = url.copy_with(host=address)
+                    try:
+                        body, encoding = await _fetch(client, target, headers, extensions, args.url)
+                        break
+                    except httpx.ConnectError:
+                        if index == len(addresses) - 1:
+                            raise
         except httpx.HTTPError as exc:
             raise _Failed(Reason.TOOL_ERROR, f"{type(exc).__name__}: {exc}"[:500]) from None
     if scope.cancelled_caught:
         detail = f"{args.url}: no complete answer within {HTTP_TIMEOUT:g} s"
         return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
     try:
-        text = bytes(body).decode(encoding, errors="replace")
+        text = body.decode(encoding, errors="replace")
     except LookupError:
-        text = bytes(body).decode("utf-8", errors="replace")
+        text = body.decode("utf-8", errors="replace")
     return RunResult.success(text, spec.label)
+
+
+async def _fetch(
+    client: httpx.AsyncClient,
+    target: httpx.URL,
+    headers: dict[str, str],
+    extensions: dict[str, str],
+    url: str,
+) -> tuple[bytes, str]:
+    """GET ``target`` (``url`` with a checked address for its host) once: the body (at
+    most 1 MiB) and its encoding, or _Failed for a redirect, an error status or a body
+    too large."""
+    body = bytearray()
+    async with client.stream("GET", target, headers=headers, extensions=extensions) as response:
+        if response.is_redirect:
+            location = response.headers.get("location", "")[:500]
+            detail = (
+                f"HTTP {response.status_code}: redirect to {location} "
+                "(not followed; ask for that URL)"
+            )
+            raise _Failed(Reason.TOOL_ERROR, detail)
+        if response.status_code >= 400:
+            detail = f"HTTP {response.status_code} {response.reason_phrase}"
+            raise _Failed(Reason.TOOL_ERROR, detail)
+        over = False
+        # Stopping by cancellation, not by leaving the loop: the exception then
+        # unwinds httpx's chain of async generators instead of abandoning them.
+        with trio.CancelScope() as reading:
+            async for chunk in response.aiter_bytes():
+                if over:
+                    continue
+                body += chunk
+                if len(body) > MAX_BYTES:
+                    over = True
+                    reading.cancel()
+        if over:
+            raise _Failed(Reason.TOO_LARGE, f"{url}: over {MAX_BYTES} bytes")
+        return bytes(body), response.encoding or "utf-8"
