@@ -7,7 +7,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import socket
+import ssl
 import stat
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -829,6 +833,7 @@ async def test_a_bwrap_that_cannot_set_up_the_sandbox_is_sandbox_unavailable(
 class Server:
     port: int
     paths: list[str] = attrs.Factory(list)
+    hosts: list[str] = attrs.Factory(list)
 
 
 def response(status: str, body: bytes, headers: str = "") -> bytes:
@@ -847,6 +852,10 @@ async def handle(server: Server, stream: trio.SocketStream) -> None:
                 request += chunk
         path = request.split(b" ")[1].decode()
         server.paths.append(path)
+        for line in request.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"host":
+                server.hosts.append(value.strip().decode())
         if path == "/hello":
             await stream.send_all(
                 response("200 OK", "héllo".encode(), "Content-Type: text/plain; charset=utf-8\r\n")
@@ -886,18 +895,34 @@ def url(server: Server, path: str) -> str:
     return f"http://127.0.0.1:{server.port}{path}"
 
 
+def web(*hosts: str) -> GrantSet:
+    """GRANTS with the http_get grant's ``hosts`` replaced."""
+    entries = ", ".join(f'"{host}"' for host in hosts)
+    return grant_set(GRANTS_TEXT.replace('hosts = ["127.0.0.1"]', f"hosts = [{entries}]"))
+
+
+async def get(server: Server, path: str, ws: Path) -> RunResult:
+    """http_get of the test server, under a grant that names its address and port."""
+    return await run(
+        "http_get", {"url": url(server, path)}, ws, grants=web(f"127.0.0.1:{server.port}")
+    )
+
+
 async def test_http_get_fetches_from_a_granted_host(ws: Path, server: Server) -> None:
-    result = await run("http_get", {"url": url(server, "/hello")}, ws)
+    result = await get(server, "/hello", ws)
     assert ok(result) == "héllo"
     assert result.label == HTTP_GET_LABEL
     assert server.paths == ["/hello"]
+    assert server.hosts == [f"127.0.0.1:{server.port}"]
 
 
 async def test_http_get_checks_the_grants_hosts_again_at_run_time(ws: Path, server: Server) -> None:
-    decision, _ = decide("http_get", {"url": url(server, "/hello")}, ws)
+    decision, _ = decide(
+        "http_get", {"url": url(server, "/hello")}, ws, web(f"127.0.0.1:{server.port}")
+    )
     assert decision.verdict == "run"
     # grants.toml changed between the decision and the run: the grant no longer names it.
-    changed = grant_set(GRANTS_TEXT.replace('hosts = ["127.0.0.1"]', 'hosts = ["example.org"]'))
+    changed = web("example.org")
     grant = next(g for g in changed.grants if g.id == "web")
     spec = RunSpec.for_call(
         decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
@@ -909,18 +934,18 @@ async def test_http_get_checks_the_grants_hosts_again_at_run_time(ws: Path, serv
 
 
 async def test_http_get_body_over_one_mib_is_too_large(ws: Path, server: Server) -> None:
-    failed(await run("http_get", {"url": url(server, "/big")}, ws), Reason.TOO_LARGE)
-    assert len(ok(await run("http_get", {"url": url(server, "/exact")}, ws))) == MAX_BYTES
+    failed(await get(server, "/big", ws), Reason.TOO_LARGE)
+    assert len(ok(await get(server, "/exact", ws))) == MAX_BYTES
 
 
 async def test_http_get_does_not_follow_redirects(ws: Path, server: Server) -> None:
-    detail = failed(await run("http_get", {"url": url(server, "/redirect")}, ws), Reason.TOOL_ERROR)
+    detail = failed(await get(server, "/redirect", ws), Reason.TOOL_ERROR)
     assert detail == "HTTP 302: redirect to http://evil.test/ (not followed; ask for that URL)"
     assert server.paths == ["/redirect"]
 
 
 async def test_http_get_error_status_is_a_tool_error(ws: Path, server: Server) -> None:
-    detail = failed(await run("http_get", {"url": url(server, "/missing")}, ws), Reason.TOOL_ERROR)
+    detail = failed(await get(server, "/missing", ws), Reason.TOOL_ERROR)
     assert detail == "HTTP 404 Not Found"
 
 
@@ -929,7 +954,10 @@ async def test_http_get_network_error_is_a_tool_error(ws: Path) -> None:
     port = listeners[0].socket.getsockname()[1]
     await listeners[0].aclose()
     detail = failed(
-        await run("http_get", {"url": f"http://127.0.0.1:{port}/"}, ws), Reason.TOOL_ERROR
+        await run(
+            "http_get", {"url": f"http://127.0.0.1:{port}/"}, ws, grants=web(f"127.0.0.1:{port}")
+        ),
+        Reason.TOOL_ERROR,
     )
     assert detail.startswith("ConnectError")
 
@@ -938,8 +966,216 @@ async def test_http_get_times_out(
     ws: Path, server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runner, "HTTP_TIMEOUT", 0.3)
-    detail = failed(await run("http_get", {"url": url(server, "/slow")}, ws), Reason.TIMEOUT)
+    detail = failed(await get(server, "/slow", ws), Reason.TIMEOUT)
     assert detail.endswith("no complete answer within 0.3 s")
+
+
+# --- http_get: ports and the addresses connected to ---------------------------------------
+
+
+@attrs.define
+class Resolver:
+    """The resolver seam: what each name resolves to, and every lookup made."""
+
+    answers: dict[str, list[str]]
+    lookups: list[tuple[str, int]] = attrs.Factory(list)
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        self.lookups.append((host, port))
+        if host not in self.answers:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return self.answers[host]
+
+
+@pytest.fixture
+def resolver(monkeypatch: pytest.MonkeyPatch) -> Resolver:
+    seam = Resolver({})
+    monkeypatch.setattr(runner, "resolve_addresses", seam)
+    return seam
+
+
+def svc_url(server: Server, path: str = "/hello") -> str:
+    return f"http://svc.test:{server.port}{path}"
+
+
+async def test_a_name_resolving_to_loopback_is_refused_unless_the_grant_names_the_address(
+    ws: Path, server: Server, resolver: Resolver
+) -> None:
+    resolver.answers["svc.test"] = ["127.0.0.1"]
+    grants = web(f"svc.test:{server.port}")
+    detail = failed(
+        await run("http_get", {"url": svc_url(server)}, ws, grants=grants), Reason.TOOL_ERROR
+    )
+    assert detail == (
+        "svc.test resolves to 127.0.0.1, a loopback address, which the grant does not name; "
+        "see docs/runbook.md#http-get"
+    )
+    assert server.paths == []
+    assert resolver.lookups == [("svc.test", server.port)]
+
+
+async def test_the_connection_goes_to_the_checked_address_with_the_name_as_host(
+    ws: Path, server: Server, resolver: Resolver
+) -> None:
+    resolver.answers["svc.test"] = ["127.0.0.1"]
+    grants = web(f"svc.test:{server.port}", f"127.0.0.1:{server.port}")
+    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants)
+    assert ok(result) == "héllo"
+    # One lookup only: the connection went to the address checked (the test server
+    # listens on 127.0.0.1 alone), the name travelled in the Host header.
+    assert resolver.lookups == [("svc.test", server.port)]
+    assert server.hosts == [f"svc.test:{server.port}"]
+
+
+async def test_every_resolved_address_is_checked(
+    ws: Path, server: Server, resolver: Resolver
+) -> None:
+    # The first address is allowed (named); the second is private and not named.
+    resolver.answers["svc.test"] = ["127.0.0.1", "10.1.2.3"]
+    grants = web(f"svc.test:{server.port}", f"127.0.0.1:{server.port}")
+    detail = failed(
+        await run("http_get", {"url": svc_url(server)}, ws, grants=grants), Reason.TOOL_ERROR
+    )
+    assert detail.startswith("svc.test resolves to 10.1.2.3, a private address,")
+    assert server.paths == []
+
+
+async def test_the_next_checked_address_is_tried_when_one_does_not_connect(
+    ws: Path, server: Server, resolver: Resolver
+) -> None:
+    # The test server listens on 127.0.0.1 only: ::1 (or a missing IPv6) refuses.
+    resolver.answers["svc.test"] = ["::1", "127.0.0.1"]
+    port = server.port
+    grants = web(f"svc.test:{port}", f"[::1]:{port}", f"127.0.0.1:{port}")
+    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants)
+    assert ok(result) == "héllo"
+    assert server.hosts == [f"svc.test:{port}"]
+
+
+async def test_when_no_address_connects_the_last_error_is_the_detail(
+    ws: Path, resolver: Resolver
+) -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()
+    resolver.answers["svc.test"] = ["127.0.0.1", "127.0.0.1"]
+    grants = web(f"svc.test:{port}", f"127.0.0.1:{port}")
+    target = f"http://svc.test:{port}/"
+    detail = failed(await run("http_get", {"url": target}, ws, grants=grants), Reason.TOOL_ERROR)
+    assert detail.startswith("ConnectError")
+
+
+async def test_the_named_address_must_have_the_urls_port(
+    ws: Path, server: Server, resolver: Resolver
+) -> None:
+    resolver.answers["svc.test"] = ["127.0.0.1"]
+    grants = web(f"svc.test:{server.port}", "127.0.0.1:1")
+    detail = failed(
+        await run("http_get", {"url": svc_url(server)}, ws, grants=grants), Reason.TOOL_ERROR
+    )
+    assert "a loopback address, which the grant does not name" in detail
+    assert server.paths == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "detail"),
+    [
+        (None, "svc.test: the name does not resolve (Name or service not known)"),
+        ([], "svc.test: the name resolves to no address; see docs/runbook.md#http-get"),
+    ],
+)
+async def test_a_name_that_does_not_resolve_is_a_tool_error(
+    ws: Path, server: Server, resolver: Resolver, answer: list[str] | None, detail: str
+) -> None:
+    if answer is not None:
+        resolver.answers["svc.test"] = answer
+    grants = web(f"svc.test:{server.port}")
+    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants)
+    assert failed(result, Reason.TOOL_ERROR) == detail
+
+
+async def test_a_port_the_grant_no_longer_names_is_refused_at_run_time(
+    ws: Path, server: Server
+) -> None:
+    decision, _ = decide(
+        "http_get", {"url": url(server, "/hello")}, ws, web(f"127.0.0.1:{server.port}")
+    )
+    assert decision.verdict == "run"
+    grant = next(g for g in web("127.0.0.1").grants if g.id == "web")
+    spec = RunSpec.for_call(
+        decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
+    )
+    with trio.fail_after(10):
+        result = await execute(spec)
+    assert failed(result, Reason.TOOL_ERROR) == "host '127.0.0.1' is not allowed by grant web"
+    assert server.paths == []
+
+
+async def test_a_numeric_host_is_judged_by_the_address_it_resolves_to(
+    ws: Path, server: Server
+) -> None:
+    # The real resolver: "2130706433" is 127.0.0.1 written as one number (inet_aton reads
+    # it; no lookup leaves the machine). A grant naming that spelling is not naming the
+    # loopback address.
+    grants = web(f"2130706433:{server.port}")
+    target = f"http://2130706433:{server.port}/hello"
+    detail = failed(await run("http_get", {"url": target}, ws, grants=grants), Reason.TOOL_ERROR)
+    assert detail == (
+        "2130706433 resolves to 127.0.0.1, a loopback address, which the grant does not "
+        "name; see docs/runbook.md#http-get"
+    )
+    assert server.paths == []
+
+
+def _tls_listener(tmp: Path) -> tuple[socket.socket, ssl.SSLContext, list[str | None]]:
+    """A TLS server socket on 127.0.0.1 with a throwaway self-signed certificate; the
+    list collects the server names (SNI) clients send."""
+    key, cert = tmp / "key.pem", tmp / "cert.pem"
+    request = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    names_and_files = ["-subj", "/CN=svc.test", "-keyout", str(key), "-out", str(cert)]
+    subprocess.run([*request, *names_and_files], check=True, capture_output=True)
+    names: list[str | None] = []
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.sni_callback = lambda _sock, name, _context: names.append(name)
+    listener = socket.create_server(("127.0.0.1", 0))
+    return listener, context, names
+
+
+def _accept_one_handshake(listener: socket.socket, context: ssl.SSLContext) -> None:
+    connection, _ = listener.accept()
+    with connection:
+        connection.settimeout(10)
+        try:
+            with context.wrap_socket(connection, server_side=True):
+                pass
+        except (ssl.SSLError, OSError):
+            pass  # the client refuses the self-signed certificate: expected
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a cert")
+async def test_https_to_a_name_sends_the_name_as_tls_server_name(
+    ws: Path, tmp_path: Path, resolver: Resolver
+) -> None:
+    listener, context, names = _tls_listener(tmp_path)
+    port = listener.getsockname()[1]
+    resolver.answers["svc.test"] = ["127.0.0.1"]
+    grants = web(f"svc.test:{port}", f"127.0.0.1:{port}")
+    with listener:
+        server = threading.Thread(target=_accept_one_handshake, args=(listener, context))
+        server.start()
+        result = await run("http_get", {"url": f"https://svc.test:{port}/"}, ws, grants=grants)
+        await trio.to_thread.run_sync(server.join, 10)
+    # The connection went to 127.0.0.1 (the only address listening), the TLS server name
+    # was the URL's name, and the certificate was checked (a self-signed one fails).
+    assert names == ["svc.test"]
+    assert failed(result, Reason.TOOL_ERROR).startswith("ConnectError")
+
+
+async def test_the_real_resolver_returns_an_address_as_itself() -> None:
+    assert await runner.resolve_addresses("127.0.0.1", 80) == ["127.0.0.1"]
+    assert await runner.resolve_addresses("0:0::1", 80) == ["::1"]
+    assert await runner.resolve_addresses("2130706433", 80) == ["127.0.0.1"]
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from boxmaker.core.catalogue import (
     MAX_BYTES,
+    MAX_COMMAND_BYTES,
     TOOL_NAMES,
     TOOL_SCHEMAS,
     ArgumentProblem,
@@ -22,6 +23,7 @@ from boxmaker.core.catalogue import (
     check_arguments,
     result_label,
 )
+from boxmaker.core.hosts import Destination
 from boxmaker.core.labels import HTTP_GET_LABEL, Label, LabelRules, Taint
 from boxmaker.core.reasons import Reason
 
@@ -86,6 +88,11 @@ def test_checked_arguments_expose_what_grants_match() -> None:
     assert (shell.paths, shell.command, shell.host) == ((), "git status", None)
     http = checked("http_get", {"url": "HTTPS://Docs.Python.org:443/3/"})
     assert (http.paths, http.command, http.host) == ((), None, "docs.python.org")
+    assert http.destination == Destination("https", "docs.python.org", 443)
+    assert checked("http_get", {"url": "http://[0::1]:81/"}).destination == Destination(
+        "http", "::1", 81
+    )
+    assert (read.destination, shell.destination) == (None, None)
     assert checked("list_dir", {"path": "."}).match_paths == ("",)
 
 
@@ -134,6 +141,27 @@ def test_absolute_path_inside_the_workspace() -> None:
         ("shell", {"command": ""}, "argument 'command' must not be empty"),
         ("shell", {"command": "ls\x00"}, "argument 'command' contains a NUL byte"),
         ("shell", {"cmd": "ls"}, "unknown argument 'cmd'"),
+        (
+            "shell",
+            {"command": "x" * (MAX_COMMAND_BYTES + 1)},
+            "argument 'command' is longer than 65536 bytes",
+        ),
+        (
+            "shell",
+            {"command": "é" * (MAX_COMMAND_BYTES // 2 + 1)},
+            "argument 'command' is longer than 65536 bytes",
+        ),
+        (
+            "read_file",
+            {"path": "src/" + "test/" * 13000 + "x.py"},
+            "argument 'path': the path is longer than 4096 bytes",
+        ),
+        (
+            "write_file",
+            {"path": "a" * 256, "content": ""},
+            "argument 'path': a segment of the path is longer than 255 bytes",
+        ),
+        ("list_dir", {"path": "a/" * 2049}, "argument 'path': the path is longer than 4096 bytes"),
         ("http_get", {"url": "ftp://a.org/"}, "argument 'url' must be an http or https URL"),
         ("http_get", {"url": "file:///etc/passwd"}, "argument 'url' must be an http or https URL"),
         ("http_get", {"url": "a.org"}, "argument 'url' must be an http or https URL"),
@@ -163,6 +191,13 @@ def test_bad_arguments_name_the_argument(tool: str, arguments: Any, detail: str)
 
 def test_content_of_exactly_one_mib_is_accepted() -> None:
     assert checked("write_file", {"path": "a", "content": "x" * MAX_BYTES})
+
+
+def test_arguments_of_exactly_the_length_limits_are_accepted() -> None:
+    assert MAX_COMMAND_BYTES == 64 * 1024
+    assert checked("shell", {"command": "x" * MAX_COMMAND_BYTES}).command == "x" * (64 * 1024)
+    assert checked("read_file", {"path": "a/" * 2047 + "bc"}).paths == ("a/" * 2047 + "bc",)
+    assert checked("list_dir", {"path": "s" * 255}).paths == ("s" * 255,)
 
 
 json_values = st.recursive(

@@ -316,6 +316,11 @@ def test_shell_and_http_get_grants() -> None:
     )
     no = denied(run_evaluate(request("http_get", url="https://python.org/"), grants(text)))
     assert no.reason is Reason.NO_GRANT
+    # A port the grant does not name is the ordinary no_grant.
+    port = denied(
+        run_evaluate(request("http_get", url="https://docs.python.org:8443/"), grants(text))
+    )
+    assert (port.reason, port.grant) == (Reason.NO_GRANT, None)
 
 
 # --- approve's re-decision (spec §6.3) --------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from typing import Any
 
 import pytest
@@ -196,7 +197,29 @@ def test_expires_with_an_offset_is_converted_to_utc() -> None:
             "hosts",
             None,
         ),
-        (grant_text(id="g", tool="http_get", mode="auto", hosts=["a.org:80"]), "g", "hosts", None),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=["a.org:0"]), "g", "hosts", None),
+        (
+            grant_text(id="g", tool="http_get", mode="auto", hosts=["a.org:65536"]),
+            "g",
+            "hosts",
+            "'a.org:65536': port 65536: expected a number from 1 to 65535",
+        ),
+        (
+            grant_text(id="g", tool="http_get", mode="auto", hosts=["a.org:http"]),
+            "g",
+            "hosts",
+            "'a.org:http': expected a host name, *.suffix or IP address, with an optional "
+            ":port (no scheme or path)",
+        ),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=["a.org:"]), "g", "hosts", None),
+        (
+            grant_text(id="g", tool="http_get", mode="auto", hosts=["[a.org]:80"]),
+            "g",
+            "hosts",
+            None,
+        ),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=["[::1]x"]), "g", "hosts", None),
+        (grant_text(id="g", tool="http_get", mode="auto", hosts=["::1:80:x"]), "g", "hosts", None),
         (grant_text(id="g", tool="http_get", mode="auto", hosts=["*"]), "g", "hosts", None),
         (grant_text(id="g", tool="http_get", mode="auto", hosts=["a.*.org"]), "g", "hosts", None),
         # taints and modes of conditions
@@ -416,6 +439,21 @@ def test_shell_commands_use_fnmatch_on_the_whole_line() -> None:
     assert not ok("Git status")
 
 
+def test_shell_command_patterns_do_not_backtrack_on_a_long_command() -> None:
+    # fnmatch.translate makes each star but the last an atomic group (Python >= 3.11), so
+    # matching is linear in the command; a command is at most 64 KiB (catalogue.py).
+    patterns = ["*a*a*a*a*b", "*a*b*a*b*a*b*c", "git status*", "make *test*"]
+    grant = one(grant_text(id="g", tool="shell", mode="auto", commands=patterns))
+    longest = args("shell", command="a" * (64 * 1024))
+    also_long = args("shell", command="ab " * (64 * 1024 // 3))
+    start = time.perf_counter()
+    matched = [grant.matches("shell", checked, NOW) for checked in (longest, also_long) * 5]
+    elapsed = time.perf_counter() - start
+    assert matched == [False, False] * 5
+    assert elapsed < 1.0, f"{elapsed:.2f} s"  # measured: about 2 ms in all
+    assert grant.matches("shell", args("shell", command="a" * 1000 + "b"), NOW)
+
+
 def test_shell_without_commands_matches_every_command() -> None:
     grant = one(grant_text(id="g", tool="shell", mode="auto"))
     assert grant.matches("shell", args("shell", command="anything at all"), NOW)
@@ -430,13 +468,52 @@ def test_hosts() -> None:
         return grant.matches("http_get", args("http_get", url=url), NOW)
 
     assert ok("https://docs.python.org/3/")
-    assert ok("http://DOCS.Python.ORG:8080/x")
+    assert ok("http://DOCS.Python.ORG/x")
+    assert ok("http://docs.python.org:80/x")
+    assert ok("https://docs.python.org:443/x")
+    # An entry without a port allows only the scheme's own (it allowed any port before).
+    assert not ok("http://DOCS.Python.ORG:8080/x")
+    assert not ok("http://docs.python.org:443/x")
+    assert not ok("https://docs.python.org:80/x")
     assert ok("https://a.example.com/")
     assert ok("https://a.b.example.com/")
     assert not ok("https://example.com/")
     assert not ok("https://badexample.com/")
     assert not ok("https://docs.python.org.evil.net/")
     assert not ok("https://python.org/")
+
+
+def test_hosts_with_ports_and_addresses() -> None:
+    entries = ["a.org:8443", "*.b.org:8080", "127.0.0.1:9000", "[::1]:9001", "::2", "10.0.0.1"]
+    grant = one(grant_text(id="g", tool="http_get", mode="auto", hosts=entries))
+
+    def ok(url: str) -> bool:
+        return grant.matches("http_get", args("http_get", url=url), NOW)
+
+    allowed = [
+        "https://a.org:8443/",
+        "http://a.org:8443/",
+        "http://x.b.org:8080/",
+        "http://127.0.0.1:9000/",
+        "http://[::1]:9001/",
+        "http://[0:0::1]:9001/",
+        "http://[::2]/",
+        "https://[::2]/",
+        "http://10.0.0.1/",
+    ]
+    refused = [
+        "https://a.org/",
+        "https://a.org:8444/",
+        "http://b.org:8080/",
+        "http://x.b.org/",
+        "http://127.0.0.1/",
+        "http://[::1]:9000/",
+        "http://[::2]:8080/",
+        "http://10.0.0.1:22/",
+    ]
+    assert [url for url in allowed if not ok(url)] == []
+    assert [url for url in refused if ok(url)] == []
+    assert grant.hosts == tuple(entries)
 
 
 def test_an_http_get_grant_without_hosts_matches_nothing() -> None:

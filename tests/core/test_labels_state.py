@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import orjson
 import pytest
@@ -175,3 +176,16 @@ def test_parse_state_of_any_object_never_raises(document: dict[str, object]) -> 
     result = parse_state(json.dumps(document).encode())
     if isinstance(result, Label):
         assert orjson.loads(encode_state(result)) == document
+
+
+def test_label_rules_match_a_long_path_in_linear_time() -> None:
+    # [labels] use the same glob matcher as grants: no backtracking on a long real path
+    # (the runner labels by the resolved path, which no argument limit bounds).
+    rules = LabelRules(secret=("**/a/**/a/**/a/**/b",), untrusted=("src/**/test/**/*.py",))
+    long_path = "/".join(["a"] * 32768)
+    start = time.perf_counter()
+    label = rules.label_for_path(long_path)
+    elapsed = time.perf_counter() - start
+    assert label == Label(Taint.INTERNAL, False)
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
+    assert rules.label_for_path("a/a/x/a/b") == Label(Taint.SECRET, False)

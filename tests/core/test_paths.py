@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from boxmaker.core.paths import ROOT, Glob, PathProblem, glob_problem, normalize_path
+from boxmaker.core.paths import (
+    MAX_PATH_BYTES,
+    MAX_SEGMENT_BYTES,
+    ROOT,
+    Glob,
+    PathProblem,
+    any_glob,
+    glob_problem,
+    match_form,
+    normalize_path,
+)
 
 WORKSPACE = "/home/me/work"
 
@@ -123,6 +134,77 @@ def test_absolute_inside_equals_relative(raw: str) -> None:
         ("a?.txt", "a?.txt", True),
         ("[ab]", "a", False),
         ("notes/**", ROOT, False),
+        # A literal segment matches a whole segment, never a prefix of one: in a middle
+        # run (matched once, at its leftmost place) a prefix would commit too early.
+        ("**/abc/**/x", "abcd/x", False),
+        ("**/abc/**/x", "abcd/abc/x", True),
+        ("**/abc/**", "xabc", False),
+        ("**/a*b/**", "abx", False),
+        ("**/a*b/**", "x/ab", True),
+        ("**/a*b/**/c", "abx/c", False),
+        ("abc", "abcd", False),
+        ("abc/d", "abcx/d", False),
+        # The last part of a starred segment ends it; the first starts it; they never
+        # overlap (``ab*ba`` needs at least four characters).
+        ("ab*ba", "aba", False),
+        ("ab*ba", "abba", True),
+        ("ab*ba", "abxba", True),
+        ("a*", "a", True),
+        ("*a", "a", True),
+        ("*a*", "a", True),
+        ("*a*", "b", False),
+        ("a*b*c", "abc", True),
+        ("a*b*c", "axbxc", True),
+        ("a*b*c", "acb", False),
+        ("a*b*c", "abcx", False),
+        ("*.txt", "a.txt.bak", False),
+        ("*b*b", "abab", True),
+        ("*b*b", "abba", False),
+        ("x*a*a*b", "xaab", True),
+        ("x*a*a*b", "xab", False),
+        # A starred segment needs one character: it never matches an empty segment.
+        ("a/*/b", "a//b", False),
+        ("*", "", False),
+        # Dotfiles are ordinary names.
+        ("*", ".env", True),
+        ("**/*", ".git/config", True),
+        ("**", ".git/config", True),
+        (".*", ".env", True),
+        # "**" at the start, in the middle and at the end, and several middles in order.
+        ("**/a/b/**", "a/x/a/b", True),
+        ("**/a/b/**", "a/x/b", False),
+        ("**/a/**/b/**", "a/b", True),
+        ("**/a/**/b/**", "b/a", False),
+        ("**/a/**/b/**", "x/a/y/b/z", True),
+        ("**/a/**/a", "a", False),
+        ("**/a/**/a", "a/a", True),
+        ("**/a/**/a", "a/x/a", True),
+        ("**/a/**/b", "a/b/b", True),
+        ("**/a/**/b", "b/a", False),
+        ("a/**/a", "a", False),
+        ("a/**/a", "a/a", True),
+        ("a/**", "a", True),
+        ("a/**", "b/a", False),
+        ("**/a", "b/a", True),
+        ("**/a", "a/b", False),
+        ("a/**/b/**/c", "a/b/c", True),
+        ("a/**/b/**/c", "a/c/b", False),
+        ("**/**", ROOT, True),
+        ("**/**/a", "a", True),
+        ("a/**/**", "a", True),
+        ("**/x/**/**/y/**", "x/y", True),
+        ("**/x/**/**/y/**", "y/x", False),
+        # Every character but '*' and '/' is literal, regex metacharacters included.
+        ("a.b", "axb", False),
+        ("(a|b)", "a", False),
+        ("(a|b)", "(a|b)", True),
+        ("a+", "aa", False),
+        ("a+", "a+", True),
+        ("^a$", "^a$", True),
+        ("\\d", "1", False),
+        ("\\d", "\\d", True),
+        ("a\nb", "a\nb", True),
+        ("*", "a\nb", True),
     ],
 )
 def test_glob(pattern: str, path: str, expected: bool) -> None:
@@ -160,6 +242,29 @@ def _reference(pattern: list[str], path: list[str]) -> bool:
     return re.fullmatch(regex, path[0], re.DOTALL) is not None and _reference(rest, path[1:])
 
 
+def _reference_segment(pattern: str, name: str) -> bool:
+    """One segment, character by character (a starred segment needs one character)."""
+
+    def rest(p: str, n: str) -> bool:
+        if not p:
+            return not n
+        if p[0] == "*":
+            return any(rest(p[1:], n[i:]) for i in range(len(n) + 1))
+        return bool(n) and n[0] == p[0] and rest(p[1:], n[1:])
+
+    return rest(pattern, name) and (bool(name) or "*" not in pattern)
+
+
+def _reference_chars(pattern: list[str], path: list[str]) -> bool:
+    """The same as :func:`_reference`, with no regex at all."""
+    if not pattern:
+        return not path
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_reference_chars(rest, path[i:]) for i in range(len(path) + 1))
+    return bool(path) and _reference_segment(head, path[0]) and _reference_chars(rest, path[1:])
+
+
 glob_segment = st.sampled_from(["a", "b", "*", "**", "a*", "*b", ".env", "a.b"])
 path_segment = st.sampled_from(["a", "b", "ab", "ba", ".env", "a.b", "c"])
 
@@ -169,3 +274,127 @@ def test_glob_agrees_with_a_reference_matcher(pattern: list[str], path: list[str
     text = "/".join(pattern)
     expected = _reference(pattern, path)
     assert Glob.compile(text).matches("/".join(path) if path else ROOT) is expected
+
+
+# Freer shapes: segments drawn from a small alphabet, so stars, repeats, prefixes and
+# overlaps meet often; "**" as a whole segment is common.
+free_glob_segment = st.one_of(
+    st.just("**"), st.text(alphabet="ab*.", min_size=1, max_size=5).filter(lambda s: s != ".")
+).filter(lambda s: s != "..")
+free_path_segment = st.text(alphabet="ab.", min_size=1, max_size=5).filter(
+    lambda s: s not in (".", "..")
+)
+
+
+@settings(max_examples=1000)
+@given(
+    st.lists(free_glob_segment, min_size=1, max_size=6),
+    st.lists(free_path_segment, max_size=6),
+)
+@example(["**", "a", "**", "b"], ["ab", "b"])
+@example(["**", "ab*ba", "**"], ["aba"])
+@example(["a*", "**", "*a"], ["a"])
+def test_glob_agrees_with_a_character_reference(pattern: list[str], path: list[str]) -> None:
+    expected = _reference_chars(pattern, path)
+    assert expected is _reference(pattern, path)
+    path_text = "/".join(path) if path else ROOT
+    assert Glob.compile("/".join(pattern)).matches(path_text) is expected
+    combined = any_glob((Glob.compile("zz/**"), Glob.compile("/".join(pattern))))
+    assert (combined.fullmatch(match_form(path_text)) is not None) is expected
+
+
+def test_match_form() -> None:
+    assert match_form(ROOT) == ""
+    assert match_form("a") == "/a"
+    assert match_form("a/b.txt") == "/a/b.txt"
+
+
+def test_any_glob_matches_when_any_glob_does() -> None:
+    combined = any_glob((Glob.compile("a/**"), Glob.compile("*.md"), Glob.compile("**/x")))
+    assert [
+        combined.fullmatch(match_form(path)) is not None
+        for path in ("a", "a/b", "b.md", "b/c.md", "q/x", "x", "xa", ROOT)
+    ] == [True, True, True, False, True, True, False, False]
+    assert any_glob((Glob.compile("**"),)).fullmatch(match_form(ROOT)) is not None
+
+
+# --- matching time: linear in the path --------------------------------------------------
+
+NASTY_GLOBS = (
+    "src/**/test/**/*.py",
+    "**/a/**/a/**/a/**/b",
+    "**/*a*a*a*a*b",
+    "a/**/**/*/*/b",
+    "**/x*/**/*y/**/z",
+    "**/test/**/test/**/test/**/x",
+)
+
+
+def _nasty_paths(size: int) -> list[str]:
+    return [
+        ("src/" + "test/" * (size // 5))[: size - 4] + "x.pz",
+        "/".join(["a"] * (size // 2)),
+        "/".join(["a" * 250] * (size // 251)),
+        "/".join(["xay"] * (size // 4)),
+    ]
+
+
+def test_matching_a_long_path_takes_time_linear_in_it() -> None:
+    # The old backtracking regex took seconds on 64 KiB (brokerd froze meanwhile);
+    # greedy atomic steps take well under a millisecond. The bound is generous on
+    # purpose: a loaded machine must not fail it, the old matcher always did. Path
+    # arguments are capped at 4,096 bytes anyway; Glob itself does not rely on that.
+    globs = [Glob.compile(pattern) for pattern in NASTY_GLOBS]
+    paths = _nasty_paths(64 * 1024)
+    start = time.perf_counter()
+    results = [glob.matches(path) for glob in globs for path in paths]
+    elapsed = time.perf_counter() - start
+    assert not any(results)
+    assert elapsed < 1.0, f"{elapsed:.2f} s for {len(results)} matches"
+
+
+def test_a_long_path_still_matches_where_it_should() -> None:
+    deep = "src/" + "test/" * 800 + "x.py"
+    assert Glob.compile("src/**/test/**/*.py").matches(deep)
+    assert Glob.compile("**/test/**/test/**/test/**/x.py").matches(deep)
+    assert not Glob.compile("**/test/**/test/**/test/**/x.py").matches("src/test/test/x.py")
+
+
+# --- path argument limits ---------------------------------------------------------------
+
+
+def test_a_path_of_exactly_the_limits_is_accepted() -> None:
+    segment = "s" * MAX_SEGMENT_BYTES
+    assert normalize_path(segment) == segment
+    longest = "a/" * 2047 + "bc"
+    assert len(longest) == MAX_PATH_BYTES
+    assert normalize_path(longest) == longest
+    # Two-byte characters count twice: 127 of them and one byte are 255 bytes.
+    assert normalize_path("é" * 127 + "x") == "é" * 127 + "x"
+    # A lone surrogate counts as the three bytes it would take, never raises.
+    assert normalize_path("\udc80" * 85) == "\udc80" * 85
+    assert normalize_path("\udc80" * 86) == PathProblem(
+        "a segment of the path is longer than 255 bytes"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("s" * MAX_SEGMENT_BYTES + "s", "a segment of the path is longer than 255 bytes"),
+        ("a/" + "s" * 256 + "/b", "a segment of the path is longer than 255 bytes"),
+        ("é" * 128, "a segment of the path is longer than 255 bytes"),
+        ("a/" * 2048 + "b", "the path is longer than 4096 bytes"),
+        ("é/" * 1365 + "xy", "the path is longer than 4096 bytes"),
+        ("src/" + "test/" * 13000 + "x.pz", "the path is longer than 4096 bytes"),
+        # The raw argument counts, before '.' and '..' are resolved.
+        ("./" * 2048 + "a", "the path is longer than 4096 bytes"),
+        ("/home/me/work/" + "a/" * 2042, "the path is longer than 4096 bytes"),
+    ],
+)
+def test_a_path_over_the_limits_is_refused(raw: str, message: str) -> None:
+    assert normalize_path(raw, WORKSPACE) == PathProblem(message)
+
+
+def test_the_limits_are_linux_path_max_and_name_max() -> None:
+    assert (MAX_PATH_BYTES, MAX_SEGMENT_BYTES) == (4096, 255)

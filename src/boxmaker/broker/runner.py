@@ -50,8 +50,14 @@ Choices where spec §8 leaves room (docs/decisions.md repeats them):
 - ``http_get``: no redirect is followed (a 3xx is ``tool_error`` naming the Location,
   so the next URL goes through decide() again); a status of 400 or more is
   ``tool_error``; the body is capped after content decoding (no zip bombs); proxies and
-  .netrc from brokerd's environment are ignored. The host is checked against the
-  grant's ``hosts`` again right before connecting.
+  .netrc from brokerd's environment are ignored. The host and port are checked against
+  the grant's ``hosts`` again right before connecting; then the host is resolved once,
+  every address it resolves to is checked (:func:`boxmaker.core.hosts.address_problem`:
+  loopback, private, link-local and other special addresses only where the grant names
+  them), and the connection goes to a checked address (the next one in the resolver's
+  order when one does not connect), with the URL's host in the Host header and as the
+  TLS server name: no second lookup, so no DNS rebinding in between.
+  A refused address is ``tool_error`` with a detail pointing at the runbook.
 - A shell call may use a sandbox brokerd set up ahead of it (sandbox.py); each sandbox
   serves one call and is torn down after it.
 - A RunSpec's private token stops accidental construction, not a determined caller
@@ -67,6 +73,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import ipaddress
 import logging
 import math
 import os
@@ -76,7 +83,7 @@ import signal
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
@@ -108,16 +115,21 @@ from boxmaker.core.catalogue import (
     result_label,
 )
 from boxmaker.core.decide import Decision
-from boxmaker.core.grants import Grant, host_matches, opened_refusal
+from boxmaker.core.grants import Grant, opened_refusal
+from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.paths import ROOT
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
 
+if TYPE_CHECKING:
+    import httpx
+
 logger = logging.getLogger("boxmaker.brokerd.runner")
 
 RUNBOOK_SANDBOX: Final = "docs/runbook.md#sandbox"
 RUNBOOK_SANDBOX_LIMITS: Final = "docs/runbook.md#sandbox-limits"
+RUNBOOK_HTTP_GET: Final = "docs/runbook.md#http-get"
 NO_BWRAP_DETAIL: Final = (
     "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
     "see docs/runbook.md#sandbox"
@@ -683,62 +695,125 @@ async def _shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) -> 
 # --- http_get ------------------------------------------------------------------------
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def resolve_addresses(host: str, port: int) -> list[str]:
+    """The IP addresses ``host`` resolves to, in the resolver's order, each once.
+
+    An IP address resolves to itself without a lookup. This is the seam tests replace
+    (no test resolves a real name or connects anywhere but 127.0.0.1).
+    """
+    if _is_address(host):
+        return [str(ipaddress.ip_address(host))]
+    infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
+    addresses: list[str] = []
+    for _family, _type, _proto, _canonname, sockaddr in infos:
+        address = str(sockaddr[0])
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
+
+
 async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
     # Imported on the first http_get, not at start: httpx (with ssl and its transport
     # stack) is ~8 MB of brokerd's resident memory, paid only where http_get is used.
     import httpx
 
     host = spec.arguments.host
-    # Fail closed on the run path too: the host must be the grant's, and httpx must
-    # read the URL's host the way the check did.
+    destination = spec.arguments.destination
+    rules = host_rules(spec.network)
+    url = httpx.URL(args.url)
+    # Fail closed on the run path too: the host and port must be the grant's, and httpx
+    # must read the URL's host the way the check did.
     if (
         host is None
-        or not any(host_matches(pattern, host) for pattern in spec.network)
-        or httpx.URL(args.url).host != host
+        or destination is None
+        or not any(rule.allows(destination) for rule in rules)
+        or url.host != host
     ):
         detail = f"host {host!r} is not allowed by grant {spec.grant}"
         return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
-    body = bytearray()
+    body = b""
     encoding = "utf-8"
     with trio.move_on_after(HTTP_TIMEOUT) as scope:
         try:
-            async with (
-                httpx.AsyncClient(
-                    follow_redirects=False, trust_env=False, timeout=HTTP_TIMEOUT
-                ) as client,
-                client.stream("GET", args.url) as response,
-            ):
-                if response.is_redirect:
-                    location = response.headers.get("location", "")[:500]
-                    detail = (
-                        f"HTTP {response.status_code}: redirect to {location} "
-                        "(not followed; ask for that URL)"
-                    )
-                    raise _Failed(Reason.TOOL_ERROR, detail)
-                if response.status_code >= 400:
-                    detail = f"HTTP {response.status_code} {response.reason_phrase}"
-                    raise _Failed(Reason.TOOL_ERROR, detail)
-                over = False
-                # Stopping by cancellation, not by leaving the loop: the exception then
-                # unwinds httpx's chain of async generators instead of abandoning them.
-                with trio.CancelScope() as reading:
-                    async for chunk in response.aiter_bytes():
-                        if over:
-                            continue
-                        body += chunk
-                        if len(body) > MAX_BYTES:
-                            over = True
-                            reading.cancel()
-                if over:
-                    raise _Failed(Reason.TOO_LARGE, f"{args.url}: over {MAX_BYTES} bytes")
-                encoding = response.encoding or "utf-8"
+            addresses = await resolve_addresses(destination.host, destination.port)
+        except OSError as exc:
+            detail = f"{destination.host}: the name does not resolve ({_describe(exc)})"
+            raise _Failed(Reason.TOOL_ERROR, detail) from None
+        problem = address_problem(rules, destination, addresses)
+        if problem is not None or not addresses:
+            problem = problem or f"{destination.host}: the name resolves to no address"
+            raise _Failed(Reason.TOOL_ERROR, f"{problem}; see {RUNBOOK_HTTP_GET}")
+        # The checked address, never the name again: the URL carries the address, the
+        # Host header and the TLS server name (certificate check included) the name.
+        headers = {"Host": url.netloc.decode("ascii")}
+        extensions = {} if _is_address(host) else {"sni_hostname": url.host}
+        try:
+            async with httpx.AsyncClient(
+                follow_redirects=False, trust_env=False, timeout=HTTP_TIMEOUT
+            ) as client:
+                # In the resolver's order; the next address only when one does not connect
+                # (all of them were checked above).
+                for index, address in enumerate(addresses):
+                    target = url.copy_with(host=address)
+                    try:
+                        body, encoding = await _fetch(client, target, headers, extensions, args.url)
+                        break
+                    except httpx.ConnectError:
+                        if index == len(addresses) - 1:
+                            raise
         except httpx.HTTPError as exc:
             raise _Failed(Reason.TOOL_ERROR, f"{type(exc).__name__}: {exc}"[:500]) from None
     if scope.cancelled_caught:
         detail = f"{args.url}: no complete answer within {HTTP_TIMEOUT:g} s"
         return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
     try:
-        text = bytes(body).decode(encoding, errors="replace")
+        text = body.decode(encoding, errors="replace")
     except LookupError:
-        text = bytes(body).decode("utf-8", errors="replace")
+        text = body.decode("utf-8", errors="replace")
     return RunResult.success(text, spec.label)
+
+
+async def _fetch(
+    client: httpx.AsyncClient,
+    target: httpx.URL,
+    headers: dict[str, str],
+    extensions: dict[str, str],
+    url: str,
+) -> tuple[bytes, str]:
+    """GET ``target`` (``url`` with a checked address for its host) once: the body (at
+    most 1 MiB) and its encoding, or _Failed for a redirect, an error status or a body
+    too large."""
+    body = bytearray()
+    async with client.stream("GET", target, headers=headers, extensions=extensions) as response:
+        if response.is_redirect:
+            location = response.headers.get("location", "")[:500]
+            detail = (
+                f"HTTP {response.status_code}: redirect to {location} "
+                "(not followed; ask for that URL)"
+            )
+            raise _Failed(Reason.TOOL_ERROR, detail)
+        if response.status_code >= 400:
+            detail = f"HTTP {response.status_code} {response.reason_phrase}"
+            raise _Failed(Reason.TOOL_ERROR, detail)
+        over = False
+        # Stopping by cancellation, not by leaving the loop: the exception then
+        # unwinds httpx's chain of async generators instead of abandoning them.
+        with trio.CancelScope() as reading:
+            async for chunk in response.aiter_bytes():
+                if over:
+                    continue
+                body += chunk
+                if len(body) > MAX_BYTES:
+                    over = True
+                    reading.cancel()
+        if over:
+            raise _Failed(Reason.TOO_LARGE, f"{url}: over {MAX_BYTES} bytes")
+        return bytes(body), response.encoding or "utf-8"

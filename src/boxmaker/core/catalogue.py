@@ -3,7 +3,8 @@
 The JSON schema served to the model by the ``catalogue`` frame is the schema that
 :func:`check_arguments` enforces (spec §3 step 3), then the few rules a schema cannot say:
 paths normalize inside the workspace, ``content`` is at most 1 MiB of UTF-8, a URL is
-plain http(s) with a host.
+plain http(s) with a host, a path at most 4,096 bytes (255 a segment) and a command at
+most 64 KiB, so that no argument makes matching it against the grants slow.
 
 Checking walks the served schema itself (a tiny subset of JSON schema: object,
 properties, required, no additional properties, string/integer, minimum, maximum,
@@ -20,6 +21,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from boxmaker.core.hosts import Destination
 from boxmaker.core.labels import (
     HTTP_GET_LABEL,
     WRITE_FILE_LABEL,
@@ -34,6 +36,11 @@ from boxmaker.wire import converter
 
 MAX_BYTES: Final = 1024 * 1024
 """The cap on ``read_file``'s ``max_bytes``, ``write_file``'s ``content`` and http_get."""
+MAX_COMMAND_BYTES: Final = 64 * 1024
+"""The cap on ``shell``'s ``command``, in bytes of UTF-8. Every shell grant's patterns
+scan the whole command (fnmatch's regexes are linear, but a 1 MiB frame times many
+grants is still work on brokerd's one thread), and the sandbox execs ``sh -c COMMAND``,
+whose one argument Linux caps at 128 KiB anyway."""
 
 ToolName = Literal["read_file", "list_dir", "write_file", "shell", "http_get"]
 TOOL_NAMES: Final[tuple[ToolName, ...]] = (
@@ -188,6 +195,8 @@ class CheckedArguments:
     command: str | None = attrs.field(init=False, eq=False, repr=False)
     host: str | None = attrs.field(init=False, eq=False, repr=False)
     """The lower-cased host of an http_get URL."""
+    destination: Destination | None = attrs.field(init=False, eq=False, repr=False)
+    """Scheme, host and port of an http_get URL, as ``hosts`` entries match them."""
     match_paths: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
     """``paths`` in the form globs match (:func:`boxmaker.core.paths.match_form`)."""
 
@@ -206,6 +215,12 @@ class CheckedArguments:
     def _host(self) -> str | None:
         if isinstance(self.value, HttpGetArgs):
             return urllib.parse.urlsplit(self.value.url).hostname
+        return None
+
+    @destination.default
+    def _destination(self) -> Destination | None:
+        if isinstance(self.value, HttpGetArgs):
+            return Destination.of_url(self.value.url)
         return None
 
     @match_paths.default
@@ -313,6 +328,12 @@ def check_arguments(
         return ArgumentProblem(Reason.BAD_ARGUMENTS, "argument 'content' is over 1 MiB")
     if tool == "shell" and "\x00" in arguments["command"]:
         return ArgumentProblem(Reason.BAD_ARGUMENTS, "argument 'command' contains a NUL byte")
+    if (
+        tool == "shell"
+        and len(arguments["command"].encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES
+    ):
+        detail = f"argument 'command' is longer than {MAX_COMMAND_BYTES} bytes"
+        return ArgumentProblem(Reason.BAD_ARGUMENTS, detail)
     if tool == "http_get":
         problem = _url_problem(arguments["url"])
         if problem is not None:

@@ -13,7 +13,9 @@ Matching (:meth:`Grant.matches`):
   matches ``;``, ``&&`` and newlines (``git status*`` matches ``git status; rm x``);
 - ``hosts``: the URL's host, lower-cased, equals the entry, or the entry is ``*.suffix``
   and the host ends with ``.suffix`` (``*.example.com`` matches ``a.example.com`` and
-  ``a.b.example.com``, never ``example.com`` itself);
+  ``a.b.example.com``, never ``example.com`` itself); and the URL's port is the entry's
+  ``:port``, or without one the scheme's own (80, 443) (:mod:`boxmaker.core.hosts`,
+  which also says which resolved addresses an entry must name);
 - ``expires``: a grant matches strictly before it (``now >= expires`` → no match).
 
 A ``paths`` grant bounds the file a tool actually opens, not only the path it asked
@@ -35,6 +37,8 @@ from typing import Any, Final
 import attrs
 
 from boxmaker.core.catalogue import FILE_TOOLS, TOOL_NAMES, CheckedArguments, ToolName
+from boxmaker.core.hosts import HostRule, HostSet, host_rules
+from boxmaker.core.hosts import host_matches as host_matches
 from boxmaker.core.labels import Taint
 from boxmaker.core.paths import Glob, any_glob, glob_problem
 
@@ -62,7 +66,8 @@ class Grant:
     commands: tuple[str, ...] | None = None
     """shell: None = every command."""
     hosts: tuple[str, ...] = ()
-    """http_get: exact hosts and ``*.suffix`` entries, lower-cased."""
+    """http_get: entries as :class:`~boxmaker.core.hosts.HostRule` parses them
+    (host or ``*.suffix``, optional ``:port``), lower-cased."""
     max_taint: Taint = Taint.SECRET
     if_untrusted: Mode = Mode.ASK
     label_taint: Taint | None = None
@@ -73,8 +78,7 @@ class Grant:
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
     _path_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
     _command_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
-    _exact_hosts: frozenset[str] = attrs.field(eq=False, repr=False, init=False)
-    _host_suffixes: tuple[str, ...] = attrs.field(eq=False, repr=False, init=False)
+    _host_set: HostSet = attrs.field(eq=False, repr=False, init=False)
 
     @_path_re.default
     def _compile_paths(self) -> re.Pattern[str] | None:
@@ -86,13 +90,9 @@ class Grant:
             return None
         return re.compile("|".join(fnmatch.translate(p) for p in self.commands))
 
-    @_exact_hosts.default
-    def _hosts_exact(self) -> frozenset[str]:
-        return frozenset(h for h in self.hosts if not h.startswith("*."))
-
-    @_host_suffixes.default
-    def _hosts_suffixes(self) -> tuple[str, ...]:
-        return tuple(h[1:] for h in self.hosts if h.startswith("*."))
+    @_host_set.default
+    def _compile_hosts(self) -> HostSet:
+        return HostSet(host_rules(self.hosts))
 
     def expired(self, now: dt.datetime) -> bool:
         """At or after ``expires`` the grant does not match (the boundary is ``>=``)."""
@@ -119,10 +119,8 @@ class Grant:
                 return False
         if self.tool == "http_get":
             # Fail closed: an http_get grant without hosts (only built by hand) allows none.
-            host = arguments.host
-            return host is not None and (
-                host in self._exact_hosts or host.endswith(self._host_suffixes)
-            )
+            destination = arguments.destination
+            return destination is not None and self._host_set.allows(destination)
         return True
 
     def covers_path(self, path: str) -> bool:
@@ -162,23 +160,6 @@ def opened_refusal(grant: Grant, requested: str, real: str, links: int) -> str |
             f"and grant {grant.id} does not set hard_links = true"
         )
     return None
-
-
-def host_matches(pattern: str, host: str) -> bool:
-    """``pattern`` is a grant's host entry; ``host`` a lower-cased URL host.
-
-    >>> host_matches("docs.python.org", "docs.python.org")
-    True
-    >>> host_matches("*.example.com", "a.b.example.com")
-    True
-    >>> host_matches("*.example.com", "example.com")
-    False
-    >>> host_matches("*.example.com", "badexample.com")
-    False
-    """
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:])
-    return host == pattern
 
 
 @attrs.frozen
@@ -277,8 +258,6 @@ _APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
     # so the other names keep the old content.
     "hard_links": lambda tool: tool == "read_file",
 }
-# A DNS name, a *.suffix, or an IPv6 address as urllib gives it (no brackets).
-_HOST: Final = re.compile(r"(?:\*\.)?[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|[0-9a-f:]+")
 _MAX_NOTE: Final = 500
 
 
@@ -338,14 +317,10 @@ def _commands(gid: str | None, value: object) -> tuple[str, ...]:
 def _hosts(gid: str | None, value: object) -> tuple[str, ...]:
     hosts = []
     for entry in _strings(gid, "hosts", value):
-        host = entry.lower()
-        if not _HOST.fullmatch(host):
-            raise _Invalid(
-                gid,
-                "hosts",
-                f"{_show(entry)}: expected a host name or *.suffix (no scheme, port, path)",
-            )
-        hosts.append(host)
+        rule = HostRule.parse(entry)
+        if isinstance(rule, str):
+            raise _Invalid(gid, "hosts", f"{_show(entry)}: {rule}")
+        hosts.append(entry.lower())
     return tuple(hosts)
 
 

@@ -12,6 +12,12 @@ Globs (grants' ``paths``, the label rules of config.toml ``[labels]``):
 - ``**`` inside a segment (``a**b``) is the same as ``*``;
 - every other character is literal (no ``?`` or ``[...]``);
 - the root ``"."`` is matched only by globs that match the empty path (``**``).
+
+Matching is greedy, segment by segment, compiled to regular expressions whose steps are
+atomic: time linear in the path (the comment above :func:`_compile` says why). A grant
+such as ``src/**/test/**/*.py`` once took seconds on a long path, with brokerd frozen
+meanwhile. A path argument is also capped (:data:`MAX_PATH_BYTES`,
+:data:`MAX_SEGMENT_BYTES`) before anything matches it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ import attrs
 
 ROOT: Final = "."
 """The workspace root as a workspace path."""
+
+MAX_PATH_BYTES: Final = 4096
+"""The longest path argument, in bytes of UTF-8 (Linux's PATH_MAX). A bound on the
+work of normalizing and matching one path, and no real file needs more."""
+MAX_SEGMENT_BYTES: Final = 255
+"""The longest segment of a path argument, in bytes of UTF-8 (Linux's NAME_MAX)."""
 
 
 @attrs.frozen
@@ -47,6 +59,20 @@ def _segments(text: str) -> list[str] | None:
     return out
 
 
+def _utf8_length(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _length_problem(raw: str) -> PathProblem | None:
+    """Over :data:`MAX_PATH_BYTES` in all or :data:`MAX_SEGMENT_BYTES` in one segment:
+    refused before any normalizing or matching, so their cost stays bounded."""
+    if _utf8_length(raw) > MAX_PATH_BYTES:
+        return PathProblem(f"the path is longer than {MAX_PATH_BYTES} bytes")
+    if any(_utf8_length(segment) > MAX_SEGMENT_BYTES for segment in raw.split("/")):
+        return PathProblem(f"a segment of the path is longer than {MAX_SEGMENT_BYTES} bytes")
+    return None
+
+
 def normalize_path(raw: str, workspace: str | None = None) -> str | PathProblem:
     """The workspace path for a tool's path argument, or why there is none (spec §4.2).
 
@@ -67,9 +93,14 @@ def normalize_path(raw: str, workspace: str | None = None) -> str | PathProblem:
     PathProblem(message='absolute path outside the workspace')
     >>> normalize_path("a\\x00b")
     PathProblem(message='NUL byte in path')
+    >>> normalize_path("a/" + "b" * 256)
+    PathProblem(message='a segment of the path is longer than 255 bytes')
     """
     if "\x00" in raw:
         return PathProblem("NUL byte in path")
+    problem = _length_problem(raw)
+    if problem is not None:
+        return problem
     if raw.startswith("/"):
         if workspace is None:
             return PathProblem("absolute path outside the workspace")
@@ -109,35 +140,63 @@ def glob_problem(pattern: str) -> str | None:
     return None
 
 
+# How globs become regular expressions that cannot backtrack catastrophically.
+#
+# A path is matched in its match form: each segment with a '/' before it ("/a/b.txt"),
+# the root as "". A run of '/' + non-'/' characters is then exactly one segment, so
+# there is only ever one way to split the path into segments.
+#
+# A pattern is split at its "**" segments: ``head ** middle1 ** ... ** tail``. The head
+# matches at the start, the tail at the end, and each middle run at its *leftmost*
+# place in between: lazily (``*?``) and inside an atomic group (``(?>...)``), so once
+# found it is never revisited. Leftmost is never worse: a run's match depends only on
+# the segments it covers and "**" absorbs any number of segments, so taking each run
+# as early as it fits leaves the most room for the rest. Inside a segment the stars
+# work the same way: each middle part at its leftmost place, atomically; the last part
+# ends the segment. A regex engine still backtracks, but only within one step of this
+# greedy scan, never across steps.
+#
+# Cost: each middle run, and then the tail, is tried at most once at each segment
+# boundary, a try costing at most the run's length times the segments' it covers (a
+# segment is at most 255 bytes): O(len(path) * len(pattern)) in all, linear in the
+# path for a given glob, and the path is at most MAX_PATH_BYTES. Never exponential,
+# never cubic in the path (tests/core/test_paths.py times 64 KiB paths).
+
+_ANY_SEGMENTS: Final = ".*"
+"""Zero or more whole segments: what follows it starts with a '/', at a boundary."""
+
+
 def _segment_regex(segment: str) -> str:
-    if "*" not in segment:
-        return re.escape(segment)
+    """One pattern segment, with its leading '/', matching one whole path segment.
+
+    The end check ``(?![^/])`` matters inside an atomic middle run: without it ``abc``
+    would commit to the start of a segment ``abcd`` and never look further."""
+    parts = [re.escape(part) for part in segment.split("*")]
+    if len(parts) == 1:
+        return f"/{parts[0]}(?![^/])"
     # A segment is never empty, so a starred segment must still match one character.
-    return "(?=[^/])" + "[^/]*".join(re.escape(part) for part in segment.split("*"))
+    middle = "".join(f"(?>[^/]*?{part})" for part in parts[1:-1])
+    return f"/(?=[^/]){parts[0]}{middle}[^/]*{parts[-1]}(?![^/])"
+
+
+def _run_regex(run: list[str]) -> str:
+    return "".join(_segment_regex(segment) for segment in run)
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
-    parts: list[str] = []
+    runs: list[list[str]] = [[]]
     for segment in pattern.split("/"):
-        if not (segment == "**" and parts and parts[-1] == "**"):
-            parts.append(segment)
-    pieces: list[str] = []
-    last = len(parts) - 1
-    for index, segment in enumerate(parts):
         if segment == "**":
-            # Each form eats the slashes next to it, so zero segments leave no stray '/'.
-            if index == 0 and index == last:
-                pieces.append(".*")
-            elif index == 0:
-                pieces.append("(?:.*/)?")
-            elif index == last:
-                pieces.append("(?:/.*)?")
-            else:
-                pieces.append("/(?:.*/)?")
+            runs.append([])
         else:
-            if index > 0 and parts[index - 1] != "**":
-                pieces.append("/")
-            pieces.append(_segment_regex(segment))
+            runs[-1].append(segment)
+    if len(runs) == 1:
+        return re.compile(_run_regex(runs[0]), re.DOTALL)
+    head, *middle, tail = runs
+    pieces = [_run_regex(head)]
+    # Empty runs, between consecutive "**", change nothing: "**/**" is "**".
+    pieces += [f"(?>{_ANY_SEGMENTS}?{_run_regex(run)})" for run in middle if run]
+    pieces.append(f"{_ANY_SEGMENTS}{_run_regex(tail)}" if tail else "(?:/.*)?")
     return re.compile("".join(pieces), re.DOTALL)
 
 
@@ -171,22 +230,29 @@ class Glob:
         return cls(pattern, _compile(pattern))
 
     def matches(self, path: str) -> bool:
-        """``path`` is a workspace path from :func:`normalize_path`."""
+        """``path`` is a workspace path from :func:`normalize_path`. Time linear in the
+        path (see how globs are compiled, above)."""
         return self._regex.fullmatch(match_form(path)) is not None
 
 
 def match_form(path: str) -> str:
-    """The string a glob's regex is matched against: the root is the empty path."""
-    return "" if path == ROOT else path
+    """The string a glob's regex is matched against: every segment with a '/' before it,
+    the root as the empty string.
+
+    >>> match_form("notes/a.txt"), match_form(".")
+    ('/notes/a.txt', '')
+    """
+    return "" if path == ROOT else "/" + path
 
 
 def any_glob(globs: tuple[Glob, ...]) -> re.Pattern[str]:
     """One regex that fully matches :func:`match_form` of a path when any glob matches.
 
-    One regex per grant, not one per glob, keeps decide() fast (tools/bench_decide.py).
+    One regex per grant, not one per glob, keeps decide() fast (tools/bench_decide.py);
+    each alternative is linear in the path, so the whole is too.
 
     >>> combined = any_glob((Glob.compile("a/**"), Glob.compile("*.md")))
-    >>> [bool(combined.fullmatch(p)) for p in ("a/x", "b.md", "b/c.md")]
+    >>> [bool(combined.fullmatch(match_form(p))) for p in ("a/x", "b.md", "b/c.md")]
     [True, True, False]
     """
     return re.compile("|".join(f"(?:{glob._regex.pattern})" for glob in globs), re.DOTALL)
