@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from boxmaker.core.grants import GrantSet, GrantsProblem, parse_grants
-from boxmaker.regular_file import read_regular_file
+from boxmaker.regular_file import NotRegularFile, read_regular_file
 
 
 def load_grants(path: Path) -> GrantSet | GrantsProblem:
@@ -19,6 +19,8 @@ def load_grants(path: Path) -> GrantSet | GrantsProblem:
         data = read_regular_file(path)
     except FileNotFoundError:
         return GrantsProblem(str(path), None, None, "no such file (`bxctl init` creates it)")
+    except NotRegularFile as exc:
+        return GrantsProblem(str(path), None, None, str(exc.strerror))
     except OSError as exc:
         return GrantsProblem(str(path), None, None, f"cannot read it ({exc.strerror})")
     try:

@@ -26,7 +26,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from boxmaker.core.labels import DEFAULT_SECRET, DEFAULT_UNTRUSTED, LabelRules
-from boxmaker.regular_file import read_regular_file
+from boxmaker.regular_file import NotRegularFile, read_regular_file
 from boxmaker.wire import SESSION_ID, InvalidField, converter, format_path, problems
 
 HOME_ENV: Final = "BOXMAKER_HOME"
@@ -383,6 +383,8 @@ def load_config(home: Home) -> Config:
         data = read_regular_file(path)
     except FileNotFoundError:
         return Config.defaults(home)
+    except NotRegularFile as exc:
+        raise ConfigError([f"{path.name}: {exc.strerror}"]) from exc
     except OSError as exc:
         raise ConfigError([f"{path.name}: cannot read it ({exc.strerror})"]) from exc
     try:

@@ -364,8 +364,9 @@ class SessionStates:
         cached = self._cache.get(session)
         if cached is not None and state_key(self.sessions_dir, session) == cached[0]:
             return cached[1]
+        # abandon_on_cancel: a read only, so a stuck file system never holds the stop.
         key, value, cacheable = await trio.to_thread.run_sync(
-            read_state_keyed, self.sessions_dir, session
+            read_state_keyed, self.sessions_dir, session, abandon_on_cancel=True
         )
         if cacheable and isinstance(value, Label):
             self._cache[session] = (key, value)
