@@ -301,7 +301,7 @@ class Config:
 def workspace_problem(home: Home, workspace: Path) -> str | None:
     """Why ``workspace`` may not be used with ``home``, or None (docs/runbook.md#config).
 
-    The workspace is bound read-write into the sandbox (spec §8): it must not expose the
+    The workspace is bound read-write into the sandbox: it must not expose the
     ledger, grants, state or sockets, or the model could grant and approve its own
     calls. Checked on the names as written, then on the real paths: a symlink on either
     path (the home, the workspace, a directory above either) can make two names that

@@ -180,3 +180,33 @@ def test_a_link_in_the_workspace_to_the_home_leads_nowhere(
         send(sock, tool_request("read_file", {"path": "h/grants.toml"}))
         answer = read_frame(sock)
     assert (answer["outcome"], answer["reason"]) == ("failed", "path_escape"), answer
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_workspace_link_repointed_after_start_changes_nothing(
+    base: Path, daemons: list[Daemon]
+) -> None:
+    # brokerd uses the real path it checked at start: a link repointed later (here at
+    # a harmless directory; it could be one that holds the home) is not followed.
+    home = make_home(base / "bxhome")
+    write_grants(
+        home, grant("sh", "shell", "auto") + grant("rd", "read_file", "auto", paths=["**"])
+    )
+    for name in ("one", "two"):
+        (base / name).mkdir()
+        (base / name / "marker").write_text(f"{name}\n")
+    (base / "ws").symlink_to(base / "one")
+    write_config(home, f'workspace = "{base / "ws"}"\n')
+    start(daemons, home)
+    temp = base / "ws.new"
+    temp.symlink_to(base / "two")
+    temp.replace(base / "ws")
+    for frame in (
+        tool_request("shell", {"command": "cat marker"}),
+        tool_request("shell", {"command": "cat marker"}),
+        tool_request("read_file", {"path": "marker"}),
+    ):
+        with connect(home.broker_sock) as sock:
+            send(sock, frame)
+            answer = read_frame(sock)
+        assert (answer["outcome"], answer["content"]) == ("ok", "one\n"), answer
