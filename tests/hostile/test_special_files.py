@@ -79,6 +79,7 @@ def test_a_fifo_at_grants_toml_is_denied_and_sigterm_still_stops_brokerd(
     # Twice: a file that is not regular is not cached, nor does the look hang.
     answer = ask(home, tool_request("read_file", {"path": "notes.txt"}))
     assert answer["reason"] == "grants_invalid"
+    daemon.process.send_signal(signal.SIGHUP)  # a forced re-read of the FIFO
     stops_on_sigterm(daemon)
 
 

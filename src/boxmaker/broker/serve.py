@@ -250,15 +250,22 @@ async def _look(broker: Broker) -> None:
 
 
 async def _signals(broker: Broker) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                log.info("SIGHUP: re-reading grants.toml")
-                await broker.guard.look()
-                await broker.grants.current(force=True)
-            else:
-                log.info("%s: stopping", signal.Signals(signum).name)
-                broker.request_stop()
+    # Each SIGHUP's re-read is a task of its own: however long a read takes, the loop
+    # goes on receiving, so SIGINT/SIGTERM are always served.
+    async with trio.open_nursery() as reloads:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
+            async for signum in received:
+                if signum == signal.SIGHUP:
+                    log.info("SIGHUP: re-reading grants.toml")
+                    reloads.start_soon(_reload, broker)
+                else:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    broker.request_stop()
+
+
+async def _reload(broker: Broker) -> None:
+    await broker.guard.look()
+    await broker.grants.current(force=True)
 
 
 # ---------------------------------------------------------------------------------------
