@@ -242,6 +242,8 @@ class GrantsWatcher:
 
     async def current(self, *, force: bool = False) -> GrantSet | GrantsProblem:
         """The grant set as the file is now; ``force`` re-reads whatever the stat says."""
+        if self._guard is not None and self._guard.refusal is not None:
+            return self._guard.refused_grants(self.path)
         # The stat is inline: metadata only, no data read (the re-read goes through a
         # worker thread). Unchanged, the common case, costs no thread hop and no lock.
         if not force and _stat_key(self.path) == self._key:
