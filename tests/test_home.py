@@ -368,5 +368,5 @@ def test_load_config_errors(home: Home) -> None:
         load_config(home)
     home.config_toml.unlink()
     home.config_toml.mkdir()
-    with pytest.raises(ConfigError, match=r"^config\.toml: cannot read it"):
+    with pytest.raises(ConfigError, match=r"^config\.toml: not a regular file \(a directory\)$"):
         load_config(home)

@@ -5,18 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from boxmaker.core.grants import GrantSet, GrantsProblem, parse_grants
+from boxmaker.regular_file import NotRegularFile, read_regular_file
 
 
 def load_grants(path: Path) -> GrantSet | GrantsProblem:
     """The grant set in ``path``, or the one problem that makes it invalid; never raises.
 
     A missing or unreadable file is a problem too: the owner meant some grants to be
-    there, and with none known the only safe answer is to deny (spec §3 step 4).
+    there, and with none known the only safe answer is to deny (spec §3 step 4). So is
+    anything but a regular file (a FIFO, a symlink: see boxmaker.regular_file).
     """
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path)
     except FileNotFoundError:
         return GrantsProblem(str(path), None, None, "no such file (`bxctl init` creates it)")
+    except NotRegularFile as exc:
+        return GrantsProblem(str(path), None, None, str(exc.strerror))
     except OSError as exc:
         return GrantsProblem(str(path), None, None, f"cannot read it ({exc.strerror})")
     try:

@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from boxmaker.core.labels import DEFAULT_SECRET, DEFAULT_UNTRUSTED, LabelRules
+from boxmaker.regular_file import NotRegularFile, read_regular_file
 from boxmaker.wire import SESSION_ID, InvalidField, converter, format_path, problems
 
 HOME_ENV: Final = "BOXMAKER_HOME"
@@ -348,14 +349,36 @@ class Config:
         return cls(workspace=home.default_workspace)
 
 
-def _workspace_problem(home: Home, workspace: Path) -> str | None:
-    # The workspace is bound read-write into the sandbox (spec §8): it must not expose
-    # the ledger, grants, state or sockets.
+def workspace_problem(home: Home, workspace: Path) -> str | None:
+    """Why ``workspace`` may not be used with ``home``, or None (docs/runbook.md#config).
+
+    The workspace is bound read-write into the sandbox: it must not expose the
+    ledger, grants, state or sockets, or the model could grant and approve its own
+    calls. Checked on the names as written, then on the real paths: a symlink on either
+    path (the home, the workspace, a directory above either) can make two names that
+    look apart one directory. Every program runs this through :func:`parse_config`, and
+    brokerd again while it runs (see boxmaker.broker.state.HomeGuard). Bind mounts are
+    not seen: realpath does not cross them.
+    """
     root = Path(os.path.normpath(home.root))
     if workspace == root or root.is_relative_to(workspace):
         return "must not be the home or contain it"
     if workspace.is_relative_to(root) and not workspace.is_relative_to(home.default_workspace):
         return "inside the home, only workspace/ may be used"
+    real_root = Path(os.path.realpath(root))
+    real_workspace = Path(os.path.realpath(workspace))
+    # Not realpath(default_workspace): workspace/ itself a link to the home would pass.
+    allowed = real_root / home.default_workspace.name
+    if real_root.is_relative_to(real_workspace):
+        return (
+            f"{workspace} is, by its real path {real_workspace}, the home or contains it "
+            f"(the home's real path: {real_root})"
+        )
+    if real_workspace.is_relative_to(real_root) and not real_workspace.is_relative_to(allowed):
+        return (
+            f"{workspace} is, by its real path {real_workspace}, inside the home "
+            f"(real path {real_root}); inside the home, only workspace/ may be used"
+        )
     return None
 
 
@@ -399,7 +422,7 @@ def parse_config(text: str, home: Home, *, file: Path | None = None) -> Config:
     except Exception as exc:
         found = [_describe(file, path, message) for path, message in problems(exc)]
         raise ConfigError(found) from None
-    problem = _workspace_problem(home, config.workspace)
+    problem = workspace_problem(home, config.workspace)
     if problem is not None:
         raise ConfigError([f"{file.name}: workspace: {problem}"])
     return config
@@ -409,9 +432,13 @@ def load_config(home: Home) -> Config:
     """Read ``config.toml``; a missing file means every default (spec §12.1)."""
     path = home.config_toml
     try:
-        data = path.read_bytes()
+        # A FIFO there must not hang every program's start; a symlink is not followed
+        # (it could lead out of the private home, into the workspace the model writes).
+        data = read_regular_file(path)
     except FileNotFoundError:
         return Config.defaults(home)
+    except NotRegularFile as exc:
+        raise ConfigError([f"{path.name}: {exc.strerror}"]) from exc
     except OSError as exc:
         raise ConfigError([f"{path.name}: cannot read it ({exc.strerror})"]) from exc
     try:

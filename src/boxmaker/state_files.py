@@ -20,6 +20,7 @@ from typing import Final, TypeAlias
 
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
+from boxmaker.regular_file import read_regular_file
 from boxmaker.wire import SESSION_ID
 
 MAX_STATE_BYTES: Final = 4096
@@ -76,17 +77,12 @@ def read_state(sessions_dir: Path, session: str) -> Label | StateUnreadable:
     """The session's state: FRESH when there is no file, else what the file says."""
     if not SESSION_ID.fullmatch(session):
         return StateUnreadable(f"not a session id: {session[:40]!r}")
-    path = state_path(sessions_dir, session)
     try:
-        # O_NOFOLLOW: a symlink planted in place of the state file is an error, not a state.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NOFOLLOW: a symlink planted in place of the state file is an error, not a
+        # state; O_NONBLOCK: a FIFO there is one too, instead of a read that never ends.
+        data = read_regular_file(state_path(sessions_dir, session), limit=MAX_STATE_BYTES)
     except FileNotFoundError:
         return FRESH
-    except OSError as exc:
-        return StateUnreadable(f"{_where(sessions_dir, session)}: {exc.strerror or exc}")
-    try:
-        with os.fdopen(fd, "rb") as file:
-            data = file.read(MAX_STATE_BYTES + 1)
     except OSError as exc:
         return StateUnreadable(f"{_where(sessions_dir, session)}: {exc.strerror or exc}")
     if len(data) > MAX_STATE_BYTES:

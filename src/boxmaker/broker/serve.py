@@ -16,6 +16,10 @@ Clean stop (SIGINT/SIGTERM, spec §2): stop accepting; answer every pending entr
 withdrawn (``broker_stopping``); cancel idle admin connections; give running calls up
 to 5 s; append ``stop``; flush and close the ledger; remove our sockets; exit 0.
 SIGHUP re-reads grants.toml.
+
+The workspace must never reach the home (docs/runbook.md#config): checked on real paths
+at start (exit 2 like any config.toml problem) and again at every grants re-read, every
+watcher tick and SIGHUP (:class:`HomeGuard`); found later, brokerd stops and exits 2.
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ from boxmaker.broker.listeners import (
     open_unix_listener,
     serve_capped,
 )
-from boxmaker.broker.state import Broker, GrantsWatcher
+from boxmaker.broker.state import Broker, GrantsReader, GrantsWatcher, HomeGuard
 from boxmaker.daemon import run_daemon, setup_logging
-from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
+from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import (
@@ -56,6 +60,7 @@ from boxmaker.ledger.writer import (
     open_ledger,
     repair,
 )
+from boxmaker.regular_file import read_regular_file
 
 log = logging.getLogger("boxmaker.brokerd")
 
@@ -70,6 +75,7 @@ LedgerOpener = Callable[[Path], LedgerFile]
 @attrs.frozen
 class _Prepared:
     config: Config
+    guard: HomeGuard
     tail: Tail
     file: LedgerFile
     repaired: Repair | None
@@ -79,6 +85,12 @@ class _Prepared:
 def _prepare(home: Home, *, repair_torn: bool, open_file: LedgerOpener) -> _Prepared:
     """The blocking part of a start; raises ConfigError, HomeError, LedgerTorn."""
     config = load_config(home)
+    # The workspace's real path, used from now on (see Broker.workspace), checked once
+    # more: load_config's check resolved the links a moment ago, they may have moved.
+    guard = HomeGuard(home, config.workspace, Path(os.path.realpath(config.workspace)))
+    problem = guard.problem()
+    if problem is not None:
+        raise ConfigError([f"{home.config_toml.name}: workspace: {problem}"])
     # Every directory of the home 0700 (a looser run/ tightened, another user's refused,
     # spec §6.2); state/sessions must exist before the first state is raised.
     home.create()
@@ -96,7 +108,7 @@ def _prepare(home: Home, *, repair_torn: bool, open_file: LedgerOpener) -> _Prep
             len(report.problems) + report.problems_left_out,
             report.problems[0],
         )
-    return _Prepared(config, tail, open_file(home.audit_log), repaired, report.open_calls)
+    return _Prepared(config, guard, tail, open_file(home.audit_log), repaired, report.open_calls)
 
 
 async def serve_broker(
@@ -106,6 +118,7 @@ async def serve_broker(
     open_file: LedgerOpener = OsLedgerFile.open,
     handle_signals: bool = False,
     owner_uid: int | None = None,
+    read_grants: GrantsReader = read_regular_file,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -113,7 +126,9 @@ async def serve_broker(
     HomeError, LedgerTorn, ListenerError.
 
     ``open_file`` opens the ledger's file layer (tests inject one that fails);
-    ``owner_uid`` is who may use admin.sock and broker.sock (default: our own uid).
+    ``owner_uid`` is who may use admin.sock and broker.sock (default: our own uid);
+    ``read_grants`` reads grants.toml's bytes (tests inject one that fails). A workspace
+    found to reach the home while serving stops brokerd, which then raises ConfigError.
     """
     prepared = await trio.to_thread.run_sync(
         functools.partial(_prepare, home, repair_torn=repair_torn, open_file=open_file)
@@ -136,7 +151,8 @@ async def serve_broker(
         boot=new_boot_id(),
         version=__version__,
         owner_uid=os.getuid() if owner_uid is None else owner_uid,
-        grants=GrantsWatcher(home.grants_toml),
+        grants=GrantsWatcher(home.grants_toml, read=read_grants, guard=prepared.guard),
+        guard=prepared.guard,
         calls=set(prepared.open_calls),
     )
     try:
@@ -148,6 +164,7 @@ async def serve_broker(
                 await broker.record(prepared.repaired)
             await broker.grants.current()
             nursery.start_soon(_watch_grants, broker)
+            nursery.start_soon(_stop_when_refused, broker)
             nursery.start_soon(_look, broker)
             nursery.start_soon(broker.run_expiry)
             await nursery.start(broker.sandboxes.run)
@@ -162,6 +179,8 @@ async def serve_broker(
     finally:
         for listener in listeners:
             listener.remove_path()
+    if broker.guard.refusal is not None:
+        raise ConfigError([f"{home.config_toml.name}: workspace: {broker.guard.refusal}"])
 
 
 async def _serve_connections(
@@ -216,7 +235,14 @@ async def _serve_connections(
 async def _watch_grants(broker: Broker) -> None:
     while True:
         await trio.sleep(GRANTS_POLL_S)
+        await broker.guard.look()
         await broker.grants.current()
+
+
+async def _stop_when_refused(broker: Broker) -> None:
+    """The workspace came to reach the home (HomeGuard): a clean stop, then exit 2."""
+    await broker.guard.refused.wait()
+    broker.request_stop()
 
 
 async def _look(broker: Broker) -> None:
@@ -229,14 +255,22 @@ async def _look(broker: Broker) -> None:
 
 
 async def _signals(broker: Broker) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                log.info("SIGHUP: re-reading grants.toml")
-                await broker.grants.current(force=True)
-            else:
-                log.info("%s: stopping", signal.Signals(signum).name)
-                broker.request_stop()
+    # Each SIGHUP's re-read is a task of its own: however long a read takes, the loop
+    # goes on receiving, so SIGINT/SIGTERM are always served.
+    async with trio.open_nursery() as reloads:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
+            async for signum in received:
+                if signum == signal.SIGHUP:
+                    log.info("SIGHUP: re-reading grants.toml")
+                    reloads.start_soon(_reload, broker)
+                else:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    broker.request_stop()
+
+
+async def _reload(broker: Broker) -> None:
+    await broker.guard.look()
+    await broker.grants.current(force=True)
 
 
 # ---------------------------------------------------------------------------------------

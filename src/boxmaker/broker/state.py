@@ -44,10 +44,12 @@ from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, parse_grants
 from boxmaker.core.labels import Label
 from boxmaker.core.reasons import Reason
 from boxmaker.core.state import StateUnreadable
-from boxmaker.home import Config, Home
+from boxmaker.daemon import CONFIG_ANCHOR
+from boxmaker.home import Config, Home, workspace_problem
 from boxmaker.ledger.records import Body
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
 from boxmaker.oneshot import OneShot
+from boxmaker.regular_file import NotRegularFile, read_regular_file
 from boxmaker.state_files import StateKey, read_state_keyed, state_key
 from boxmaker.wire import ApprovedOutcome, new_approval_id
 
@@ -153,12 +155,16 @@ def _close_reply(command: Command) -> None:
 
 _StatKey: TypeAlias = tuple[int, ...] | None
 
+GrantsReader: TypeAlias = Callable[[Path], bytes]
+"""How grants.toml's bytes are read (a seam: tests inject a read that fails)."""
+
 
 def _stat_key(path: Path) -> _StatKey:
     """What "the file changed" means (spec §4.1: mtime, size, inode; ctime too, since a
-    rewrite within one mtime tick still moves it). ``None``: no such file."""
+    rewrite within one mtime tick still moves it). ``None``: no such file. An ``lstat``:
+    a symlink there is refused (not followed), so its own stat is the one that counts."""
     try:
-        info = path.stat()
+        info = path.lstat()
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -166,27 +172,42 @@ def _stat_key(path: Path) -> _StatKey:
     return (info.st_mtime_ns, info.st_size, info.st_ino, info.st_dev, info.st_ctime_ns)
 
 
-def _load(path: Path) -> tuple[_StatKey, str, GrantSet | GrantsProblem]:
-    """Read and parse grants.toml: (stat key, content digest, grants or problem).
+@attrs.frozen
+class _Loaded:
+    key: _StatKey
+    digest: str
+    """Tells one content from another, so each broken content is logged once."""
+    value: GrantSet | GrantsProblem
+    cacheable: bool
+    """False when the bytes could not be read: a transient error (EMFILE, EIO) must not
+    stay the answer until the file's stat moves, which it never does for such an error.
+    What was read (valid or not) and a missing file are kept until the stat moves."""
+
+
+def _load(path: Path, read: GrantsReader) -> _Loaded:
+    """Read and parse grants.toml.
 
     The stat comes first: if the file changes after it, the next check sees a new key
     and reads again; the other order could keep old content under a new key.
     """
     key = _stat_key(path)
     try:
-        data = path.read_bytes()
+        data = read(path)
     except FileNotFoundError:
         problem = GrantsProblem(str(path), None, None, "no such file (`bxctl init` creates it)")
-        return key, "missing", problem
+        return _Loaded(key, "missing", problem, cacheable=True)
+    except NotRegularFile as exc:
+        problem = GrantsProblem(str(path), None, None, str(exc.strerror))
+        return _Loaded(key, "not regular", problem, cacheable=False)
     except OSError as exc:
         problem = GrantsProblem(str(path), None, None, f"cannot read it ({exc.strerror})")
-        return key, f"unreadable {exc.errno}", problem
+        return _Loaded(key, f"unreadable {exc.errno}", problem, cacheable=False)
     digest = hashlib.sha256(data).hexdigest()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return key, digest, GrantsProblem(str(path), None, None, "not UTF-8")
-    return key, digest, parse_grants(text, str(path))
+        return _Loaded(key, digest, GrantsProblem(str(path), None, None, "not UTF-8"), True)
+    return _Loaded(key, digest, parse_grants(text, str(path)), cacheable=True)
 
 
 class GrantsWatcher:
@@ -194,11 +215,20 @@ class GrantsWatcher:
     decision and on every status) or on SIGHUP (spec §4.1).
 
     A problem is logged once per distinct file content, not on every call; once the file
-    is valid again the memory is cleared, so a relapse is logged again.
+    is valid again the memory is cleared, so a relapse is logged again. Once ``guard``
+    has refused the home (:class:`HomeGuard`), the grants are never used again.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        read: GrantsReader = read_regular_file,
+        guard: HomeGuard | None = None,
+    ) -> None:
         self.path = path
+        self._read = read
+        self._guard = guard
         self._key: _StatKey | str = "never read"
         self._value: GrantSet | GrantsProblem = GrantsProblem(str(path), None, None, "not read")
         self._logged: set[str] = set()
@@ -213,6 +243,8 @@ class GrantsWatcher:
 
     async def current(self, *, force: bool = False) -> GrantSet | GrantsProblem:
         """The grant set as the file is now; ``force`` re-reads whatever the stat says."""
+        if self._guard is not None and self._guard.refusal is not None:
+            return self._guard.refused_grants(self.path)
         # The stat is inline: metadata only, no data read (the re-read goes through a
         # worker thread). Unchanged, the common case, costs no thread hop and no lock.
         if not force and _stat_key(self.path) == self._key:
@@ -220,9 +252,19 @@ class GrantsWatcher:
         async with self._lock:
             if not force and _stat_key(self.path) == self._key:
                 return self._value
-            key, digest, value = await trio.to_thread.run_sync(_load, self.path)
-            self._key = key
-            self._note(digest, value)
+            # abandon_on_cancel: a read only, safe to leave behind, so a stuck file
+            # system can never hold brokerd's stop.
+            loaded = await trio.to_thread.run_sync(
+                _load, self.path, self._read, abandon_on_cancel=True
+            )
+            value = loaded.value
+            # Whenever the grants are re-read, so is the home's place (a link may have
+            # moved it into the workspace since): grants the model can write are none.
+            if self._guard is not None and await self._guard.look():
+                value = self._guard.refused_grants(self.path)
+                loaded = attrs.evolve(loaded, cacheable=False)
+            self._key = loaded.key if loaded.cacheable else "not cached"
+            self._note(loaded.digest, value)
             self._value = value
             return value
 
@@ -238,6 +280,60 @@ class GrantsWatcher:
         if isinstance(self._value, GrantsProblem) and self._logged:
             log.info("grants.toml is valid again (%d grants)", len(value.grants))
         self._logged.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# The workspace must never reach the home (docs/runbook.md#config)
+
+
+class HomeGuard:
+    """brokerd's check, while it runs, that the workspace does not reach the home.
+
+    config.toml was checked at start (:func:`boxmaker.home.workspace_problem`, on real
+    paths); links can change afterwards. The sandbox and the file tools use the
+    workspace's real path resolved once at start (``real_workspace``), so a workspace
+    link retargeted later changes nothing for them; but the home can still be moved
+    into it, or the link pointed at a directory that holds the home. :meth:`look` runs
+    the same check again, on the configured workspace and on the real path in use; the
+    first problem is kept for good (:attr:`refusal`), every call from then on is denied
+    ``grants_invalid``, and serve stops brokerd with exit 2, as a refused start.
+    """
+
+    def __init__(self, home: Home, workspace: Path, real_workspace: Path) -> None:
+        self.home = home
+        self.workspace = workspace
+        self.real_workspace = real_workspace
+        self.refusal: str | None = None
+        self.refused = trio.Event()
+
+    def problem(self) -> str | None:
+        """Blocking (realpath): in a worker thread, or before trio serves anything."""
+        return workspace_problem(self.home, self.workspace) or workspace_problem(
+            self.home, self.real_workspace
+        )
+
+    async def look(self) -> bool:
+        """Check again (at each grants re-read, each watcher tick, SIGHUP); True when
+        the home is refused, now or before."""
+        if self.refusal is None:
+            problem = await trio.to_thread.run_sync(self.problem, abandon_on_cancel=True)
+            if problem is not None and self.refusal is None:
+                self.refusal = problem
+                log.error(
+                    "config.toml: workspace: %s; every call is denied and brokerd stops; see %s",
+                    problem,
+                    CONFIG_ANCHOR,
+                )
+                self.refused.set()
+        return self.refusal is not None
+
+    def refused_grants(self, path: Path) -> GrantsProblem:
+        return GrantsProblem(
+            str(path),
+            None,
+            None,
+            f"not used while the workspace reaches the home: {self.refusal}",
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,8 +367,9 @@ class SessionStates:
         cached = self._cache.get(session)
         if cached is not None and state_key(self.sessions_dir, session) == cached[0]:
             return cached[1]
+        # abandon_on_cancel: a read only, so a stuck file system never holds the stop.
         key, value, cacheable = await trio.to_thread.run_sync(
-            read_state_keyed, self.sessions_dir, session
+            read_state_keyed, self.sessions_dir, session, abandon_on_cancel=True
         )
         if cacheable and isinstance(value, Label):
             self._cache[session] = (key, value)
@@ -307,6 +404,8 @@ class Broker:
     version: str
     owner_uid: int
     grants: GrantsWatcher
+    guard: HomeGuard
+    """Where the workspace really is, and whether it has come to reach the home."""
     started_at: float = attrs.field(factory=trio.current_time)
     table: ApprovalsTable = attrs.Factory(ApprovalsTable)
     waiters: dict[str, Waiter] = attrs.Factory(dict)
@@ -340,7 +439,10 @@ class Broker:
 
     @property
     def workspace(self) -> Path:
-        return self.config.workspace
+        """The workspace's real path, resolved and checked once at start: the sandbox
+        binds it and the file tools work below it, so a workspace link retargeted later
+        can never put the home in reach (:class:`HomeGuard`)."""
+        return self.guard.real_workspace
 
     @property
     def sessions_dir(self) -> Path:
