@@ -32,6 +32,8 @@ from tests.broker.broker_harness import (
     write_grants,
 )
 from tests.broker.test_process import Daemon, connect, read_frame, send, start
+from tests.fakes.llama_server import FakeLlama
+from tests.loop.stack import say, stack
 
 from boxmaker.home import Home
 from boxmaker.regular_file import read_regular_file
@@ -169,3 +171,23 @@ async def test_a_transient_read_error_of_grants_toml_is_not_kept(home: Home) -> 
             # Same file, same stat: the next call reads it again, no SIGHUP needed.
             [answer] = await call(home, frame())
             assert (answer["outcome"], answer["content"]) == ("ok", "hi\n"), answer
+
+
+async def test_a_fifo_at_a_conversation_ends_the_turn_with_an_error_not_a_hang(
+    home: Home,
+) -> None:
+    """loopd read a session's history with a plain open: a FIFO there blocked the turn
+    (and its worker thread) for good. Now the turn ends at once with ``error internal``
+    naming the file's kind and the runbook, and the model is never called."""
+    session = "s-0123456789ab"
+    home.conversations_dir.mkdir(parents=True, exist_ok=True)
+    plant_fifo(home.conversation(session))
+    fake = FakeLlama(script=[{"content": "never asked"}])
+    async with stack(home, fake):
+        with trio.fail_after(ANSWER_S):
+            events = await say(home, "hello", session=session)
+    assert [event["kind"] for event in events] == ["error"]
+    assert events[0]["code"] == "internal"
+    assert "not a regular file (a FIFO)" in events[0]["detail"]
+    assert events[0]["detail"].endswith("see docs/runbook.md#state")
+    assert fake.requests == []

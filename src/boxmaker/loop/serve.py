@@ -48,6 +48,7 @@ FIRST_FRAME_S: Final = 5.0
 GRACE_S: Final = 5.0
 """Turns still running at a stop get this long before they are cancelled."""
 DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+RUNBOOK_STATE: Final = "docs/runbook.md#state"
 
 
 @attrs.define
@@ -102,7 +103,13 @@ async def handle_loop_connection(loop: Loop, stream: trio.SocketStream) -> None:
 
 async def _turn(loop: Loop, session: str, text: str, emit: Any) -> None:
     async with loop.session_lock(session):
-        history = await trio.to_thread.run_sync(load_history, loop.home, session)
+        try:
+            history = await trio.to_thread.run_sync(load_history, loop.home, session)
+        except OSError as exc:
+            log.warning("session %s: its history cannot be read: %s", session, exc)
+            detail = f"the session's history cannot be read ({exc}); see {RUNBOOK_STATE}"
+            await emit(ErrorFrame(code=ErrorCode.INTERNAL, detail=detail))
+            return
         await emit(SessionEvent(session=session))
         added: list[dict[str, Any]] = []
         try:
