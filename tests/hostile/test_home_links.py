@@ -9,6 +9,7 @@ problem), and brokerd refuses a home that becomes contained while it runs.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from tests.broker import test_process
 from tests.broker.broker_harness import grant, tool_request, write_config, write_grants
+from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID
 from tests.broker.test_process import Daemon, connect, read_frame, send, start
 
 from boxmaker.home import ConfigError, Home, load_config
@@ -165,7 +167,14 @@ def test_a_link_in_the_workspace_to_the_home_leads_nowhere(
     write_grants(
         home, grant("sh", "shell", "auto") + grant("rd", "read_file", "auto", paths=["**"])
     )
-    (home.default_workspace / "h").symlink_to(home.root)
+    # As root the sandbox runs as the workspace's owner: a workspace of an ordinary uid.
+    workspace = base / "ws"
+    workspace.mkdir()
+    base.chmod(0o711)
+    if AS_ROOT:
+        os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
+    (workspace / "h").symlink_to(home.root)
+    write_config(home, f'workspace = "{workspace}"\n')
     start(daemons, home)
     with connect(home.broker_sock) as sock:
         send(sock, tool_request("shell", {"command": "cat h/grants.toml; ls h/run"}))
@@ -192,9 +201,12 @@ def test_a_workspace_link_repointed_after_start_changes_nothing(
     write_grants(
         home, grant("sh", "shell", "auto") + grant("rd", "read_file", "auto", paths=["**"])
     )
+    base.chmod(0o711)
     for name in ("one", "two"):
         (base / name).mkdir()
         (base / name / "marker").write_text(f"{name}\n")
+        if AS_ROOT:
+            os.chown(base / name, SANDBOX_UID, SANDBOX_UID)
     (base / "ws").symlink_to(base / "one")
     write_config(home, f'workspace = "{base / "ws"}"\n')
     start(daemons, home)
