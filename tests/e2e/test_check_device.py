@@ -12,11 +12,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from tests.fakes.llama_server import as_process
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[2]
-FAKE = ROOT / "tests" / "fakes" / "llama_server.py"
 SCRIPT = ROOT / "tools" / "check-device.sh"
 READ_NOTES = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
 
@@ -26,17 +26,8 @@ def model(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     extra = request.param
     script = tmp_path / "script.json"
     script.write_bytes(orjson.dumps([READ_NOTES, {"content": "Buy milk."}]))
-    fake = subprocess.Popen(
-        [sys.executable, str(FAKE), "--script", str(script), *extra],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert fake.stdout is not None
-        yield fake.stdout.readline().split()[1]
-    finally:
-        fake.terminate()
-        fake.communicate(timeout=30)
+    with as_process("--script", str(script), *extra) as url:
+        yield url
 
 
 def check(url: str) -> subprocess.CompletedProcess[str]:

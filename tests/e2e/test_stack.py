@@ -14,13 +14,13 @@ from typing import Any
 import orjson
 import pytest
 from tests.conftest import short_home
+from tests.fakes.llama_server import as_process
 
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.slow
 
 WAIT_S = 60.0
-FAKE = Path(__file__).parents[1] / "fakes" / "llama_server.py"
 READ_NOTES = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
 
 
@@ -86,14 +86,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
         bxctl(home, "init")
         script_file, record = home.root / "script.json", home.root / "requests.jsonl"
         script_file.write_bytes(orjson.dumps(script))
-        fake = subprocess.Popen(
-            [sys.executable, str(FAKE), "--script", str(script_file), "--record", str(record)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert fake.stdout is not None
-            url = fake.stdout.readline().split()[1]
+        with as_process("--script", str(script_file), "--record", str(record)) as url:
             home.config_toml.write_text(
                 f'[model]\nurl = "{url}"\n[broker]\npending_timeout = {pending_timeout}\n'
             )
@@ -115,9 +108,6 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
                     "brokerd: stopped",
                     "model: not running",  # [model] url names the fake: no built-in model
                 ]
-        finally:
-            fake.terminate()
-            fake.communicate(timeout=WAIT_S)
 
 
 ASK = '[[grant]]\nid = "notes"\ntool = "read_file"\nmode = "ask"\nnote = "my notes"\n'

@@ -10,7 +10,8 @@ list of slots with ``is_processing``; ``GET /health`` is 503 ``Loading model`` u
 
 In a test: ``await nursery.start(fake.serve)`` (127.0.0.1, a free port; the URL is
 ``fake.url``). As a program (tests/e2e): ``python tests/fakes/llama_server.py --script
-turns.json [--port N] [--record requests.jsonl]`` prints ``listening URL`` when ready.
+turns.json [--port N] [--record requests.jsonl]`` prints ``listening URL`` when ready;
+:func:`as_process` starts it so and yields the URL.
 
 A turn is ``{"content": "text"}``, ``{"tool_calls": [{"name": …, "arguments": {…} or
 "raw string"}]}``, or ``{"status": 400, "error": {...}}``; after the last turn every
@@ -20,9 +21,11 @@ request gets ``{"content": "(the script has ended)"}``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import subprocess
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +209,23 @@ async def _json(send: Send, status: int, body: object) -> None:
         }
     )
     await send({"type": "http.response.body", "body": data})
+
+
+@contextlib.contextmanager
+def as_process(*arguments: str, stop_timeout: float = 30.0) -> Iterator[str]:
+    """This server as a program with ``arguments``; yields its URL once it listens,
+    and stops it on the way out."""
+    fake = subprocess.Popen(
+        [sys.executable, __file__, *arguments], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert fake.stdout is not None
+        line = fake.stdout.readline()
+        assert line.startswith("listening http://127.0.0.1:"), line
+        yield line.split()[1]
+    finally:
+        fake.terminate()
+        fake.communicate(timeout=stop_timeout)
 
 
 def main() -> None:

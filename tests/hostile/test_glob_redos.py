@@ -14,12 +14,12 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tests.broker import test_process
 from tests.broker.broker_harness import grant, records_of, tool_request, write_grants
-from tests.broker.test_process import Daemon, connect, read_frame, send
+from tests.broker.test_process import Daemon, connect, read_frame, send, start
 
 from boxmaker.home import Home
 
@@ -34,17 +34,16 @@ BOUND_S = 2.0
 """A generous bound in real seconds for one decision (measured: a few milliseconds)."""
 
 
+daemons = test_process.daemons
+"""Real brokerd processes, killed at the end if still running (the shared fixture)."""
+
+
 @pytest.fixture
-def brokerd(home: Home) -> Iterator[Daemon]:
+def brokerd(home: Home, daemons: list[Daemon]) -> Daemon:
     write_grants(home, grant("src-tests", "read_file", "auto", paths=[GLOB]))
     (home.default_workspace / "src" / "test").mkdir(parents=True)
     (home.default_workspace / "src" / "test" / "a.py").write_text("print('hi')\n")
-    daemon = Daemon(home)
-    try:
-        daemon.wait_ready()
-        yield daemon
-    finally:
-        daemon.kill()
+    return start(daemons, home)
 
 
 def ask(home: Home, path: str) -> tuple[dict[str, Any], float, str]:

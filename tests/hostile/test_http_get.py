@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tests.broker import test_process
 from tests.broker.broker_harness import grant, records_of, tool_request, write_grants
-from tests.broker.test_process import Daemon, connect, read_frame, send
+from tests.broker.test_process import Daemon, connect, read_frame, send, start
 
 from boxmaker.home import Home
 
@@ -73,14 +74,13 @@ def service() -> Iterator[LocalService]:
         local.close()
 
 
+daemons = test_process.daemons
+"""Real brokerd processes, killed at the end if still running (the shared fixture)."""
+
+
 @pytest.fixture
-def brokerd(home: Home) -> Iterator[Daemon]:
-    daemon = Daemon(home)
-    try:
-        daemon.wait_ready()
-        yield daemon
-    finally:
-        daemon.kill()
+def brokerd(home: Home, daemons: list[Daemon]) -> Daemon:
+    return start(daemons, home)
 
 
 def fetch(home: Home, hosts: list[str], url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -29,11 +29,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from tests.conftest import short_home
+from tests.fakes.llama_server import as_process
 
 from boxmaker.home import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed
@@ -51,7 +51,6 @@ ATTACKER = 65534
 CAP = 8
 """inferproxy's max_tokens here: small, so the capped answer comes quickly."""
 OVER_CAP = 1100
-FAKE = Path(__file__).parents[1] / "fakes" / "llama_server.py"
 
 ATTACK = """
 import json, socket, sys, urllib.request
@@ -187,17 +186,8 @@ except urllib.error.HTTPError as exc:
 
 @pytest.fixture
 def fake_model() -> Iterator[str]:
-    fake = subprocess.Popen(
-        [sys.executable, str(FAKE), "--port", "0"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert fake.stdout is not None
-        line = fake.stdout.readline()
-        assert line.startswith("listening http://127.0.0.1:"), line
-        yield line.split()[1]
-    finally:
-        fake.terminate()
-        fake.communicate(timeout=30)
+    with as_process("--port", "0") as url:
+        yield url
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")

@@ -25,13 +25,13 @@ from typing import Any, Final
 import orjson
 import pytest
 from tests.conftest import short_home
+from tests.fakes.llama_server import as_process
 
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.slow
 
 WAIT_S: Final = 60.0
-FAKE: Final = Path(__file__).parents[1] / "fakes" / "llama_server.py"
 
 # Window title, clear screen, bidi override and isolate, zero-width space, C1 CSI, DEL,
 # line separator, then a newline that would start a forged line.
@@ -115,14 +115,7 @@ def home() -> Iterator[Home]:
         assert bxctl(home, "init").returncode == 0
         script_file, record = home.root / "script.json", home.root / "requests.jsonl"
         script_file.write_bytes(orjson.dumps(SCRIPT))
-        fake = subprocess.Popen(
-            [sys.executable, str(FAKE), "--script", str(script_file), "--record", str(record)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert fake.stdout is not None
-            url = fake.stdout.readline().split()[1]
+        with as_process("--script", str(script_file), "--record", str(record)) as url:
             home.config_toml.write_text(f'[model]\nurl = "{url}"\n')
             home.grants_toml.write_text(GRANTS)
             up = bxctl(home, "up")
@@ -131,9 +124,6 @@ def home() -> Iterator[Home]:
                 yield home
             finally:
                 bxctl(home, "down")
-        finally:
-            fake.terminate()
-            fake.communicate(timeout=WAIT_S)
 
 
 def test_no_outside_text_drives_the_terminal_or_forges_a_log_line(home: Home) -> None:

@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.conftest import short_home
+from tests.fakes.llama_server import as_process
 
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.slow
 
 START_S = 30.0
-FAKE = Path(__file__).parents[1] / "fakes" / "llama_server.py"
 
 
 @pytest.fixture
@@ -30,17 +30,8 @@ def home() -> Iterator[Home]:
 
 @pytest.fixture
 def model_url() -> Iterator[str]:
-    fake = subprocess.Popen(
-        [sys.executable, str(FAKE), "--port", "0"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert fake.stdout is not None
-        line = fake.stdout.readline()
-        assert line.startswith("listening http://127.0.0.1:"), line
-        yield line.split()[1]
-    finally:
-        fake.terminate()
-        fake.communicate(timeout=START_S)
+    with as_process("--port", "0", stop_timeout=START_S) as url:
+        yield url
 
 
 def proxy(home: Home, *extra: str) -> subprocess.Popen[str]:
