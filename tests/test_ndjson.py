@@ -1,4 +1,4 @@
-"""The NDJSON frame reader (spec §6.1): lines, the 1 MiB cap, EOF, no timeouts inside."""
+"""The NDJSON frame reader (docs/protocol.md): lines, the 1 MiB cap, EOF, no timeouts inside."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Frames (spec §6.1, §7): round trips, strict shapes, forbidden kinds, the converter."""
+"""Frames (docs/protocol.md): round trips, strict shapes, forbidden kinds, the converter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Time ledger verification against a bare hash+parse loop (spec §5.6 performance).
+"""Time ledger verification against a bare hash+parse loop (docs/performance.md).
 
 Builds a realistic 200,000-record ledger in a temporary directory (encode_line directly,
 no fsync), then times, best of 3:

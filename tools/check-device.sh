@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check (spec §12.3): boxmaker against a real llama-server.
+# The device check: boxmaker against a real llama-server.
 #
 #   BOXMAKER_MODEL_URL=http://127.0.0.1:8080 [BOXMAKER_MODEL_NAME=default] tools/check-device.sh
 #

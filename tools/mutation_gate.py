@@ -1,4 +1,4 @@
-"""Fail unless mutmut killed at least the rate docs/testing.md states (spec §13).
+"""Fail unless mutmut killed at least the rate docs/testing.md states.
 
 Reads mutants/mutmut-cicd-stats.json (written by `mutmut export-cicd-stats`). A mutant
 with no test covering it counts as a survivor: code no test reaches is not tested.

@@ -1,4 +1,4 @@
-"""Wall-clock time for records and displays (spec §2): UTC, ISO 8601, milliseconds, ``Z``.
+"""Wall-clock time for records and displays : UTC, ISO 8601, milliseconds, ``Z``.
 
 Deadlines never use this module; they use ``trio.current_time()``.
 """

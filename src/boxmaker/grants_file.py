@@ -1,4 +1,5 @@
-"""Reading grants.toml from disk (spec §4.1). The parsing itself is pure (core.grants)."""
+"""Reading grants.toml from disk (docs/runbook.md#grants). The parsing itself is pure
+(core.grants)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def load_grants(path: Path) -> GrantSet | GrantsProblem:
     """The grant set in ``path``, or the one problem that makes it invalid; never raises.
 
     A missing or unreadable file is a problem too: the owner meant some grants to be
-    there, and with none known the only safe answer is to deny (spec §3 step 4). So is
+    there, and with none known the only safe answer is to deny (``grants_invalid``). So is
     anything but a regular file (a FIFO, a symlink: see boxmaker.regular_file).
     """
     try:

@@ -1,4 +1,4 @@
-"""The home directory and config.toml (spec §12.1, §6.2).
+"""The home directory and config.toml (docs/runbook.md#config).
 
 A :class:`Home` knows every path of the system; :meth:`Home.create` and
 :meth:`Home.ensure_run_dir` make its directories private (0700, tightened when looser,
@@ -49,7 +49,7 @@ class ConfigError(Exception):
 
 
 def _ensure_private_dir(path: Path, *, follow_symlinks: bool) -> None:
-    """``path`` exists, is a directory we own, and has mode exactly 0700 (spec §6.2)."""
+    """``path`` exists, is a directory we own, and has mode exactly 0700."""
     with contextlib.suppress(FileExistsError):
         path.mkdir(DIR_MODE)
     try:
@@ -71,8 +71,8 @@ def _ensure_private_dir(path: Path, *, follow_symlinks: bool) -> None:
 
 @attrs.frozen
 class Home:
-    """Every path under ``$BOXMAKER_HOME`` (spec §12.1). Pure: nothing is touched until
-    :meth:`create` or :meth:`ensure_run_dir`."""
+    """Every path under ``$BOXMAKER_HOME``. Pure: nothing is touched until :meth:`create`
+    or :meth:`ensure_run_dir`."""
 
     root: Path
 
@@ -133,12 +133,12 @@ class Home:
         return self.root / "workspace"
 
     def session_state(self, session: str) -> Path:
-        """``state/sessions/<session>.json`` (spec §4.3). The id is checked, so a name
+        """``state/sessions/<session>.json``. The id is checked, so a name
         from a frame can never leave the directory."""
         return self.sessions_dir / f"{_session(session)}.json"
 
     def conversation(self, session: str) -> Path:
-        """``state/conversations/<session>.jsonl`` (spec §9)."""
+        """``state/conversations/<session>.jsonl``: loopd's history of a session."""
         return self.conversations_dir / f"{_session(session)}.jsonl"
 
     @property
@@ -182,7 +182,7 @@ class Home:
             _ensure_private_dir(directory, follow_symlinks=directory == self.root)
 
     def ensure_run_dir(self) -> Path:
-        """``run/`` before the sockets are bound (spec §6.2): 0700, a looser one
+        """``run/`` before the sockets are bound (docs/protocol.md): 0700, a looser one
         tightened, one owned by another user (or not a directory) refused."""
         self.root.parent.mkdir(parents=True, exist_ok=True)
         _ensure_private_dir(self.root, follow_symlinks=True)
@@ -254,7 +254,7 @@ def _port(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
 
 @attrs.frozen(kw_only=True)
 class ModelConfig:
-    """``[model]``: no url means the embedded model (spec §12.4)."""
+    """``[model]``: no url means the built-in model (docs/decisions.md)."""
 
     url: str | None = None
     name: str = "default"
@@ -333,8 +333,8 @@ class RunnerConfig:
 
 @attrs.frozen(kw_only=True)
 class Config:
-    """config.toml (spec §12.1). ``workspace`` is absolute: a relative one in the file
-    is taken relative to the home."""
+    """config.toml (docs/runbook.md#config). ``workspace`` is absolute: a relative one in
+    the file is taken relative to the home."""
 
     workspace: Path
     model: ModelConfig = attrs.Factory(ModelConfig)
@@ -429,7 +429,7 @@ def parse_config(text: str, home: Home, *, file: Path | None = None) -> Config:
 
 
 def load_config(home: Home) -> Config:
-    """Read ``config.toml``; a missing file means every default (spec §12.1)."""
+    """Read ``config.toml``; a missing file means every default."""
     path = home.config_toml
     try:
         # A FIFO there must not hang every program's start; a symlink is not followed
@@ -459,7 +459,8 @@ def default_config_text() -> str:
     True
     """
     return f"""\
-# boxmaker configuration (spec §12.1). Every key is optional; the commented values are
+# boxmaker configuration (docs/runbook.md#config). Every key is optional; the commented
+# values are
 # the defaults. Durations are seconds (floats allowed). Unknown keys are errors.
 
 # The directory the tools work in (bound read-write into the sandbox).
@@ -519,7 +520,7 @@ def default_config_text() -> str:
 
 
 DEFAULT_GRANTS_TEXT: Final = """\
-# boxmaker grants (spec §4.1). With no grant, every tool call is denied (no_grant).
+# boxmaker grants (docs/runbook.md#grants). With no grant, every tool call is denied (no_grant).
 #
 # [[grant]]
 # id = "read-notes"

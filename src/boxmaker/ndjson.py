@@ -1,4 +1,5 @@
-"""The one NDJSON frame reader of the system (spec §6.1; STYLE: trio has no line reader).
+"""The one NDJSON frame reader of the system (docs/protocol.md; trio has no
+line reader).
 
 Every socket reads frames through :class:`FrameReader`: one line per call, at most
 ``max_frame`` bytes (1 MiB by default, the newline not counted), bytes after a newline
@@ -26,7 +27,7 @@ from typing import Final
 import trio
 
 MAX_FRAME: Final = 1024 * 1024
-"""Spec §6.1: at most 1 MiB a frame, not counting its newline."""
+"""At most 1 MiB a frame, not counting its newline (docs/protocol.md, "Limits")."""
 CHUNK: Final = 64 * 1024
 
 
@@ -168,7 +169,7 @@ class FrameReader:
 
 
 async def receive_frame_within(reader: FrameReader, seconds: float) -> bytes | None:
-    """The next line, or :class:`trio.TooSlowError` after ``seconds`` (spec §6.1, §7:
+    """The next line, or :class:`trio.TooSlowError` after ``seconds`` (docs/protocol.md:
     the first frame within 5 s, each later admin request within 60 s)."""
     # A bare CancelScope, not trio.fail_after: this runs for every connection, and the
     # generator-based context manager costs more than the scope itself.

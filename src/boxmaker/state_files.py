@@ -1,4 +1,4 @@
-"""Session state files on disk (spec §4.3): read, and raise atomically.
+"""Session state files on disk (docs/decisions.md, "Session state"): read, and raise atomically.
 
 Blocking file I/O: callers in trio run these in ``trio.to_thread.run_sync``. The format
 lives in the pure :mod:`boxmaker.core.state`; this module only moves bytes.
@@ -65,7 +65,7 @@ def read_state_keyed(
 
 
 def state_path(sessions_dir: Path, session: str) -> Path:
-    """``<sessions_dir>/<session>.json``; ``session`` must be a session id (spec §6.1)."""
+    """``<sessions_dir>/<session>.json``; ``session`` must be a session id (``s-`` + 12 hex)."""
     return sessions_dir / f"{session}.json"
 
 
@@ -120,7 +120,7 @@ def raise_state(sessions_dir: Path, session: str, label: Label) -> Label | State
     """Join ``label`` into the session's state; write only if that raises it.
 
     Returns the state after the join, or why it could not be read or written (the
-    caller answers ``result_unrecorded``, spec §5.3 step 4).
+    caller answers ``result_unrecorded``: docs/protocol.md, the write order).
     """
     current = read_state(sessions_dir, session)
     if isinstance(current, StateUnreadable):

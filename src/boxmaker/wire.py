@@ -1,4 +1,4 @@
-"""Frames on the sockets (spec §6.1, §7), the one cattrs converter, and id formats.
+"""Frames on the sockets (docs/protocol.md), the one cattrs converter, and id formats.
 
 Every JSON or TOML document that enters or leaves boxmaker goes through ``converter``:
 frames, config.toml, grants.toml, state files, ledger records.
@@ -53,14 +53,14 @@ SESSION_ID = re.compile(r"s-[0-9a-f]{12}")
 APPROVAL_ID = re.compile(r"a-[0-9a-f]{8}")
 
 MAX_REFUSE_REASON: Final = 500
-"""Spec §6.4: the owner's reason is 1 to 500 characters."""
+"""The owner's refusal reason is 1 to 500 characters."""
 MAX_NOTE: Final = 500
 MAX_SAY: Final = 65536
-"""Characters of one ``say`` (spec §9)."""
+"""Characters of one ``say``."""
 
 
 def new_call_id() -> str:
-    """A fresh call id, ``c-`` + 16 hex (spec §6.1).
+    """A fresh call id, ``c-`` + 16 hex.
 
     >>> bool(CALL_ID.fullmatch(new_call_id()))
     True
@@ -115,7 +115,7 @@ def problems(exc: BaseException, path: KeyPath = ()) -> list[tuple[KeyPath, str]
     """Every problem in a cattrs structuring error, as (key path, message).
 
     Used for ``bad_frame`` details and for config.toml / grants.toml messages, which
-    must name the key (spec §4.1, §12.1).
+    must name the key (docs/runbook.md#config, docs/runbook.md#grants).
 
     >>> @attrs.frozen
     ... class Point:
@@ -187,8 +187,8 @@ def _structure_int(value: object, _: object) -> int:
 
 
 def _structure_float(value: object, _: object) -> float:
-    # Durations may be written 300 or 300.0 (spec §12.1). NaN/inf cannot round-trip
-    # through JSON (orjson writes them as null), so they are refused everywhere.
+    # Durations may be written 300 or 300.0 (seconds, floats allowed). NaN/inf cannot
+    # round-trip through JSON (orjson writes them as null), so they are refused everywhere.
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise WrongType("expected a number")
     if not math.isfinite(value):
@@ -315,7 +315,7 @@ converter.register_structure_hook_factory(_is_literal, _literal_hook)
 
 
 def id_of(pattern: re.Pattern[str], words: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    """An attrs validator: the value fully matches ``pattern`` (spec §6.1 ids)."""
+    """An attrs validator: the value fully matches ``pattern`` (the ids of docs/protocol.md)."""
 
     def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, str) or not pattern.fullmatch(value):
@@ -360,7 +360,7 @@ def to_ms(moment: dt.datetime) -> dt.datetime:
 
 
 # ---------------------------------------------------------------------------------------
-# broker.sock (spec §6.1)
+# The frames of broker.sock (docs/protocol.md)
 
 
 class Outcome(enum.StrEnum):
@@ -372,7 +372,7 @@ class Outcome(enum.StrEnum):
 
 
 class ApprovedOutcome(enum.StrEnum):
-    """The outcome an ``approved`` admin answer reports (spec §6.3)."""
+    """The outcome an ``approved`` admin answer reports."""
 
     ASK = "ask"
     ALLOWED = "allowed"
@@ -381,7 +381,7 @@ class ApprovedOutcome(enum.StrEnum):
 
 
 class ErrorCode(enum.StrEnum):
-    """Codes of an ``error`` frame (spec §3, §6.2, §7, §9)."""
+    """Codes of an ``error`` frame (docs/protocol.md lists them)."""
 
     BAD_FRAME = "bad_frame"
     FORBIDDEN_KIND = "forbidden_kind"
@@ -393,7 +393,7 @@ class ErrorCode(enum.StrEnum):
     """broker.sock: refused at connect, before any frame was read: brokerd is at
     ``[broker] max_connections`` or short of file descriptors."""
     MODEL_UNREACHABLE = "model_unreachable"
-    """loop.sock: inferproxy or the model behind it did not answer (spec §9, §10)."""
+    """loop.sock: inferproxy or the model behind it did not answer."""
     MODEL_ERROR = "model_error"
     """loop.sock: the model answered with an error, or with nothing loopd can use."""
     MAX_STEPS = "max_steps"
@@ -402,7 +402,7 @@ class ErrorCode(enum.StrEnum):
 
 @attrs.frozen(kw_only=True)
 class ToolRequest:
-    """``tool_request``: the only frame that asks for anything (spec §3)."""
+    """``tool_request``: the only frame that asks for anything."""
 
     KIND: ClassVar[str] = "tool_request"
     v: Literal[1] = 1
@@ -420,7 +420,7 @@ class CatalogueRequest:
 
 @attrs.frozen(kw_only=True)
 class Pending:
-    """``pending``: the only non-final frame, sent for an ask (spec §6.5)."""
+    """``pending``: the only non-final frame, sent for an ask."""
 
     KIND: ClassVar[str] = "pending"
     final: Literal[False] = False
@@ -431,7 +431,7 @@ class Pending:
 
 
 def _answer_consistent(answer: Answer, _: attrs.Attribute[Any], reason: Reason | None) -> None:
-    # ok carries no reason; denied and failed always say why (spec §8).
+    # ok carries no reason; denied and failed always say why.
     if (answer.outcome is Outcome.OK) != (reason is None):
         words = "must be absent when ok" if answer.outcome is Outcome.OK else "required"
         raise InvalidField("reason", words)
@@ -439,7 +439,7 @@ def _answer_consistent(answer: Answer, _: attrs.Attribute[Any], reason: Reason |
 
 @attrs.frozen(kw_only=True)
 class Answer:
-    """``answer``: the final frame of a tool request; exactly one per call (spec §6.1)."""
+    """``answer``: the final frame of a tool request; exactly one per call."""
 
     KIND: ClassVar[str] = "answer"
     final: Literal[True] = True
@@ -480,7 +480,7 @@ class ErrorFrame:
 
 
 # ---------------------------------------------------------------------------------------
-# admin.sock (spec §7)
+# The frames of admin.sock (docs/protocol.md)
 
 
 @attrs.frozen(kw_only=True)
@@ -497,7 +497,7 @@ class Approve:
 
 @attrs.frozen(kw_only=True)
 class Refuse:
-    """``refuse``: the reason (1 to 500 characters, not blank) goes to the model (§6.4)."""
+    """``refuse``: the reason (1 to 500 characters, not blank) goes to the model."""
 
     KIND: ClassVar[str] = "refuse"
     approval: str = attrs.field(validator=_approval_id)
@@ -516,7 +516,7 @@ class SessionsRequest:
 
 @attrs.frozen(kw_only=True)
 class GrantRef:
-    """The grant an ask matched, as approvals show it (spec §7)."""
+    """The grant an ask matched, as approvals show it."""
 
     id: str
     mode: Literal["auto", "ask", "deny"]
@@ -525,7 +525,7 @@ class GrantRef:
 
 @attrs.frozen(kw_only=True)
 class ApprovalView:
-    """One pending entry in an ``approvals`` answer (spec §7)."""
+    """One pending entry in an ``approvals`` answer."""
 
     approval: str = attrs.field(validator=_approval_id)
     call: str = attrs.field(validator=_call_id)
@@ -547,7 +547,7 @@ class ApprovalsAnswer:
 
 @attrs.frozen(kw_only=True)
 class Approved:
-    """``approved``: the outcome of the re-decision and the last look (spec §6.3)."""
+    """``approved``: the outcome of the re-decision and the last look."""
 
     KIND: ClassVar[str] = "approved"
     outcome: ApprovedOutcome
@@ -590,8 +590,8 @@ class SessionsAnswer:
 
 
 # ---------------------------------------------------------------------------------------
-# loop.sock (spec §9): one ``say`` a connection; loopd streams the turn's events back and
-# closes after ``reply`` or ``error``.
+# loop.sock (docs/protocol.md): one ``say`` a connection; loopd streams the turn's events back
+# and closes after ``reply`` or ``error``.
 
 
 @attrs.frozen(kw_only=True)
@@ -642,7 +642,7 @@ class WaitingEvent:
 
 @attrs.frozen(kw_only=True)
 class ToolResultEvent:
-    """How a call ended; ``reason`` is a spec §8 code, or broker_unreachable /
+    """How a call ended; ``reason`` is a reason code, or broker_unreachable /
     broker_timeout / invalid_arguments when loopd could not get an answer."""
 
     KIND: ClassVar[str] = "tool_result"
@@ -694,7 +694,7 @@ def _kind_of(cl: type) -> str:
     return kind
 
 
-# Optional fields are left out when unset, as spec §6.1's examples show; a required
+# Optional fields are left out when unset, as docs/protocol.md's examples show; a required
 # field that may be null (approved.reason, status.grants_problem) is always written.
 _OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
     Answer: ("content", "label", "reason", "detail"),
@@ -731,7 +731,7 @@ _ALL_KINDS: Final = frozenset().union(*_KINDS.values(), {Say.KIND})
 
 
 class BadFrame(Exception):
-    """Any malformed frame: answered ``error bad_frame`` (spec §3 step 1, §7).
+    """Any malformed frame: answered ``error bad_frame``, nothing recorded.
 
     ``detail`` is safe to send back and to log: it names keys and expectations and echoes
     no value but a short unknown kind, quoted with ``repr`` (so no raw control bytes).
@@ -747,7 +747,7 @@ class BadFrame(Exception):
 class ForbiddenKind(BadFrame):
     """A well-formed JSON object whose kind belongs to another socket or direction.
 
-    On broker.sock it is answered ``error forbidden_kind`` and never recorded (spec §3).
+    On broker.sock it is answered ``error forbidden_kind`` and never recorded.
     A subclass of :class:`BadFrame`, so a caller that only cares "was it usable?" catches
     one exception; the broker catches this one first.
     """
@@ -793,7 +793,7 @@ def _decode(line: bytes, union: Any, *, forbid_known: bool) -> Any:
 
 def decode_broker_request(line: bytes) -> BrokerRequest:
     """A frame received on broker.sock. Raises :class:`ForbiddenKind` for any other
-    known kind, :class:`BadFrame` for everything else that is wrong (spec §3 step 1).
+    known kind, :class:`BadFrame` for everything else that is wrong.
 
     >>> decode_broker_request(b'{"kind":"tool_request","v":1,"call":"c-1","session":"s-1",'
     ...                       b'"tool":"read_file","arguments":{}}')
@@ -806,7 +806,7 @@ def decode_broker_request(line: bytes) -> BrokerRequest:
 
 
 def decode_admin_request(line: bytes) -> AdminRequest:
-    """A frame received on admin.sock (spec §7); same exceptions as for broker.sock."""
+    """A frame received on admin.sock; same exceptions as for broker.sock."""
     result: AdminRequest = _decode(line, AdminRequest, forbid_known=True)
     return result
 

@@ -94,7 +94,7 @@ def tool_request(
 @asynccontextmanager
 async def running(home: Home, **kwargs: Any) -> AsyncIterator[Broker]:
     """The real brokerd on ``home``, stopped cleanly at the end; the ledger must then
-    verify (spec §5.6)."""
+    verify."""
     async with trio.open_nursery() as nursery:
         broker: Broker = await nursery.start(functools.partial(serve_broker, home, **kwargs))
         try:

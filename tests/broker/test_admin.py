@@ -1,5 +1,5 @@
-"""admin.sock (spec §7): several requests per connection, timeouts, every answer kind and
-error code, against the real daemon in process."""
+"""admin.sock (docs/protocol.md): several requests per connection, timeouts, every answer
+kind and error code, against the real daemon in process."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ async def test_sessions_lists_sessions_seen_with_their_state(
         "kind": "sessions",
         "sessions": [
             {"session": SESSION, "taint": "internal", "untrusted": False, "calls": 2},
-            # unreadable: shown as records carry it (spec §4.3)
+            # unreadable: shown as records carry it (secret, untrusted)
             {"session": other, "taint": "secret", "untrusted": True, "calls": 1},
         ],
     }

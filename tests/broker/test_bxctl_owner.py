@@ -1,5 +1,5 @@
-"""bxctl's owner commands against the real brokerd in process (spec §7, §11): approvals,
-approve, refuse, status, sessions, and exit 3 when brokerd is down."""
+"""bxctl's owner commands against the real brokerd in process (docs/protocol.md):
+approvals, approve, refuse, status, sessions, and exit 3 when brokerd is down."""
 
 from __future__ import annotations
 

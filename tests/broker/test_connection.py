@@ -1,4 +1,4 @@
-"""broker.sock, one call per connection (spec §3, §5.3, §6.1, §6.3-6.5), against the real
+"""broker.sock, one call per connection (docs/protocol.md), against the real
 daemon started in process, over the real sockets. Every test checks the exact answer and
 the exact records; ``running`` verifies the whole ledger after each test."""
 
@@ -135,7 +135,7 @@ async def ask_call(home: Home, frame: dict[str, Any]) -> tuple[Client, dict[str,
 
 
 # ---------------------------------------------------------------------------------------
-# Denials (spec §3): each with its exact decision record and nothing else
+# Denials: each with its exact decision record and nothing else
 
 
 DENIALS = [
@@ -251,7 +251,7 @@ async def test_no_grant_detail_names_the_tool_and_path(home: Home, autojump_cloc
 
 
 # ---------------------------------------------------------------------------------------
-# Auto runs (spec §5.3 steps 3-6)
+# Auto runs (docs/protocol.md, the write order)
 
 
 async def test_auto_read_file_runs_raises_the_state_and_records_the_result(
@@ -356,12 +356,12 @@ async def test_state_that_cannot_be_raised_answers_result_unrecorded(
             "detail": RESULT_UNRECORDED_DETAIL,
         }
     ]
-    # Nothing more is written: the ledger shows the call unfinished (spec §5.3 step 4).
+    # Nothing more is written: the ledger shows the call unfinished.
     assert [r["kind"] for r in records_of(home, frame["call"])] == ["decision"]
 
 
 # ---------------------------------------------------------------------------------------
-# Ask → approve, with each outcome of the re-decision (spec §6.3)
+# Ask → approve, with each outcome of the re-decision (docs/protocol.md)
 
 
 async def test_ask_then_approve_runs_with_outcome_ask(home: Home, autojump_clock: Clock) -> None:
@@ -489,7 +489,7 @@ async def test_last_look_after_approve_requester_gone_runs_nothing(
             c = frame["call"]
             client, pending = await ask_call(home, frame)
             # Closed, and approved before the one-second look can notice: the last look
-            # (spec §5.3 step 2) is what finds it gone.
+            # before the approval record is what finds it gone.
             await client.aclose()
             a = pending["approval"]
             approved = await admin(home, {"kind": "approve", "approval": a})
@@ -525,7 +525,7 @@ async def test_approve_of_an_unknown_or_finished_approval(
 
 
 # ---------------------------------------------------------------------------------------
-# Refuse (spec §6.4)
+# Refuse: the owner's reason goes to the model
 
 
 async def test_refuse_reaches_the_answer_and_the_record(home: Home, autojump_clock: Clock) -> None:
@@ -582,7 +582,7 @@ async def test_an_approval_that_cannot_be_recorded(home: Home, autojump_clock: C
 
 
 # ---------------------------------------------------------------------------------------
-# Expiry and a lost requester (spec §6.5)
+# Expiry and a lost requester (docs/protocol.md)
 
 
 async def test_expiry_is_exactly_at_expires_at(home: Home, autojump_clock: Clock) -> None:
@@ -678,7 +678,7 @@ async def test_requester_closing_while_pending_is_withdrawn_within_a_second(
 
 
 # ---------------------------------------------------------------------------------------
-# A ledger that fails (spec §5.3, §5.4)
+# A ledger that fails (docs/runbook.md#audit-unavailable)
 
 
 async def test_a_failed_decision_append_denies_and_stops_the_ledger(
@@ -733,7 +733,7 @@ async def test_a_failed_result_append_never_passes_the_content(
 
 
 # ---------------------------------------------------------------------------------------
-# grants.toml changing under a running brokerd (spec §4.1)
+# grants.toml changing under a running brokerd
 
 
 async def test_broken_grants_deny_log_once_and_recover_without_restart(
@@ -765,7 +765,7 @@ async def test_broken_grants_deny_log_once_and_recover_without_restart(
 
 
 # ---------------------------------------------------------------------------------------
-# Frames that are not tool requests (spec §3 step 1, §6.1)
+# Frames that are not tool requests (docs/protocol.md)
 
 
 async def test_catalogue_is_answered_and_not_recorded(home: Home, autojump_clock: Clock) -> None:

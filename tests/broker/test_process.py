@@ -1,5 +1,5 @@
-"""brokerd as a real process (spec §2, §5.5, §5.6, §6.2): signals, kill -9 and restart,
-run/ modes, peer uids, a torn ledger. Real time, every wait bounded."""
+"""brokerd as a real process: signals, kill -9 and restart, run/ modes, peer uids, a torn
+ledger. Real time, every wait bounded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runner (spec §8): RunSpec only from a run decision, the file tools' safe
+"""The runner: RunSpec only from a run decision, the file tools' safe
 resolution, the bubblewrap sandbox, http_get's limits — each failure with its exact
 reason code. RunSpecs come from real decisions (core.decide.evaluate on parsed grants)."""
 

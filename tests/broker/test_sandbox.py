@@ -1,4 +1,5 @@
-"""The shell sandbox set up ahead of its call (broker/sandbox.py, spec §8).
+"""The shell sandbox set up ahead of its call (broker/sandbox.py, docs/decisions.md,
+"The runner and the sandbox").
 
 The runner's tests (test_runner.py) check what a sandbox lets a command do; these check
 that a sandbox set up ahead changes nothing of that: the command arrives exactly, each

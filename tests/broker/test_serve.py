@@ -1,4 +1,4 @@
-"""brokerd serve (spec §2, §5.5, §6.2): start and stop records, run/ and socket modes,
+"""brokerd serve: start and stop records, run/ and socket modes,
 stale and foreign socket paths, the clean stop with pending and running calls, a torn
 ledger and --repair, and the command line's exit codes."""
 
@@ -206,7 +206,7 @@ async def test_stop_gives_a_running_call_5_s_then_cancels_it(
     assert [r["kind"] for r in records_of(home, slow["call"])] == ["decision"]
     report = verify_file(home.audit_log)
     assert report.sound
-    assert report.calls.unfinished == 1  # a stopped boot's running call (spec §5.6)
+    assert report.calls.unfinished == 1  # a stopped boot's running call
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""brokerd's in-memory session states and its broker-wide look and expiry (spec §4.3,
-§6.5): a cached state is trusted only while the file's stat key is unchanged."""
+"""brokerd's in-memory session states and its broker-wide look and expiry (docs/decisions.md,
+"brokerd's hot path and memory"): a cached state is trusted only while the file's stat key
+is unchanged."""
 
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ async def test_bytes_after_the_request_are_not_gone() -> None:
 async def test_two_raises_of_one_session_at_once_both_stand(
     home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Spec §4.3, the state only rises: two results of one session raised at the same
+    """A state only rises: two results of one session raised at the same
     moment (two threads) must not undo each other. A slow read-join-write makes the
     window wide enough that, unserialized, both would join onto the old state."""
     from boxmaker.broker import connection

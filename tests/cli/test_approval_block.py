@@ -1,4 +1,4 @@
-"""What the owner reads before approving (spec §11): the block of one pending call.
+"""What the owner reads before approving: the block of one pending call.
 The arguments are the model's; nothing in them may change how the block reads."""
 
 from __future__ import annotations

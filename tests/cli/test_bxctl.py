@@ -1,4 +1,4 @@
-"""bxctl's file-only commands, in process (spec §11): init, grants check, audit verify/show."""
+"""bxctl's file-only commands, in process: init, grants check, audit verify/show."""
 
 from __future__ import annotations
 
@@ -219,7 +219,8 @@ async def test_verify_expect_head_detects_truncation(
     lines = ledger.read_bytes().splitlines(keepends=True)
     ledger.write_bytes(b"".join(lines[:-1]))
     capsys.readouterr()
-    # Without the noted head the shorter chain is sound (spec §14); with it, not.
+    # Without the noted head the shorter chain is sound (docs/threat-model.md); with
+    # it, not.
     assert bxctl("audit", "verify", "--home", str(home)) == 0
     assert bxctl("audit", "verify", "--home", str(home), "--expect-head", head) == 1
 

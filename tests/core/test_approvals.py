@@ -1,4 +1,4 @@
-"""The approvals table (spec §6.3-6.5): atomic takes, the >= boundary, request order."""
+"""The approvals table: atomic takes, the >= boundary, request order."""
 
 from __future__ import annotations
 

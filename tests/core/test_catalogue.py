@@ -1,4 +1,4 @@
-"""The catalogue and argument checking (spec §8, §3 step 3)."""
+"""The catalogue and argument checking (the pipeline's step 3)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Deciding (spec §3): every denial's exact reason, the pipeline's order, precedence,
-and properties of decide() against a literal reading of the spec."""
+"""Deciding (docs/architecture.md): every denial's exact reason, the pipeline's order,
+precedence, and properties of decide() against a literal reading of its rules."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def denied(verdict: Verdict) -> Decision:
     return verdict.decision
 
 
-# --- §3 steps 2-5, and their order ---------------------------------------------------------
+# --- the pipeline's steps 2-5, and their order ---------------------------------------------
 
 BAD_GRANTS = GrantsProblem("grants.toml", "read-notes", "mode", "expected one of auto, ask, deny")
 
@@ -147,7 +147,7 @@ def test_evaluate_passes_the_workspace_on() -> None:
     assert denied(run_evaluate(req, grants(g("a", "auto")))).reason is Reason.BAD_ARGUMENTS
 
 
-# --- §3 step 6 ------------------------------------------------------------------------------
+# --- decide(): the pipeline's step 6 ------------------------------------------------------
 
 
 def test_no_grant() -> None:
@@ -323,7 +323,7 @@ def test_shell_and_http_get_grants() -> None:
     assert (port.reason, port.grant) == (Reason.NO_GRANT, None)
 
 
-# --- approve's re-decision (spec §6.3) --------------------------------------------------------
+# --- approve's re-decision (docs/protocol.md) ---------------------------------------------
 
 
 def test_redecision_on_approve() -> None:
@@ -413,7 +413,7 @@ nows = st.sampled_from([NOW - dt.timedelta(microseconds=1), NOW, NOW + dt.timede
 def reference(
     req: CheckedRequest, grant_list: list[Grant], state: Label, now: dt.datetime
 ) -> tuple[str, Reason | None, str | None]:
-    """Spec §3 step 6, read literally: (verdict, reason, grant)."""
+    """decide()'s rules (step 6), read literally: (verdict, reason, grant)."""
     matching = [
         grant
         for grant in grant_list

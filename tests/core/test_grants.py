@@ -1,4 +1,4 @@
-"""grants.toml: parsing, every problem (file, grant id, key), matching (spec §4.1, §4.2)."""
+"""grants.toml: parsing, every problem (file, grant id, key), matching."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Labels, label rules and the state file format (spec §4.3)."""
+"""Labels, label rules and the state file format."""
 
 from __future__ import annotations
 

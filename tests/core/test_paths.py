@@ -1,4 +1,4 @@
-"""Workspace paths and globs (spec §4.2)."""
+"""Workspace paths and globs (docs/decisions.md, "Paths and globs")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""State files on disk (spec §4.3): fresh, unreadable, raised atomically, never rewritten
+"""State files on disk: fresh, unreadable, raised atomically, never rewritten
 when unchanged."""
 
 from __future__ import annotations

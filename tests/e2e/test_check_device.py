@@ -1,4 +1,4 @@
-"""tools/check-device.sh (spec §12.3) against the scripted llama-server, so that it
+"""tools/check-device.sh against the scripted llama-server, so that it
 cannot rot: it passes when the model asks for the file, and it stops at once when slot 0
 is busy."""
 

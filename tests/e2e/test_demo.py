@@ -1,4 +1,4 @@
-"""The main job, ``bxctl demo`` (spec §12.4), on the real built-in model: the whole
+"""The main job, ``bxctl demo`` (README.md), on the real built-in model: the whole
 stack as processes, one approved call, a sound ledger, everything stopped afterwards.
 It needs the optional model (``nox -s gate`` installs it); without it, it is skipped
 and says so."""

@@ -1,4 +1,4 @@
-"""The real programs end to end (spec §12.2): the scripted llama-server, then brokerd,
+"""The real programs end to end: the scripted llama-server, then brokerd,
 inferproxy and loopd started by ``bxctl up``, driven only through ``bxctl`` as the
 owner would, each a separate process. Real time, every wait bounded."""
 

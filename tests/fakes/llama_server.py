@@ -1,7 +1,7 @@
-"""A scripted stand-in for llama.cpp's ``llama-server`` (spec §12.2).
+"""A scripted stand-in for llama.cpp's ``llama-server``.
 
 It answers the OpenAI-compatible chat endpoint from a script of model turns, in the
-shapes a real llama-server uses (spec §12.4): ``tool_calls[i].function.arguments`` is a
+shapes a real llama-server uses: ``tool_calls[i].function.arguments`` is a
 JSON *string*, ``content`` may be ``""``, a streamed answer is SSE ``data:`` events ending
 in ``data: [DONE]`` with the usage in the last event before it. ``GET /slots`` is a
 list of slots with ``is_processing``; ``GET /health`` is 503 ``Loading model`` until

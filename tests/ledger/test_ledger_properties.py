@@ -1,5 +1,5 @@
-"""Properties (spec §5.6, §14): what the writer writes verifies; every tampering is caught,
-and the first problem names the first bad seq."""
+"""Properties: what the writer writes verifies; every tampering is caught, and the first
+problem names the first bad seq."""
 
 from __future__ import annotations
 
@@ -307,7 +307,7 @@ def test_truncation_is_caught_against_a_noted_head(
     keep = data.draw(st.integers(1, len(lines) - 1))
     head = head_of(lines)
     truncated = verify(joined(lines[:keep]))
-    assert truncated.sound  # without the noted head, the chain alone cannot tell (§14)
+    assert truncated.sound  # without the noted head, the chain alone cannot tell
     report = verify(joined(lines[:keep]), expect_head=head)
     assert [(p.seq, p.what) for p in report.problems] == [
         (len(lines) - 1, f"the expected head {head} is not in the ledger (truncated?)")

@@ -1,4 +1,4 @@
-"""Record bodies and their canonical bytes (spec §5.1, §5.2)."""
+"""Record bodies and their canonical bytes (docs/protocol.md)."""
 
 from __future__ import annotations
 

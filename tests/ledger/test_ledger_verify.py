@@ -1,4 +1,4 @@
-"""Streaming verification (spec §5.6): each check, each call state, and the report."""
+"""Streaming verification: each check, each call state, and the report."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The single writer (spec §5.3-5.5): open, torn tails, repair, group commit, stop."""
+"""The single writer: open, torn tails, repair, group commit, stop."""
 
 from __future__ import annotations
 

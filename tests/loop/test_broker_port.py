@@ -1,5 +1,5 @@
-"""BrokerPort (spec §9) against the real brokerd in process, and against brokers that
-misbehave on purpose. The timing bounds are spec §9's, in real time: wide on purpose,
+"""BrokerPort (docs/protocol.md) against the real brokerd in process, and against brokers that
+misbehave on purpose. The timing bounds are docs/testing.md's, in real time: wide on purpose,
 so they hold on a loaded 2-core machine."""
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ async def test_an_unanswered_pending_call_ends_expired_within_the_bounds(home: H
             answer = await port_of(home, 0.3).call(request())
             took = time.monotonic() - start
     assert (answer.outcome, answer.reason) == (Outcome.DENIED, "expired")
-    # Never before the expiry; spec §9 gives 0.55-1.7 s, and brokerd's answer comes at
+    # Never before the expiry; docs/testing.md gives 0.55-1.7 s, and brokerd's answer comes at
     # expires_at itself, so the lower bound here is the pending timeout (decisions.md).
     assert 0.5 <= took <= 1.7, took
 

@@ -1,4 +1,4 @@
-"""``bxctl chat`` (spec §11) against the whole stack in process."""
+"""``bxctl chat`` against the whole stack in process."""
 
 from __future__ import annotations
 

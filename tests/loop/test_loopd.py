@@ -1,5 +1,5 @@
 """loopd on a real loop.sock, with the real brokerd and inferproxy in process and the
-scripted llama-server behind them (spec §9, §12.2)."""
+scripted llama-server behind them (loop.sock: docs/protocol.md)."""
 
 from __future__ import annotations
 

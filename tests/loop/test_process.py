@@ -1,4 +1,4 @@
-"""loopd as a real process (spec §9): a turn with inferproxy down ends in an error that
+"""loopd as a real process: a turn with inferproxy down ends in an error that
 says how to start it; SIGTERM stops it cleanly. Real time, every wait bounded."""
 
 from __future__ import annotations

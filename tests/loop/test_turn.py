@@ -1,4 +1,4 @@
-"""One turn of the loop (spec §9) against an in-memory model and broker: what the model
+"""One turn of the loop against an in-memory model and broker: what the model
 is sent, what the broker is asked, which events come out, what the history keeps."""
 
 from __future__ import annotations

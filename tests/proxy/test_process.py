@@ -1,5 +1,5 @@
 """inferproxy as a real process in front of the fake llama-server as a real process
-(spec §10, §12.2): start, serve, SIGTERM, exit codes. Real time, every wait bounded."""
+: start, serve, SIGTERM, exit codes. Real time, every wait bounded."""
 
 from __future__ import annotations
 

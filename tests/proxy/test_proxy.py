@@ -1,4 +1,4 @@
-"""inferproxy (spec §10) in process: the real app under hypercorn on a real
+"""inferproxy in process: the real app under hypercorn on a real
 ``run/infer.sock``, in front of the scripted llama-server of tests/fakes."""
 
 from __future__ import annotations

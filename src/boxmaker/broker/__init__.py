@@ -1,1 +1,2 @@
-"""brokerd: the thin trio shell around core/ and ledger/ (spec §2, §3, §5.3, §6-§8)."""
+"""brokerd: the thin trio shell around core/ and ledger/ (docs/architecture.md,
+docs/protocol.md)."""

@@ -1,4 +1,4 @@
-"""Unix listeners and peer checks for broker.sock and admin.sock (spec §6.2).
+"""Unix listeners and peer checks for broker.sock and admin.sock (docs/protocol.md).
 
 trio has no Unix-socket listener helper (STYLE): the socket is made with
 ``trio.socket``, bound, chmod 0600, listened on and wrapped in
@@ -122,7 +122,7 @@ def bind_unix_socket(path: Path) -> tuple[socket.socket, int]:
 
 
 async def open_unix_listener(path: Path) -> UnixListener:
-    """Bind ``path`` (mode 0600) and listen (spec §6.2). Raises :class:`ListenerError`."""
+    """Bind ``path`` (mode 0600) and listen (docs/protocol.md). Raises :class:`ListenerError`."""
     sock, inode = await trio.to_thread.run_sync(bind_unix_socket, path)
     return UnixListener(path, trio.SocketListener(trio.socket.from_stdlib_socket(sock)), inode)
 
@@ -139,7 +139,7 @@ def peer_uid(stream: trio.SocketStream) -> int | None:
 
 async def check_peer(stream: trio.SocketStream, *, allowed: int, name: str) -> bool:
     """True if the peer is ``allowed``; otherwise answer ``error peer_refused``, log a
-    line, and return False (the caller closes). Spec §6.2."""
+    line, and return False (the caller closes). Who may connect: docs/protocol.md."""
     uid = peer_uid(stream)
     if uid == allowed:
         return True

@@ -1,6 +1,6 @@
 """File reads that cannot block: the kernel answers from its caches or refuses.
 
-Spec §2 keeps blocking file I/O off the trio thread. A small file the kernel already
+brokerd keeps blocking file I/O off the trio thread. A small file the kernel already
 holds — path, inode and data all cached — can be read without blocking at all, and a
 worker thread for it costs more than the read (a thread hop and the GIL handed back and
 forth for every system call; docs/performance.md). Linux says when it can serve a
@@ -105,7 +105,7 @@ def read_cached_beneath(root: str, path: str, max_size: int) -> CachedFile | Non
     opened descriptor itself (``/proc/self/fd`` and the ``fstat`` the size check needs),
     so they are the file that was read, with no window for a link swapped in between."""
     if "\x00" in path or "\x00" in root:
-        return None  # C would read a shorter path (arguments never carry one: spec §3)
+        return None  # C would read a shorter path (checked arguments never carry one)
     root_fd = _openat2(AT_FDCWD, root, _DIR_FLAGS, RESOLVE_CACHED)
     if root_fd is None:
         return None

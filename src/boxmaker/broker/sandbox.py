@@ -1,4 +1,5 @@
-"""The shell tool's sandbox (spec §8): bubblewrap, one sandbox per call, and one kept
+"""The shell tool's sandbox (docs/decisions.md, "The runner and the sandbox"): bubblewrap,
+one sandbox per call, and one kept
 set up ahead of the next call.
 
 Setting up a sandbox — the namespaces of ``--unshare-all`` (a network namespace above
@@ -201,7 +202,7 @@ def _proc_covers() -> tuple[str, ...]:
 def sandbox_argv(
     bwrap: str, workspace: Path, limits: SandboxLimits = DEFAULT_LIMITS
 ) -> tuple[str, ...]:
-    """The bwrap command line of a shell sandbox on ``workspace`` (spec §8). The same for
+    """The bwrap command line of a shell sandbox on ``workspace``. The same for
     every call in one workspace: the command reaches :data:`LAUNCHER` on stdin, after
     ``limits`` are set. :meth:`Sandbox.start` passes all but the last three arguments
     (``/bin/sh -c`` and the launcher) through ``--args``."""
@@ -404,7 +405,7 @@ class Sandbox:
                 stdout=out_write,
                 stderr=err_write,
                 env={},
-                # Its own process group to kill (spec §8). A new group, not a new
+                # Its own process group, killed whole on a timeout. A new group, not a new
                 # session: bwrap gives the command its own session (--new-session), and
                 # a second setsid here measurably slowed every call.
                 process_group=0,

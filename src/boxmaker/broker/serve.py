@@ -1,4 +1,4 @@
-"""``brokerd serve``: the broker daemon (spec §2, §5.5, §6.2).
+"""``brokerd serve``: the broker daemon (docs/architecture.md, docs/protocol.md).
 
 One nursery holds the ledger writer, the grants watcher, the pending deadlines and the
 one-second look (one task each for every pending call: :meth:`Broker.run_expiry`,
@@ -12,7 +12,7 @@ Start: load config.toml (exit 2 on a problem), make the home private and ``run/`
 open the ledger (a torn tail refuses to start, exit 1; ``--repair`` moves it aside),
 bind the sockets, append ``start``.
 
-Clean stop (SIGINT/SIGTERM, spec §2): stop accepting; answer every pending entry
+Clean stop (SIGINT/SIGTERM, docs/protocol.md): stop accepting; answer every pending entry
 withdrawn (``broker_stopping``); cancel idle admin connections; give running calls up
 to 5 s; append ``stop``; flush and close the ledger; remove our sockets; exit 0.
 SIGHUP re-reads grants.toml.
@@ -65,7 +65,7 @@ from boxmaker.regular_file import read_regular_file
 log = logging.getLogger("boxmaker.brokerd")
 
 GRACE_S: Final = 5.0
-"""Spec §2: running calls get up to 5 s to finish on a clean stop."""
+"""Running calls get up to 5 s to finish on a clean stop (docs/protocol.md)."""
 GRANTS_POLL_S: Final = 2.0
 """The watcher also looks between calls, so a broken file is logged while idle."""
 
@@ -91,8 +91,8 @@ def _prepare(home: Home, *, repair_torn: bool, open_file: LedgerOpener) -> _Prep
     problem = guard.problem()
     if problem is not None:
         raise ConfigError([f"{home.config_toml.name}: workspace: {problem}"])
-    # Every directory of the home 0700 (a looser run/ tightened, another user's refused,
-    # spec §6.2); state/sessions must exist before the first state is raised.
+    # Every directory of the home 0700 (a looser run/ tightened, another user's refused:
+    # docs/protocol.md); state/sessions must exist before the first state is raised.
     home.create()
     repaired = None
     if repair_torn and home.audit_log.exists():
@@ -189,7 +189,7 @@ async def _serve_connections(
     admin_listener: UnixListener,
     task_status: trio.TaskStatus[Broker],
 ) -> None:
-    """Accept until a stop is requested, then shut down as spec §2 says."""
+    """Accept until a stop is requested, then shut down cleanly (see the module docstring)."""
     async with trio.open_nursery() as calls:
         async with trio.open_nursery() as admins:
             async with trio.open_nursery() as accept:
@@ -246,7 +246,8 @@ async def _stop_when_refused(broker: Broker) -> None:
 
 
 async def _look(broker: Broker) -> None:
-    """The one-second look of spec §6.5, for every pending call at once."""
+    """The one-second look (has the requester left?), for every pending call at once
+    (docs/decisions.md, "brokerd's hot path and memory")."""
     while True:
         await trio.sleep(LOOK_INTERVAL_S)
         left = broker.look_all()

@@ -1,4 +1,4 @@
-"""The owner's side of admin.sock (spec §7): one request, one answer."""
+"""The owner's side of admin.sock (docs/protocol.md): one request, one answer."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ REPLY_TIMEOUT = 30.0
 
 
 class DaemonUnreachable(Exception):
-    """brokerd did not answer on admin.sock (bxctl exit 3, spec §11)."""
+    """brokerd did not answer on admin.sock (bxctl exits 3)."""
 
     def __init__(self, home: Home, why: str) -> None:
         super().__init__(

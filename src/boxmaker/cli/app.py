@@ -1,4 +1,4 @@
-"""bxctl, the owner's CLI (spec §11). One sub-app per noun."""
+"""bxctl, the owner's CLI (README.md lists its commands). One sub-app per noun."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ BROKEN_PIPE: Final = 141
 
 
 def main() -> None:
-    """Console entry point: a command's return value is the exit code (spec §11).
+    """Console entry point: a command's return value is the exit code (README.md
+    lists them).
 
     Everything the commands print passes through ``printable``: what the model chose
     cannot drive the owner's terminal. Only cyclopts' help and usage errors, which hold

@@ -1,4 +1,4 @@
-"""``bxctl audit``: verify and show the ledger (spec §5.6, §11)."""
+"""``bxctl audit``: verify and show the ledger (docs/decisions.md, "Verify")."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def verify(*, expect_head: str | None = None, common: Common = DEFAULT) -> Exit:
     ----------
     expect_head
         A head noted earlier (SEQ:HASH): the ledger must still contain it, which
-        detects the removal of the newest records (spec §14).
+        detects the removal of the newest records (docs/threat-model.md).
     """
     if expect_head is not None:
         try:

@@ -1,4 +1,4 @@
-"""``bxctl chat``: talk to the agent through loopd's loop.sock (spec §9, §11).
+"""``bxctl chat``: talk to the agent through loopd's loop.sock (docs/protocol.md).
 
 One turn with ``--say``, else a prompt loop (an empty line or Ctrl-D ends it). Each event
 of the turn is shown as it comes: the model's tool calls, a call waiting for the owner

@@ -1,4 +1,4 @@
-"""What every bxctl command shares: --home and --json, exit codes, output (spec §11)."""
+"""What every bxctl command shares: --home and --json, exit codes, output (README.md)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from boxmaker.printable import printable
 
 
 class Exit(enum.IntEnum):
-    """bxctl's exit codes (spec §11)."""
+    """bxctl's exit codes (README.md, "bxctl")."""
 
     DONE = 0
     FAILED = 1  # the operation failed, or verify found a problem
-    USAGE = 2  # also: the ledger could not be read (spec §5.6)
+    USAGE = 2  # also: the ledger could not be read (an I/O error)
     UNREACHABLE = 3  # a daemon is unreachable
 
 

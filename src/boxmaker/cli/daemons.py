@@ -1,4 +1,4 @@
-"""``bxctl up`` and ``bxctl down``: the three daemons in the background (spec §11).
+"""``bxctl up`` and ``bxctl down``: the three daemons in the background (README.md).
 
 ``up`` starts brokerd, inferproxy and loopd, in that order, each as its own process in
 its own session (so a closed terminal does not stop it), its output in

@@ -1,4 +1,4 @@
-"""``bxctl demo``: the main job for a newcomer (spec §12.4).
+"""``bxctl demo``: the main job for a newcomer (README.md).
 
 A temporary home with one workspace file and one ``ask`` grant for read_file; the
 built-in model, brokerd, inferproxy and loopd started; one chat turn that asks the model
@@ -46,7 +46,7 @@ CONFIG: Final = """\
 pending_timeout = 300.0
 
 [loop]
-# The built-in model writes a tool call reliably only when asked for one (spec §12.4).
+# The built-in model writes a tool call reliably only when asked for one (README).
 first_step = "tool"
 max_steps = 4
 """

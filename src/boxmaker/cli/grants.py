@@ -1,4 +1,4 @@
-"""``bxctl grants``: check grants.toml (spec §4.1, §11)."""
+"""``bxctl grants``: check grants.toml (docs/runbook.md#grants)."""
 
 from __future__ import annotations
 

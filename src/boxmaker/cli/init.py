@@ -1,4 +1,4 @@
-"""``bxctl init``: create the home (spec §11, §12.1)."""
+"""``bxctl init``: create the home (docs/runbook.md#config)."""
 
 from __future__ import annotations
 

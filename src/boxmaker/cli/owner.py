@@ -1,5 +1,5 @@
-"""The bxctl commands that talk to brokerd's admin.sock (spec §7, §11): approvals,
-approve, refuse, status, sessions."""
+"""The bxctl commands that talk to brokerd's admin.sock (docs/protocol.md):
+approvals, approve, refuse, status, sessions."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _time_left(expires_at: dt.datetime, now: dt.datetime) -> str:
 
 
 def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
-    """What the owner sees of one pending entry (spec §11): enough to decide on."""
+    """What the owner sees of one pending entry: enough to decide on."""
     grant = f"{entry.grant.id} (mode {entry.grant.mode})"
     if entry.grant.note:
         grant += f": {entry.grant.note}"
@@ -143,7 +143,7 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
 
 async def approve(approval: str, /, *, note: str | None = None, common: Common = DEFAULT) -> Exit:
     """Approve a pending call. brokerd decides again on the current grants and state
-    first, so the outcome may still be a denial (spec §6.3).
+    first, so the outcome may still be a denial (docs/protocol.md).
 
     Parameters
     ----------
@@ -167,7 +167,7 @@ async def approve(approval: str, /, *, note: str | None = None, common: Common =
 
 
 async def refuse(approval: str, /, *, reason: str, common: Common = DEFAULT) -> Exit:
-    """Refuse a pending call; the reason is recorded and passed to the model (spec §6.4).
+    """Refuse a pending call; the reason is recorded and passed to the model.
 
     Parameters
     ----------

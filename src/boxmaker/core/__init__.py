@@ -1,1 +1,1 @@
-"""The pure core: no sockets, no files, no clock (spec §15). Time comes in as arguments."""
+"""The pure core: no sockets, no files, no clock. Time comes in as arguments."""

@@ -1,7 +1,8 @@
-"""The tool catalogue (spec §8): argument shapes, the served JSON schemas, and checking.
+"""The tool catalogue: argument shapes, the served JSON schemas, and checking.
 
 The JSON schema served to the model by the ``catalogue`` frame is the schema that
-:func:`check_arguments` enforces (spec §3 step 3), then the few rules a schema cannot say:
+:func:`check_arguments` enforces (step 3 of docs/architecture.md's pipeline), then the few
+rules a schema cannot say:
 paths normalize inside the workspace, ``content`` is at most 1 MiB of UTF-8, a URL is
 plain http(s) with a host, a path at most 4,096 bytes (255 a segment) and a command at
 most 64 KiB, so that no argument makes matching it against the grants slow.
@@ -178,7 +179,7 @@ def catalogue_tools() -> list[dict[str, Any]]:
 
 @attrs.frozen
 class ArgumentProblem:
-    """Why a request's tool or arguments are refused (spec §3 step 3)."""
+    """Why a request's tool or arguments are refused (``unknown_tool``, ``bad_arguments``)."""
 
     reason: Reason
     detail: str
@@ -186,7 +187,7 @@ class ArgumentProblem:
 
 @attrs.frozen
 class CheckedArguments:
-    """Arguments that fit their tool's schema, with paths normalized (spec §4.2)."""
+    """Arguments that fit their tool's schema, with paths normalized (core.paths)."""
 
     tool: ToolName
     value: ToolArgs
@@ -294,7 +295,7 @@ def _url_problem(url: str) -> str | None:
 def check_arguments(
     tool: str, raw_arguments: object, *, workspace: str | None = None
 ) -> CheckedArguments | ArgumentProblem:
-    """Check a request's tool and arguments (spec §3 step 3); never raises.
+    """Check a request's tool and arguments (the pipeline's step 3); never raises.
 
     ``workspace`` (the absolute workspace root) lets an absolute path inside it through.
 
@@ -344,7 +345,8 @@ def check_arguments(
 def result_label(
     arguments: CheckedArguments, rules: LabelRules, label_taint: Taint | None
 ) -> Label:
-    """The label of a successful call's result (spec §8's table, §4.3).
+    """The label of a successful call's result (each tool's label; a
+    file's from the ``[labels]`` rules).
 
     ``label_taint`` is the matched grant's (only shell grants have one).
 

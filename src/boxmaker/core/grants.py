@@ -1,4 +1,4 @@
-"""grants.toml: parse, validate and match (spec §4.1, §4.2). Pure: text in, values out.
+"""grants.toml: parse, validate and match (docs/decisions.md, "Grants"). Pure: text in, values out.
 
 :func:`parse_grants` turns any text into a :class:`GrantSet` or exactly one
 :class:`GrantsProblem` (the first one found, in file order) and never raises. The checks
@@ -99,7 +99,7 @@ class Grant:
         return self.expires is not None and now >= self.expires
 
     def matches(self, tool: str, arguments: CheckedArguments, now: dt.datetime) -> bool:
-        """Does this grant cover the call (spec §4.2)? ``now`` is an aware datetime."""
+        """Does this grant cover the call? ``now`` is an aware datetime."""
         return tool == self.tool and self.covers(arguments, now)
 
     def covers(self, arguments: CheckedArguments, now: dt.datetime) -> bool:
@@ -220,7 +220,7 @@ class GrantsProblem:
         return ", ".join(where) + ": " + self.message
 
     def detail(self) -> str:
-        """The ``grants_invalid`` denial detail (spec §3 step 4)."""
+        """The ``grants_invalid`` denial detail (docs/runbook.md#grants)."""
         return f"{self.describe()}; see {RUNBOOK_GRANTS}"
 
 
@@ -419,7 +419,7 @@ def _grant_set(document: Mapping[str, Any]) -> GrantSet:
 def grants_from_document(
     document: Mapping[str, Any], file: str = "grants.toml"
 ) -> GrantSet | GrantsProblem:
-    """Validate a parsed TOML document (spec §4.1); never raises.
+    """Validate a parsed TOML document; never raises.
 
     >>> grants_from_document({"grant": [{"id": "a", "tool": "read_file", "mode": "auto"}]})
     GrantSet(grants=(Grant(id='a', tool='read_file', mode=<Mode.AUTO: 'auto'>, ...),))
@@ -433,7 +433,7 @@ def grants_from_document(
 
 
 def parse_grants(text: str, file: str = "grants.toml") -> GrantSet | GrantsProblem:
-    """Parse grants.toml text (spec §4.1): a GrantSet, or the first problem; never raises.
+    """Parse grants.toml text: a GrantSet, or the first problem; never raises.
 
     ``file`` is how problems name the file (the caller's path, for messages only).
 

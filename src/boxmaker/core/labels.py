@@ -1,4 +1,4 @@
-"""Labels and the taint lattice (spec §4.3).
+"""Labels and the taint lattice (docs/decisions.md, "Session state").
 
 A label is ``(taint, untrusted)``. A session's state is the join of every label it
 has seen, so it only rises.
@@ -82,20 +82,21 @@ class Label:
 
 
 FRESH = Label(Taint.PUBLIC, False)
-"""A new session: public and trusted (spec §4.3: no file = fresh session)."""
+"""A new session: public and trusted (no state file = a fresh session)."""
 
 UNKNOWN = Label(Taint.SECRET, True)
-"""What records carry while a session's state is unreadable (spec §4.3)."""
+"""What records carry while a session's state is unreadable: brokerd
+cannot know how sensitive the session is (docs/runbook.md#state)."""
 
 
 DEFAULT_SECRET: tuple[str, ...] = ("**/.env", "**/*.pem", "secrets/**")
 DEFAULT_UNTRUSTED: tuple[str, ...] = ("downloads/**",)
 
 HTTP_GET_LABEL = Label(Taint.PUBLIC, True)
-"""Anything fetched from the network: public, and untrusted (spec §4.3)."""
+"""Anything fetched from the network: public, and untrusted."""
 
 WRITE_FILE_LABEL = Label(Taint.PUBLIC, False)
-"""Writing tells the session nothing new (spec §8: write_file's label is public)."""
+"""Writing tells the session nothing new (write_file's label is public)."""
 
 
 def _globs(name: str, patterns: tuple[str, ...]) -> tuple[Glob, ...]:
@@ -108,7 +109,7 @@ def _globs(name: str, patterns: tuple[str, ...]) -> tuple[Glob, ...]:
 
 @attrs.frozen
 class LabelRules:
-    """config.toml ``[labels]`` (spec §4.3): which workspace paths are secret or untrusted.
+    """config.toml ``[labels]``: which workspace paths are secret or untrusted.
 
     A bad glob raises ValueError when the rules are built (config loading reports it).
 

@@ -1,8 +1,9 @@
-"""Workspace paths and globs (spec §4.2). Pure: lexical only, never touches the disk.
+"""Workspace paths and globs (docs/decisions.md, "Paths and globs"). Pure: lexical only,
+never touches the disk.
 
 A tool's path argument becomes a *workspace path*: relative, POSIX, no ``.`` or ``..``
 segments, no empty segments, ``"."`` for the workspace root. Symlinks are not resolved
-here; a link that leaves the workspace is caught when the file is opened (spec §8).
+here; a link that leaves the workspace is caught when the file is opened (the runner).
 
 Globs (grants' ``paths``, the label rules of config.toml ``[labels]``):
 
@@ -74,7 +75,7 @@ def _length_problem(raw: str) -> PathProblem | None:
 
 
 def normalize_path(raw: str, workspace: str | None = None) -> str | PathProblem:
-    """The workspace path for a tool's path argument, or why there is none (spec §4.2).
+    """The workspace path for a tool's path argument, or why there is none.
 
     ``workspace`` is the absolute workspace root; an absolute argument inside it is made
     relative. Without it every absolute argument is refused.

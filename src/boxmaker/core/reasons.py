@@ -1,4 +1,5 @@
-"""Reason codes (spec §3, §8). The strings are the contract: records, answers and docs use them."""
+"""Reason codes (docs/protocol.md lists them). The strings are the contract: records, answers
+and docs use them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import enum
 
 
 class Reason(enum.StrEnum):
-    # denials (spec §8, "Denial codes")
+    # denials: a call that was not run
     UNKNOWN_TOOL = "unknown_tool"
     BAD_ARGUMENTS = "bad_arguments"
     GRANTS_INVALID = "grants_invalid"
@@ -22,7 +23,7 @@ class Reason(enum.StrEnum):
     BROKER_STOPPING = "broker_stopping"
     TOO_MANY_PENDING = "too_many_pending"
     """An ask while ``[broker] max_pending`` calls already wait for the owner."""
-    # failures of a run (spec §8, "Reason codes of a failed answer")
+    # failures: a call that was decided to run and did not succeed (a ``failed`` answer)
     TOOL_ERROR = "tool_error"
     TIMEOUT = "timeout"
     NOT_FOUND = "not_found"

@@ -1,4 +1,4 @@
-"""The session state file's format (spec §4.3). Pure: bytes in, values out.
+"""The session state file's format (docs/decisions.md, "Session state"). Pure: bytes in, values out.
 
 ``{"v": 1, "taint": "public", "untrusted": false}`` — exactly these keys, these types.
 """

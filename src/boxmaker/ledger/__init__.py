@@ -1,4 +1,5 @@
-"""The hash-chained audit ledger (spec §5): records, the single writer, verification.
+"""The hash-chained audit ledger (docs/protocol.md, docs/decisions.md): records, the single
+writer, verification.
 
 - :mod:`boxmaker.ledger.records`: record bodies and their canonical bytes (pure);
 - :mod:`boxmaker.ledger.writer`: open/repair, and the trio writer task (group commit);

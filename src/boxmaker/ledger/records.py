@@ -1,4 +1,4 @@
-"""Ledger records and their canonical bytes (spec §5.1, §5.2). Pure: no files, no clock.
+"""Ledger records and their canonical bytes (docs/protocol.md). Pure: no files, no clock.
 
 A stored line is a record body's fields plus the common fields ``seq``, ``at``, ``kind``
 and ``prev``, encoded by orjson with sorted keys and no spaces. The chain hashes the raw
@@ -29,7 +29,7 @@ from boxmaker.core.reasons import Reason
 from boxmaker.wire import converter
 
 GENESIS_PREV = "0" * 64
-"""The ``prev`` of record 0: there is no previous line (spec §5.1)."""
+"""The ``prev`` of record 0: there is no previous line."""
 
 COMMON_FIELDS = frozenset({"seq", "at", "kind", "prev"})
 """Fields the writer adds to every body; no body may use these names."""
@@ -46,7 +46,7 @@ class Kind(enum.StrEnum):
 
 
 class VerdictCode(enum.StrEnum):
-    """What §3 step 6 (or a denial of steps 3-5) decided."""
+    """What decide() (or a denial of the pipeline's steps 3-5) decided."""
 
     RUN = "run"
     ASK = "ask"
@@ -54,7 +54,7 @@ class VerdictCode(enum.StrEnum):
 
 
 class ApprovalOutcome(enum.StrEnum):
-    """How an ask ended (spec §6.3-6.5). Only ``ask`` and ``allowed`` let the call run."""
+    """How an ask ended (docs/protocol.md). Only ``ask`` and ``allowed`` let the call run."""
 
     ASK = "ask"
     ALLOWED = "allowed"
@@ -102,7 +102,8 @@ class Stop:
 
 @attrs.frozen
 class Repair:
-    """A torn tail was moved aside (spec §5.5): ``file`` is its name in the ledger directory."""
+    """A torn tail was moved aside (docs/runbook.md#ledger-torn): ``file`` is its name in the
+    ledger directory."""
 
     kind: ClassVar[Kind] = Kind.REPAIR
     file: str
@@ -111,7 +112,8 @@ class Repair:
 
 @attrs.frozen
 class Decision:
-    """Every tool request from §3 step 3 on, before anything runs (spec §5.2)."""
+    """Every tool request whose tool and arguments were checked, before anything runs
+    (docs/protocol.md, the write order)."""
 
     kind: ClassVar[Kind] = Kind.DECISION
     call: str
@@ -142,7 +144,7 @@ class Approval:
 
 @attrs.frozen
 class Result:
-    """After a run, once the session state was raised (spec §5.3 step 5)."""
+    """After a run, once the session state was raised (docs/protocol.md, the write order)."""
 
     kind: ClassVar[Kind] = Kind.RESULT
     call: str
@@ -201,7 +203,7 @@ def new_boot_id() -> str:
 
 
 def encode_line(seq: int, at: str, prev: str, body: Body) -> bytes:
-    """The canonical bytes of a record, without the newline (spec §5.1).
+    """The canonical bytes of a record, without the newline: keys sorted, no spaces.
 
     >>> encode_line(3, "2026-01-02T03:04:05.678Z", "ab", Stop(boot="b-1"))
     b'{"at":"2026-01-02T03:04:05.678Z","boot":"b-1","kind":"stop","prev":"ab","seq":3}'
@@ -248,7 +250,8 @@ def decode_line(line: bytes) -> Record:
 
 
 def line_hash(line: bytes) -> str:
-    """SHA-256 hex of a line's exact bytes, without its newline (spec §5.1).
+    """SHA-256 hex of a line's exact bytes, without its newline: the next
+    record's ``prev``.
 
     >>> line_hash(b"")
     'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'

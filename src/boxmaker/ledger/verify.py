@@ -1,4 +1,5 @@
-"""Streaming ledger verification (spec §5.6): one pass, raw bytes, no re-serializing.
+"""Streaming ledger verification (docs/decisions.md, "Verify"): one pass, raw bytes, no
+re-serializing.
 
 :func:`verify_lines` is the pure core. It takes the lines as iterating a binary file
 yields them: each ends with ``\n`` except perhaps the last (any iterable of such lines
@@ -25,12 +26,13 @@ Call states (the summary):
 - ``denied``: a ``deny`` verdict, or an approval with outcome ``denied``;
 - ``refused``, ``expired``: the approval's outcome;
 - ``withdrawn``: an approval ``withdrawn``, or a result ``failed`` with reason
-  ``requester_gone`` (spec §5.3 step 3: nothing ran, the requester left first);
+  ``requester_gone`` (nothing ran: the requester left before an auto run);
 - ``pending``: asked, no approval yet, in the newest boot while it has not stopped;
 - ``running``: decided to run (``run`` verdict, or approval ``ask``/``allowed``), no
   result yet, in the newest boot while it has not stopped;
 - ``unfinished``: pending or running, but from an earlier boot or a stopped one: that
-  brokerd is gone, so the call never ends (spec §5.3 step 4 leaves such calls).
+  brokerd is gone, so the call never ends (a state that could not be raised
+  leaves such a call too: docs/protocol.md, the write order).
 
 The newest boot is that of the last ``start`` record; a ledger written without ``start``
 records is one boot. A ``stop`` of the newest boot ends it.
@@ -132,7 +134,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
     *,
     max_problems: int = MAX_PROBLEMS,
 ) -> Report:
-    """Check a ledger given as its lines (spec §5.6); see the module docstring.
+    """Check a ledger given as its lines; see the module docstring.
 
     >>> from boxmaker.ledger.records import encode_line, Genesis, line_hash
     >>> first = encode_line(0, "2026-01-02T03:04:05.678Z", GENESIS_PREV, Genesis("l-1"))
@@ -298,7 +300,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
             problem(seq, f"{kind} record with a field of the wrong type")
 
     if raw[-1:] != b"\n":
-        # A write cut short (spec §5.5). The head is the hash of all of its bytes.
+        # A write cut short (docs/runbook.md#ledger-torn). The head is the hash of all of its bytes.
         problem(seq, "torn last line (no newline)")
         digest = sha256(raw).hexdigest()
     if want_seq >= 0 and not head_found:

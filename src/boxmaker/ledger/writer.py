@@ -1,4 +1,5 @@
-"""The single ledger writer (spec §5.3-5.5): opening, torn-tail repair, group commit, stop.
+"""The single ledger writer (docs/decisions.md, "Ledger"): opening, torn-tail repair, group
+commit, stop.
 
 Three layers:
 
@@ -8,14 +9,15 @@ Three layers:
   that is not a JSON object with an integer ``seq``) raises :class:`LedgerTorn`.
 - :class:`LedgerFile` is the file layer (write + fsync); :class:`OsLedgerFile` is the
   real one (``O_APPEND``). Tests inject their own to fail a write or an fsync.
-- :class:`LedgerWriter` is the trio task that owns the file (spec §5.5): callers send
+- :class:`LedgerWriter` is the trio task that owns the file: callers send
   ``(body, reply channel)``; the task takes every record waiting, writes them, fsyncs
   once, and only then answers. Any failed write or fsync stops it for good in this
-  process (spec §5.4): :attr:`LedgerWriter.usable` turns False and every append raises
-  :class:`LedgerStopped`.
+  process (docs/runbook.md#audit-unavailable): :attr:`LedgerWriter.usable` turns False
+  and every append raises :class:`LedgerStopped`.
 
 A write that fails half-way may leave a partial line in the file; the writer stops, and
-the next start finds the torn tail (spec §5.5) instead of continuing a broken chain.
+the next start finds the torn tail (docs/runbook.md#ledger-torn) instead of continuing a
+broken chain.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ TORN_ANCHOR = "docs/runbook.md#ledger-torn"
 
 
 class LedgerTorn(Exception):
-    """The ledger's last line is torn; brokerd refuses to start (spec §5.5)."""
+    """The ledger's last line is torn; brokerd refuses to start (docs/runbook.md#ledger-torn)."""
 
     def __init__(self, path: Path, why: str) -> None:
         super().__init__(f"{path}: the ledger's last line is torn ({why}); see {TORN_ANCHOR}")
@@ -67,7 +69,8 @@ class LedgerTorn(Exception):
 
 
 class LedgerStopped(Exception):
-    """An append after the ledger stopped (spec §5.4), or after it was closed."""
+    """An append after the ledger stopped (docs/runbook.md#audit-unavailable), or after it
+    was closed."""
 
 
 @attrs.frozen
@@ -157,7 +160,7 @@ def _create(path: Path, now: dt.datetime) -> Tail:
 def open_ledger(path: Path, *, now: dt.datetime | None = None) -> Tail:
     """Create the ledger with its genesis record, or read where the existing one ends.
 
-    Raises :class:`LedgerTorn` for a torn tail (spec §5.5). Blocking: call it before
+    Raises :class:`LedgerTorn` for a torn tail. Blocking: call it before
     serving, or through ``trio.to_thread.run_sync``.
     """
     path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
@@ -167,7 +170,7 @@ def open_ledger(path: Path, *, now: dt.datetime | None = None) -> Tail:
         return _create(path, now or utc_now())
     try:
         if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, FILE_MODE)  # spec §5.1: 0600, whatever left it looser
+            os.fchmod(fd, FILE_MODE)  # 0600, whatever left it looser
         found = _inspect_tail(fd)
     finally:
         os.close(fd)
@@ -205,7 +208,7 @@ def _write_new(path: Path, data: bytes) -> Path:
 
 
 def repair(path: Path, *, now: dt.datetime | None = None) -> Repair | None:
-    """Move a torn tail aside (spec §5.5); None when the tail is sound.
+    """Move a torn tail aside (``brokerd serve --repair``); None when the tail is sound.
 
     The torn bytes go to ``torn-<UTC>.bin`` beside the ledger (fsynced, with the
     directory) before the ledger is truncated, so no byte is lost if this is cut short.
@@ -270,7 +273,7 @@ _Request = tuple[Body, OneShot[_Reply]]
 
 
 class LedgerWriter:
-    """The one task that appends to the ledger (spec §5.5).
+    """The one task that appends to the ledger (group commit: docs/decisions.md, "Ledger").
 
     Start it with ``await nursery.start(writer.run)``; append with
     ``await writer.append(body)``; end it with ``await writer.aclose()``, which writes
@@ -304,7 +307,8 @@ class LedgerWriter:
 
     @property
     def usable(self) -> bool:
-        """False once a write or fsync failed (spec §3 step 2, §5.4)."""
+        """False once a write or fsync failed: every later call is denied
+        ``audit_unavailable`` (docs/runbook.md#audit-unavailable)."""
         return self._failure is None
 
     @property

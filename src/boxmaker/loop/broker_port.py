@@ -1,13 +1,13 @@
-"""loopd's one way to act: a tool request on broker.sock (spec §6.1, §9).
+"""loopd's one way to act: a tool request on broker.sock (docs/protocol.md).
 
 :meth:`BrokerPort.call` connects, sends the request and reads frames until the final
 one. It never raises for the broker's sake: a brokerd that is not running, closes
 early, sends something unreadable or stays silent gives a *denied* answer with reason
 ``broker_unreachable`` or ``broker_timeout``, which the model is told like any denial.
 
-Timeouts (spec §9): ``reply_timeout`` for the first frame; after a ``pending`` frame,
-until its ``expires_at`` plus :data:`PENDING_GRACE_S` (brokerd answers ``expired`` at
-``expires_at``; the grace covers the clocks and the broker's work).
+Timeouts (docs/decisions.md, "loopd"): ``reply_timeout`` for the first frame; after a
+``pending`` frame, until its ``expires_at`` plus :data:`PENDING_GRACE_S` (brokerd answers
+``expired`` at ``expires_at``; the grace covers the clocks and the broker's work).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class BrokerPort:
         return PortAnswer.unreachable(f"brokerd sent {type(frame).__name__} where an answer goes")
 
     async def catalogue(self) -> list[dict[str, Any]] | PortAnswer:
-        """The tools brokerd offers (spec §8), or why they could not be had."""
+        """The tools brokerd offers (its ``catalogue`` frame), or why they could not be had."""
         try:
             async with await self._connect() as stream:
                 deadline = trio.current_time() + self.reply_timeout

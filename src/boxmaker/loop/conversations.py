@@ -1,4 +1,4 @@
-"""Conversation histories: ``state/conversations/<session>.jsonl`` (spec §9).
+"""Conversation histories: ``state/conversations/<session>.jsonl`` (docs/decisions.md, "loopd").
 
 One chat message a line, appended as a turn adds them. A history holds no authority
 (the broker decides from grants and the session's state, never from it), so a line that

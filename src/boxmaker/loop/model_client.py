@@ -1,4 +1,4 @@
-"""loopd's one way to the model: inferproxy on ``run/infer.sock`` (spec §9, §10).
+"""loopd's one way to the model: inferproxy on ``run/infer.sock`` (docs/egress.md).
 
 :meth:`ModelClient.complete` POSTs one chat request and returns the assistant message,
 or a :class:`ModelFailure` saying why there is none (inferproxy not running, the model

