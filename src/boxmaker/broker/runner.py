@@ -1,14 +1,14 @@
-"""The runner (spec §8): what runs for a decided call, and running it.
+"""The runner: what runs for a decided call, and running it (docs/protocol.md).
 
 Nothing runs without a :class:`RunSpec`, and a RunSpec is made only by
 :meth:`RunSpec.for_call` from a decision whose verdict is ``run`` (or ``ask`` that the
-owner approved, spec §6.3). :func:`execute` runs it and maps every tool failure to a
-:class:`RunResult` with one of spec §8's reason codes; it never raises for a tool failure
-and lets ``trio.Cancelled`` through.
+owner approved). :func:`execute` runs it and maps every tool failure to a
+:class:`RunResult` with one of the failure reasons of docs/protocol.md; it never raises
+for a tool failure and lets ``trio.Cancelled`` through.
 
-Choices where spec §8 leaves room (docs/decisions.md repeats them):
+Choices made here (docs/decisions.md, "The runner and the sandbox", repeats them):
 
-- Symlinks (spec §4.2, §8): the file tools follow a symlink only while it stays inside
+- Symlinks: the file tools follow a symlink only while it stays inside
   the workspace. The path is resolved (``realpath``), checked to be inside the workspace's real path
   (else ``path_escape``), and then walked segment by segment from a descriptor of the
   workspace root with ``O_NOFOLLOW`` on every segment, so a link swapped in after the
@@ -138,7 +138,7 @@ CACHED_READ_MAX: Final = 64 * 1024
 """The largest file read_file reads on the trio thread when all of it is cached: the
 copy and decode of a bigger one would hold up every other call."""
 HTTP_TIMEOUT: Final = 10.0
-"""Seconds for a whole http_get: connect, headers and body (spec §8)."""
+"""Seconds for a whole http_get: connect, headers and body."""
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in the workspace must not hang the worker thread.
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -148,7 +148,7 @@ _CHUNK: Final = 65536
 
 @attrs.frozen
 class RunResult:
-    """How a run ended: ``ok`` with content, or failed with a reason (spec §8)."""
+    """How a run ended: ``ok`` with content, or failed with a reason."""
 
     ok: bool
     reason: Reason | None
@@ -158,7 +158,7 @@ class RunResult:
     content: str
     """What the model is given on success; "" on failure."""
     label: Label
-    """The result's label (spec §4.3); a failure carries the label of what it touched."""
+    """The result's label; a failure carries the label of what it touched."""
 
     @classmethod
     def success(cls, content: str, label: Label) -> RunResult:
@@ -179,7 +179,7 @@ def _only_for_call(instance: object, attribute: object, value: object) -> None:
 
 @attrs.frozen
 class RunSpec:
-    """What runs for one decided call (spec §8); made only by :meth:`for_call`."""
+    """What runs for one decided call; made only by :meth:`for_call`."""
 
     _call: str
     _arguments: CheckedArguments
@@ -320,7 +320,7 @@ class _Failed(Exception):
 
 
 async def execute(spec: RunSpec, sandboxes: SandboxPool | None = None) -> RunResult:
-    """Run ``spec`` (spec §8). Never raises for a tool failure; lets Cancelled through.
+    """Run ``spec``. Never raises for a tool failure; lets Cancelled through.
 
     ``sandboxes``: brokerd's pool, whose sandbox set up ahead a shell call may use;
     without it a shell call sets up its own."""
