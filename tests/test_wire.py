@@ -14,13 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxmaker import wire
+from boxmaker import convert
+from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID, converter
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.wire import (
-    APPROVAL_ID,
-    CALL_ID,
-    SESSION_ID,
     Answer,
     ApprovalsAnswer,
     ApprovalsRequest,
@@ -44,7 +42,6 @@ from boxmaker.wire import (
     StatusAnswer,
     StatusRequest,
     ToolRequest,
-    converter,
     decode_admin_answer,
     decode_admin_request,
     decode_broker_answer,
@@ -431,7 +428,7 @@ def test_arbitrary_objects_only_ever_raise_bad_frame(kind: str, body: dict[str, 
     ],
 )
 def test_converter_is_strict(value: object, cl: Any, message: str) -> None:
-    with pytest.raises(wire.WrongType, match=message):
+    with pytest.raises(convert.WrongType, match=message):
         converter.structure(value, cl)
 
 
@@ -460,19 +457,19 @@ class Outer:
 
 
 def test_problems_formats_paths() -> None:
-    assert wire.format_path(("a", 0, "b")) == "a[0].b"
-    assert wire.format_path((0,)) == "[0]"
+    assert convert.format_path(("a", 0, "b")) == "a[0].b"
+    assert convert.format_path((0,)) == "[0]"
 
     with pytest.raises(Exception) as raised:  # noqa: PT011 - cattrs' own group
         converter.structure({"items": [{"n": 1}, {"n": "2", "m": 0}]}, Outer)
-    assert wire.problems(raised.value) == [
+    assert convert.problems(raised.value) == [
         (("items", 1, "n"), "expected an integer"),
         (("items", 1, "m"), "unknown key"),
     ]
 
 
 def test_new_ids_match_their_patterns() -> None:
-    assert CALL_ID.fullmatch(wire.new_call_id())
-    assert SESSION_ID.fullmatch(wire.new_session_id())
-    assert APPROVAL_ID.fullmatch(wire.new_approval_id())
-    assert wire.new_call_id() != wire.new_call_id()
+    assert CALL_ID.fullmatch(convert.new_call_id())
+    assert SESSION_ID.fullmatch(convert.new_session_id())
+    assert APPROVAL_ID.fullmatch(convert.new_approval_id())
+    assert convert.new_call_id() != convert.new_call_id()

@@ -25,9 +25,9 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from boxmaker.convert import SESSION_ID, InvalidField, converter, format_path, problems
 from boxmaker.core.labels import DEFAULT_SECRET, DEFAULT_UNTRUSTED, LabelRules
 from boxmaker.regular_file import NotRegularFile, read_regular_file
-from boxmaker.wire import SESSION_ID, InvalidField, converter, format_path, problems
 
 HOME_ENV: Final = "BOXMAKER_HOME"
 DEFAULT_HOME: Final = "~/.local/state/boxmaker"

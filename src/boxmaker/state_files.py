@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Final, TypeAlias
 
+from boxmaker.convert import SESSION_ID
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
 from boxmaker.regular_file import read_regular_file
-from boxmaker.wire import SESSION_ID
 
 MAX_STATE_BYTES: Final = 4096
 """A real state file is about 50 bytes; anything far bigger is not one."""

@@ -25,11 +25,11 @@ import trio
 
 from boxmaker.broker.serve import serve_broker
 from boxmaker.broker.state import Broker
+from boxmaker.convert import new_call_id
 from boxmaker.home import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerFile, OsLedgerFile
 from boxmaker.ndjson import FrameReader
-from boxmaker.wire import new_call_id
 
 SESSION: Final = "s-0000000000a1"
 GUARD: Final = 600.0

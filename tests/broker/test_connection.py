@@ -39,11 +39,11 @@ from boxmaker.broker.connection import (
     REFUSAL_UNRECORDED,
     RESULT_UNRECORDED_DETAIL,
 )
+from boxmaker.convert import new_call_id
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
 from boxmaker.core.state import StateUnreadable
 from boxmaker.home import Home
 from boxmaker.ndjson import MAX_FRAME
-from boxmaker.wire import new_call_id
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

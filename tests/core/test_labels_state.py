@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from boxmaker.convert import converter
 from boxmaker.core.labels import (
     FRESH,
     UNKNOWN,
@@ -19,7 +20,6 @@ from boxmaker.core.labels import (
     shell_label,
 )
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
-from boxmaker.wire import converter
 
 labels = st.builds(Label, st.sampled_from(list(Taint)), st.booleans())
 

@@ -22,9 +22,10 @@ from tests.broker.broker_harness import (
 
 from boxmaker.broker.listeners import open_unix_listener
 from boxmaker.clock import utc_now
+from boxmaker.convert import new_call_id
 from boxmaker.home import Home
 from boxmaker.loop.broker_port import BROKER_TIMEOUT, BROKER_UNREACHABLE, BrokerPort, PortAnswer
-from boxmaker.wire import Outcome, Pending, ToolRequest, encode_frame, new_call_id
+from boxmaker.wire import Outcome, Pending, ToolRequest, encode_frame
 
 GUARD = 20.0
 

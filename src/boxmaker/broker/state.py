@@ -39,6 +39,7 @@ import trio
 
 from boxmaker.broker.limits import Capacity
 from boxmaker.broker.sandbox import SandboxPool
+from boxmaker.convert import new_approval_id
 from boxmaker.core.approvals import ApprovalsTable, PendingEntry
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, parse_grants
 from boxmaker.core.labels import Label
@@ -51,7 +52,7 @@ from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
 from boxmaker.oneshot import OneShot
 from boxmaker.regular_file import NotRegularFile, read_regular_file
 from boxmaker.state_files import StateKey, read_state_keyed, state_key
-from boxmaker.wire import ApprovedOutcome, new_approval_id
+from boxmaker.wire import ApprovedOutcome
 
 log = logging.getLogger("boxmaker.brokerd")
 

@@ -18,11 +18,11 @@ import trio
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
 from boxmaker.clock import format_utc
+from boxmaker.convert import SESSION_ID
 from boxmaker.home import Home
 from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.printable import printable
 from boxmaker.wire import (
-    SESSION_ID,
     BadFrame,
     ErrorFrame,
     LoopEvent,

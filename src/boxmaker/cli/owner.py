@@ -14,9 +14,9 @@ from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemons import daemon_states
 from boxmaker.clock import format_utc, utc_now
+from boxmaker.convert import APPROVAL_ID, converter
 from boxmaker.printable import printable
 from boxmaker.wire import (
-    APPROVAL_ID,
     AdminAnswer,
     AdminRequest,
     ApprovalsAnswer,
@@ -31,7 +31,6 @@ from boxmaker.wire import (
     SessionsRequest,
     StatusAnswer,
     StatusRequest,
-    converter,
 )
 
 WATCH_INTERVAL = 1.0

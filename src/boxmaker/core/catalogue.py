@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from boxmaker.convert import converter
 from boxmaker.core.hosts import Destination
 from boxmaker.core.labels import (
     HTTP_GET_LABEL,
@@ -33,7 +34,6 @@ from boxmaker.core.labels import (
 )
 from boxmaker.core.paths import PathProblem, match_form, normalize_path
 from boxmaker.core.reasons import Reason
-from boxmaker.wire import converter
 
 MAX_BYTES: Final = 1024 * 1024
 """The cap on ``read_file``'s ``max_bytes``, ``write_file``'s ``content`` and http_get."""

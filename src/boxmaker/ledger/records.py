@@ -24,9 +24,9 @@ import attrs
 import cattrs
 import orjson
 
+from boxmaker.convert import converter
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
-from boxmaker.wire import converter
 
 GENESIS_PREV = "0" * 64
 """The ``prev`` of record 0: there is no previous line."""

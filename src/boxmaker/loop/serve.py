@@ -24,6 +24,7 @@ from cyclopts import App, Parameter
 
 from boxmaker import __version__
 from boxmaker.broker.listeners import ListenerError, check_peer, open_unix_listener
+from boxmaker.convert import new_session_id
 from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
 from boxmaker.loop.broker_port import BrokerPort
@@ -39,7 +40,6 @@ from boxmaker.wire import (
     SessionEvent,
     decode_loop_request,
     encode_frame,
-    new_session_id,
 )
 
 log = logging.getLogger("boxmaker.loopd")

@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol
 import attrs
 import orjson
 
+from boxmaker.convert import new_call_id
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
@@ -35,7 +36,6 @@ from boxmaker.wire import (
     ToolRequest,
     ToolResultEvent,
     WaitingEvent,
-    new_call_id,
 )
 
 SYSTEM_PROMPT: Final = (
