@@ -8,18 +8,8 @@ import contextlib
 import pytest
 import trio
 import trio.testing
-from tests.broker.broker_harness import (
-    GUARD,
-    SESSION,
-    Client,
-    admin,
-    call,
-    grant,
-    running,
-    tool_request,
-    write_grants,
-    write_state,
-)
+from tests.harness.broker import GUARD, SESSION, Client, admin, call, running, tool_request
+from tests.harness.homes import grant, write_grants, write_state
 
 from boxmaker import __version__
 from boxmaker.home import Home

@@ -9,15 +9,8 @@ import orjson
 import pytest
 import trio
 import trio.testing
-from tests.broker.broker_harness import (
-    GUARD,
-    SESSION,
-    Client,
-    grant,
-    running,
-    tool_request,
-    write_grants,
-)
+from tests.harness.broker import GUARD, SESSION, Client, running, tool_request
+from tests.harness.homes import grant, write_grants
 
 from boxmaker.cli.app import app
 from boxmaker.home import Home

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from tests.broker.broker_harness import (
+from tests.harness.broker import (
     GUARD,
     PENDING_TIMEOUT,
     SESSION,
@@ -22,15 +22,12 @@ from tests.broker.broker_harness import (
     body,
     call,
     eventually,
-    grant,
-    read_state_file,
     records,
     records_of,
     running,
     tool_request,
-    write_grants,
-    write_state,
 )
+from tests.harness.homes import grant, read_state_file, write_grants, write_state
 
 from boxmaker.broker import connection
 from boxmaker.broker.connection import (

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
 from boxmaker.broker import runner, sandbox
 from boxmaker.broker.runner import NO_BWRAP_DETAIL, RunResult, RunSpec, execute

@@ -19,7 +19,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 from trio.testing import MockClock, wait_all_tasks_blocked
 
 from boxmaker.broker import sandbox as sandbox_module

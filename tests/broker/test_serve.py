@@ -12,19 +12,17 @@ import stat
 import pytest
 import trio
 import trio.testing
-from tests.broker.broker_harness import (
+from tests.harness.broker import (
     GUARD,
     Client,
     admin,
     call,
-    grant,
     records,
     records_of,
     running,
     tool_request,
-    write_config,
-    write_grants,
 )
+from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker import __version__
 from boxmaker.broker import connection, runner

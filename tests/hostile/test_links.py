@@ -18,18 +18,8 @@ from typing import Any, Final
 
 import pytest
 import trio
-from tests.broker.broker_harness import (
-    PENDING_TIMEOUT,
-    SESSION,
-    call,
-    grant,
-    read_state_file,
-    records_of,
-    running,
-    tool_request,
-    write_config,
-    write_grants,
-)
+from tests.harness.broker import PENDING_TIMEOUT, SESSION, call, records_of, running, tool_request
+from tests.harness.homes import grant, read_state_file, write_config, write_grants
 
 from boxmaker.home import Home
 

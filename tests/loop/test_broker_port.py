@@ -11,14 +11,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from tests.broker.broker_harness import (
-    SESSION,
-    admin,
-    grant,
-    running,
-    write_config,
-    write_grants,
-)
+from tests.harness.broker import SESSION, admin, running
+from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker.listeners import open_unix_listener
 from boxmaker.clock import utc_now

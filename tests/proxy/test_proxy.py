@@ -17,8 +17,8 @@ import httpx
 import orjson
 import pytest
 import trio
-from tests.conftest import short_home
 from tests.fakes.llama_server import MODEL_ID, FakeLlama
+from tests.harness.homes import short_home
 
 from boxmaker.home import ConfigError, Home, load_config
 from boxmaker.proxy.app import MAX_BODY
