@@ -233,7 +233,7 @@ def test_cli_torn_ledger_exits_1_with_the_runbook(
     assert "docs/runbook.md#ledger-torn" in capsys.readouterr().err
 
 
-def test_cli_serve_runs_until_a_stop(home: Home, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_serve_runs_until_a_stop(home: Home) -> None:
     """The command wires serve_broker with signals on; stopping it returns 0."""
     seen: dict[str, object] = {}
 
@@ -242,8 +242,8 @@ def test_cli_serve_runs_until_a_stop(home: Home, monkeypatch: pytest.MonkeyPatch
         seen.update(kwargs)
         await trio.lowlevel.checkpoint()
 
-    monkeypatch.setattr("boxmaker.broker.serve.serve_broker", fake)
-    code = app(["serve", "--home", str(home.root), "--repair"], result_action="return_value")
+    command, bound, _ = app.parse_args(["serve", "--home", str(home.root), "--repair"])
+    code = command(*bound.args, **bound.kwargs, run_broker=fake)
     assert code == 0
     assert seen == {"home": home, "repair_torn": True, "handle_signals": True}
 
