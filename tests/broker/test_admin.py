@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import trio
 import trio.testing
-from tests.harness.broker import SESSION, Brokerd, Client, admin, call, tool_request
+from tests.harness.broker import SESSION, Brokerd, Client, admin, call, records, tool_request
 from tests.harness.homes import grant, write_grants, write_state
 
 from boxmaker import __version__
@@ -158,3 +158,62 @@ async def test_admin_refuses_a_peer_that_is_not_the_owner(
     await brokerd.stop()
     assert answer["kind"] == "error"
     assert answer["code"] == "peer_refused"
+
+
+@pytest.mark.parametrize("first", ["approve", "refuse"])
+async def test_two_owners_answering_one_approval_at_once_one_wins(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, first: str
+) -> None:
+    """approve and refuse of the same approval, on two admin connections, sent together:
+    exactly one is taken, the other hears no_such_approval, and the call and the ledger
+    follow the one taken."""
+    write_grants(home, grant("notes", "read_file", "ask"))
+    (home.default_workspace / "notes.txt").write_text("hello\n")
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    requester = await Client.open(home.broker_sock)
+    await requester.send(frame)
+    pending = await requester.final()
+    assert pending["kind"] == "pending", pending
+    a = pending["approval"]
+    frames = {
+        "approve": {"kind": "approve", "approval": a},
+        "refuse": {"kind": "refuse", "approval": a, "reason": "no"},
+    }
+    owners = {kind: await Client.open(home.admin_sock) for kind in frames}
+    order = [first, *(kind for kind in frames if kind != first)]
+    for kind in order:  # both are in brokerd's sockets before it reads either
+        await owners[kind].send(frames[kind])
+    answers = {}
+
+    async def hear(kind: str) -> None:
+        answers[kind] = await owners[kind].final()
+
+    async with trio.open_nursery() as nursery:
+        for kind in order:
+            nursery.start_soon(hear, kind)
+    lost = {"kind": "error", "code": "no_such_approval", "detail": f"no pending approval {a}"}
+    winners = [kind for kind, answer in answers.items() if answer != lost]
+    assert len(winners) == 1, answers
+    [winner] = winners
+    loser = "refuse" if winner == "approve" else "approve"
+    assert answers[loser] == lost
+    final = await requester.final()
+    if winner == "approve":
+        assert answers[winner] == {
+            "kind": "approved",
+            "outcome": "ask",
+            "call": frame["call"],
+            "reason": None,
+        }
+        assert (final["outcome"], final["content"]) == ("ok", "hello\n")
+    else:
+        assert answers[winner] == {"kind": "refused", "call": frame["call"]}
+        assert (final["outcome"], final["reason"]) == ("denied", "refused")
+    for owner in owners.values():
+        await owner.aclose()
+    await requester.aclose()
+    await brokerd.stop()
+    approvals = [r for r in records(home) if r["kind"] == "approval"]
+    assert [(r["call"], r["approval"]) for r in approvals] == [(frame["call"], a)]
+    assert approvals[0]["outcome"] == ("ask" if winner == "approve" else "refused")
