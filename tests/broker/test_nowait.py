@@ -89,7 +89,7 @@ PATHS = [
 def thread_path(spec: Any, path: str) -> RunResult:
     value = spec.arguments.value
     try:
-        return runner._read_file(spec, value)
+        return runner._read_file(spec, value, runner.REAL_HOST)
     except runner._Failed as failed:
         return RunResult.failure(failed.reason, failed.detail, spec.label)
 
