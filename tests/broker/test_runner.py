@@ -461,6 +461,52 @@ async def test_a_hard_link_read_by_opt_in_reads_as_the_highest_label(
     assert (ok(result), result.label) == (PUB_SECRET, Label(Taint.SECRET, True))
 
 
+def link_raced_in(final: Path, target: str) -> Host:
+    """The machine as a racing sandboxed shell makes it: the path resolves while
+    ``final`` is a plain file, and ``final`` is a symlink to ``target`` right after."""
+
+    def resolve_then_swap(workspace: Path, path: str) -> tuple[str, str]:
+        resolved = runner._real_relative(workspace, path)
+        final.unlink()
+        final.symlink_to(target)
+        return resolved
+
+    return Host(read_cached=no_cache, real_relative=resolve_then_swap)
+
+
+@pytest.mark.parametrize("target", ["other.txt", "../secrets/key"])
+async def test_read_file_never_follows_a_link_raced_in_at_the_final_name(
+    ws: Path, linked: Path, target: str
+) -> None:
+    """Even a link that stays in the grant: the final name is opened O_NOFOLLOW."""
+    (ws / "pub" / "other.txt").write_text("other\n")
+    final = ws / "pub" / "readme.txt"
+    raced = link_raced_in(final, target)
+    result = await run("read_file", {"path": "pub/readme.txt"}, ws, raced, grants=PUB)
+    assert failed(result, Reason.PATH_ESCAPE) == (
+        "pub/readme.txt: a symlink leads outside the workspace"
+    )
+    assert final.is_symlink()
+
+
+@pytest.mark.parametrize("target", ["other.txt", "../secrets/key"])
+async def test_write_file_never_follows_a_link_raced_in_at_the_final_name(
+    ws: Path, linked: Path, target: str
+) -> None:
+    (ws / "pub" / "other.txt").write_text("other\n")
+    final = ws / "pub" / "readme.txt"
+    raced = link_raced_in(final, target)
+    arguments = {"path": "pub/readme.txt", "content": "pwned"}
+    result = await run("write_file", arguments, ws, raced, grants=PUB)
+    assert failed(result, Reason.PATH_ESCAPE) == (
+        "pub/readme.txt: a symlink leads outside the workspace"
+    )
+    assert os.readlink(final) == target  # not replaced, and not written through
+    assert (ws / "pub" / "other.txt").read_text() == "other\n"
+    assert kept(linked)
+    assert temp_files(ws / "pub") == []
+
+
 async def test_the_grant_decides_on_the_opened_descriptor(ws: Path, linked: Path) -> None:
     """What the descriptor names when it is checked wins over the walk's names: a name
     moved after the walk (the sandboxed shell shares the workspace) is caught."""
