@@ -49,8 +49,7 @@ class ConfigError(Exception):
 
 
 def _ensure_private_dir(path: Path, *, follow_symlinks: bool, uid: int) -> None:
-    """``path`` exists, is a directory ``uid`` (we) own, and has mode exactly 0700
-    (spec §6.2)."""
+    """``path`` exists, is a directory we own, and has mode exactly 0700 (spec §6.2)."""
     with contextlib.suppress(FileExistsError):
         path.mkdir(DIR_MODE)
     try:
