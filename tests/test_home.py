@@ -160,11 +160,10 @@ def test_a_run_dir_owned_by_another_user_is_refused(home: Home) -> None:
         home.create()
 
 
-def test_another_owner_is_refused_without_root(home: Home, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_owner_is_refused_without_root(home: Home) -> None:
     home.create()
-    monkeypatch.setattr(os, "getuid", lambda: 54321)
     with pytest.raises(HomeError, match=r"owned by uid \d+, not by you \(uid 54321\)"):
-        home.ensure_run_dir()
+        home.ensure_run_dir(uid=54321)
 
 
 def test_write_defaults_writes_0600_once(home: Home) -> None:

@@ -48,7 +48,7 @@ class ConfigError(Exception):
         self.problems = tuple(problems)
 
 
-def _ensure_private_dir(path: Path, *, follow_symlinks: bool) -> None:
+def _ensure_private_dir(path: Path, *, follow_symlinks: bool, uid: int) -> None:
     """``path`` exists, is a directory we own, and has mode exactly 0700."""
     with contextlib.suppress(FileExistsError):
         path.mkdir(DIR_MODE)
@@ -59,10 +59,9 @@ def _ensure_private_dir(path: Path, *, follow_symlinks: bool) -> None:
     if not stat.S_ISDIR(info.st_mode):
         what = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
         raise HomeError(f"{path}: {what}; boxmaker needs a private directory here")
-    if info.st_uid != os.getuid():
+    if info.st_uid != uid:
         raise HomeError(
-            f"{path}: owned by uid {info.st_uid}, not by you (uid {os.getuid()}); "
-            "refusing to use it"
+            f"{path}: owned by uid {info.st_uid}, not by you (uid {uid}); refusing to use it"
         )
     # Exactly 0700, not merely "no group/other bits": mkdir is subject to the umask.
     if stat.S_IMODE(info.st_mode) != DIR_MODE:
@@ -178,15 +177,18 @@ class Home:
         the directories inside it may not, so none of them can point elsewhere.
         """
         self.root.parent.mkdir(parents=True, exist_ok=True)
+        me = os.getuid()
         for directory in self.directories:
-            _ensure_private_dir(directory, follow_symlinks=directory == self.root)
+            _ensure_private_dir(directory, follow_symlinks=directory == self.root, uid=me)
 
-    def ensure_run_dir(self) -> Path:
+    def ensure_run_dir(self, *, uid: int | None = None) -> Path:
         """``run/`` before the sockets are bound (docs/protocol.md): 0700, a looser one
-        tightened, one owned by another user (or not a directory) refused."""
+        tightened, one owned by another user (or not a directory) refused. ``uid`` is
+        who we are: ours (``os.getuid()``) unless a test says otherwise."""
+        me = os.getuid() if uid is None else uid
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        _ensure_private_dir(self.root, follow_symlinks=True)
-        _ensure_private_dir(self.run_dir, follow_symlinks=False)
+        _ensure_private_dir(self.root, follow_symlinks=True, uid=me)
+        _ensure_private_dir(self.run_dir, follow_symlinks=False, uid=me)
         return self.run_dir
 
     def write_defaults(self) -> list[Path]:

@@ -21,6 +21,7 @@ from typing import Final, TypeAlias
 from boxmaker.convert import SESSION_ID
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
+from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir
 from boxmaker.regular_file import read_regular_file
 
 MAX_STATE_BYTES: Final = 4096
@@ -93,31 +94,31 @@ def read_state(sessions_dir: Path, session: str) -> Label | StateUnreadable:
     return parsed
 
 
-def _write_atomically(directory: Path, name: str, data: bytes) -> None:
+def _write_atomically(directory: Path, name: str, data: bytes, files: FileOps) -> None:
     temp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = files.open(temp, flags, 0o600)
     try:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+                view = view[files.write(fd, view) :]
+            files.fsync(fd)
         finally:
-            os.close(fd)
-        temp.replace(directory / name)
+            files.close(fd)
+        files.replace(temp, directory / name)
     except BaseException:
         with contextlib.suppress(OSError):
-            temp.unlink()
+            files.unlink(temp)
         raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(directory, files)
 
 
-def raise_state(sessions_dir: Path, session: str, label: Label) -> Label | StateUnreadable:
-    """Join ``label`` into the session's state; write only if that raises it.
+def raise_state(
+    sessions_dir: Path, session: str, label: Label, *, files: FileOps = OS_FILES
+) -> Label | StateUnreadable:
+    """Join ``label`` into the session's state; write only if that raises it (through
+    ``files``: the real calls, or a test's).
 
     Returns the state after the join, or why it could not be read or written (the
     caller answers ``result_unrecorded``: docs/protocol.md, the write order).
@@ -129,7 +130,7 @@ def raise_state(sessions_dir: Path, session: str, label: Label) -> Label | State
     if raised == current:
         return current
     try:
-        _write_atomically(sessions_dir, f"{session}.json", encode_state(raised))
+        _write_atomically(sessions_dir, f"{session}.json", encode_state(raised), files)
     except OSError as exc:
         return StateUnreadable(
             f"{_where(sessions_dir, session)}: write failed: {exc.strerror or exc}"

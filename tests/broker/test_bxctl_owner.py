@@ -9,15 +9,8 @@ import orjson
 import pytest
 import trio
 import trio.testing
-from tests.broker.broker_harness import (
-    GUARD,
-    SESSION,
-    Client,
-    grant,
-    running,
-    tool_request,
-    write_grants,
-)
+from tests.harness.broker import SESSION, Brokerd, Client, tool_request
+from tests.harness.homes import grant, write_grants
 
 from boxmaker.cli.app import app
 from boxmaker.home import Home
@@ -48,111 +41,106 @@ def asking_home(home: Home) -> Home:
 
 
 async def test_approvals_shows_the_block_and_approve_runs_the_call(
-    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    with trio.fail_after(GUARD):
-        async with running(home):
-            assert await bxctl(home, "approvals") == 0
-            assert capsys.readouterr().out.strip() == "no pending approvals"
+    await brokerd.start()
+    assert await bxctl(home, "approvals") == 0
+    assert capsys.readouterr().out.strip() == "no pending approvals"
 
-            client, pending = await pending_call(home)
-            assert await bxctl(home, "approvals") == 0
-            block = capsys.readouterr().out
-            approval = pending["approval"]
-            assert block.startswith(f"{approval}  read_file  (")
-            assert '"path":"notes.txt"' in block
-            assert "read-notes (mode ask): the owner's notes" in block
-            assert f"{SESSION}: taint public, trusted" in block
-            assert f"bxctl approve {approval}" in block
+    client, pending = await pending_call(home)
+    assert await bxctl(home, "approvals") == 0
+    block = capsys.readouterr().out
+    approval = pending["approval"]
+    assert block.startswith(f"{approval}  read_file  (")
+    assert '"path":"notes.txt"' in block
+    assert "read-notes (mode ask): the owner's notes" in block
+    assert f"{SESSION}: taint public, trusted" in block
+    assert f"bxctl approve {approval}" in block
 
-            assert await bxctl(home, "approvals", "--json") == 0
-            [entry] = orjson.loads(capsys.readouterr().out)
-            assert (entry["approval"], entry["call"]) == (approval, pending["call"])
-            assert entry["grant"] == {
-                "id": "read-notes",
-                "mode": "ask",
-                "note": "the owner's notes",
-            }
+    assert await bxctl(home, "approvals", "--json") == 0
+    [entry] = orjson.loads(capsys.readouterr().out)
+    assert (entry["approval"], entry["call"]) == (approval, pending["call"])
+    assert entry["grant"] == {
+        "id": "read-notes",
+        "mode": "ask",
+        "note": "the owner's notes",
+    }
 
-            # The id as printed, or without its prefix.
-            assert await bxctl(home, "approve", approval.removeprefix("a-")) == 0
-            assert capsys.readouterr().out.strip() == f"{pending['call']}: ask"
-            answer = await client.final()
-            assert (answer["outcome"], answer["content"]) == ("ok", "hello\n")
-            await client.aclose()
+    # The id as printed, or without its prefix.
+    assert await bxctl(home, "approve", approval.removeprefix("a-")) == 0
+    assert capsys.readouterr().out.strip() == f"{pending['call']}: ask"
+    answer = await client.final()
+    assert (answer["outcome"], answer["content"]) == ("ok", "hello\n")
+    await client.aclose()
 
 
 async def test_refuse_passes_the_reason_to_the_requester(
-    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    with trio.fail_after(GUARD):
-        async with running(home):
-            client, pending = await pending_call(home)
-            code = await bxctl(home, "refuse", pending["approval"], "--reason", "not today")
-            assert code == 0
-            assert capsys.readouterr().out.strip() == f"{pending['call']}: refused"
-            answer = await client.final()
-            assert (answer["outcome"], answer["reason"], answer["detail"]) == (
-                "denied",
-                "refused",
-                "not today",
-            )
-            await client.aclose()
+    await brokerd.start()
+    client, pending = await pending_call(home)
+    code = await bxctl(home, "refuse", pending["approval"], "--reason", "not today")
+    assert code == 0
+    assert capsys.readouterr().out.strip() == f"{pending['call']}: refused"
+    answer = await client.final()
+    assert (answer["outcome"], answer["reason"], answer["detail"]) == (
+        "denied",
+        "refused",
+        "not today",
+    )
+    await client.aclose()
 
 
 async def test_approve_of_an_unknown_id_fails_with_the_code(
-    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    with trio.fail_after(GUARD):
-        async with running(home):
-            assert await bxctl(home, "approve", "a-00000000") == 1
-            assert "no_such_approval" in capsys.readouterr().err
-            assert await bxctl(home, "approve", "a-123") == 2
-            assert await bxctl(home, "refuse", "a-00000000", "--reason", "") == 2
+    await brokerd.start()
+    assert await bxctl(home, "approve", "a-00000000") == 1
+    assert "no_such_approval" in capsys.readouterr().err
+    assert await bxctl(home, "approve", "a-123") == 2
+    assert await bxctl(home, "refuse", "a-00000000", "--reason", "") == 2
 
 
 async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
-    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    with trio.fail_after(GUARD):
-        async with running(home):
-            client, pending = await pending_call(home)
-            write_grants(home, "")
-            assert await bxctl(home, "approve", pending["approval"]) == 1
-            assert capsys.readouterr().out.strip() == f"{pending['call']}: denied (no_grant)"
-            await client.expect_denied("no_grant")
+    await brokerd.start()
+    client, pending = await pending_call(home)
+    write_grants(home, "")
+    assert await bxctl(home, "approve", pending["approval"]) == 1
+    assert capsys.readouterr().out.strip() == f"{pending['call']}: denied (no_grant)"
+    await client.expect_denied("no_grant")
 
 
 async def test_status_and_sessions(
-    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            client, _ = await pending_call(home)
-            assert await bxctl(home, "status", "--json") == 0
-            status = orjson.loads(capsys.readouterr().out)
-            assert (status["boot"], status["pending"], status["sessions"]) == (broker.boot, 1, 1)
-            assert status["daemons"] == {
-                "model": False,
-                "brokerd": True,
-                "inferproxy": False,
-                "loopd": False,
-            }
-            assert await bxctl(home, "sessions") == 0
-            assert capsys.readouterr().out.strip() == f"{SESSION}  taint public, trusted, 1 call(s)"
-            write_grants(home, "[[grant]]\nid = 'x'\n")
-            assert await bxctl(home, "status") == 1
-            out = capsys.readouterr().out
-            assert "grants_valid   False" in out
-            assert out.splitlines()[0] == (
-                "daemons        model down, brokerd up, inferproxy down, loopd down"
-            )
-            await client.aclose()
+    broker = await brokerd.start()
+    client, _ = await pending_call(home)
+    assert await bxctl(home, "status", "--json") == 0
+    status = orjson.loads(capsys.readouterr().out)
+    assert (status["boot"], status["pending"], status["sessions"]) == (broker.boot, 1, 1)
+    assert status["daemons"] == {
+        "model": False,
+        "brokerd": True,
+        "inferproxy": False,
+        "loopd": False,
+    }
+    assert await bxctl(home, "sessions") == 0
+    assert capsys.readouterr().out.strip() == f"{SESSION}  taint public, trusted, 1 call(s)"
+    write_grants(home, "[[grant]]\nid = 'x'\n")
+    assert await bxctl(home, "status") == 1
+    out = capsys.readouterr().out
+    assert "grants_valid   False" in out
+    assert out.splitlines()[0] == (
+        "daemons        model down, brokerd up, inferproxy down, loopd down"
+    )
+    await client.aclose()
 
 
 async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
@@ -171,20 +159,20 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
 
 
 async def test_watch_prints_the_list_again_when_it_changes(
-    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    with trio.fail_after(GUARD):
-        async with running(home), trio.open_nursery() as nursery:
-            nursery.start_soon(bxctl, home, "approvals", "--watch")
-            await trio.sleep(2.5)
-            assert capsys.readouterr().out.strip() == "no pending approvals"
-            client, pending = await pending_call(home)
-            await trio.sleep(1.5)
-            shown = capsys.readouterr().out
-            assert shown.startswith("\n---\n")
-            assert pending["approval"] in shown
-            await trio.sleep(3)
-            assert capsys.readouterr().out == ""  # unchanged: nothing printed again
-            nursery.cancel_scope.cancel()
-            await client.aclose()
+    await brokerd.start()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bxctl, home, "approvals", "--watch")
+        await trio.sleep(2.5)
+        assert capsys.readouterr().out.strip() == "no pending approvals"
+        client, pending = await pending_call(home)
+        await trio.sleep(1.5)
+        shown = capsys.readouterr().out
+        assert shown.startswith("\n---\n")
+        assert pending["approval"] in shown
+        await trio.sleep(3)
+        assert capsys.readouterr().out == ""  # unchanged: nothing printed again
+        nursery.cancel_scope.cancel()
+        await client.aclose()

@@ -12,25 +12,21 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from tests.broker.broker_harness import (
-    GUARD,
+from tests.harness.broker import (
     PENDING_TIMEOUT,
     SESSION,
+    Brokerd,
     Client,
     FailingFile,
     admin,
     body,
     call,
     eventually,
-    grant,
-    read_state_file,
     records,
     records_of,
-    running,
     tool_request,
-    write_grants,
-    write_state,
 )
+from tests.harness.homes import grant, read_state_file, write_grants, write_state
 
 from boxmaker.broker import connection
 from boxmaker.broker.connection import (
@@ -39,6 +35,7 @@ from boxmaker.broker.connection import (
     REFUSAL_UNRECORDED,
     RESULT_UNRECORDED_DETAIL,
 )
+from boxmaker.broker.state import Broker
 from boxmaker.convert import new_call_id
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
 from boxmaker.core.state import StateUnreadable
@@ -199,6 +196,7 @@ DENIALS = [
 )
 async def test_every_denial_is_answered_and_recorded_exactly(
     home: Home,
+    brokerd: Brokerd,
     autojump_clock: Clock,
     grants: str,
     state: bytes | tuple[str, bool] | None,
@@ -216,10 +214,10 @@ async def test_every_denial_is_answered_and_recorded_exactly(
         write_state(home, SESSION, *state)
     arguments = arguments or {"path": "notes.txt"}
     notes(home)
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request(tool, arguments)
-            frames = await call(home, frame)
+    broker = await brokerd.start()
+    frame = tool_request(tool, arguments)
+    frames = await call(home, frame)
+    await brokerd.stop()
     c = frame["call"]
     assert len(frames) == 1
     assert frames[0]["kind"] == "answer"
@@ -242,11 +240,13 @@ async def test_every_denial_is_answered_and_recorded_exactly(
     ]
 
 
-async def test_no_grant_detail_names_the_tool_and_path(home: Home, autojump_clock: Clock) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            frames = await call(home, frame)
+async def test_no_grant_detail_names_the_tool_and_path(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    frames = await call(home, frame)
+    await brokerd.stop()
     assert frames == [denied(frame["call"], "no_grant", "no grant allows read_file on notes.txt")]
 
 
@@ -255,14 +255,14 @@ async def test_no_grant_detail_names_the_tool_and_path(home: Home, autojump_cloc
 
 
 async def test_auto_read_file_runs_raises_the_state_and_records_the_result(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("read-all", "read_file", "auto"))
     notes(home)
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            frames = await call(home, frame)
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    frames = await call(home, frame)
+    await brokerd.stop()
     c = frame["call"]
     assert frames == [ok_answer(c, "hello\n")]
     assert [body(r) for r in records_of(home, c)] == [
@@ -272,13 +272,13 @@ async def test_auto_read_file_runs_raises_the_state_and_records_the_result(
     assert read_state_file(home, SESSION) == {"v": 1, "taint": "internal", "untrusted": False}
 
 
-async def test_auto_write_file_writes(home: Home, autojump_clock: Clock) -> None:
+async def test_auto_write_file_writes(home: Home, brokerd: Brokerd, autojump_clock: Clock) -> None:
     write_grants(home, grant("write-out", "write_file", "auto", paths=["out/**"]))
     (home.default_workspace / "out").mkdir()
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("write_file", {"path": "out/a.txt", "content": "hi"})
-            frames = await call(home, frame)
+    await brokerd.start()
+    frame = tool_request("write_file", {"path": "out/a.txt", "content": "hi"})
+    frames = await call(home, frame)
+    await brokerd.stop()
     assert frames[0]["outcome"] == "ok"
     assert (home.default_workspace / "out" / "a.txt").read_text() == "hi"
     kinds = [(r["kind"], r.get("status")) for r in records_of(home, frame["call"])]
@@ -286,13 +286,13 @@ async def test_auto_write_file_writes(home: Home, autojump_clock: Clock) -> None
 
 
 async def test_a_tool_failure_is_recorded_and_answered_failed(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("read-all", "read_file", "auto"))
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("read_file", {"path": "missing.txt"})
-            frames = await call(home, frame)
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "missing.txt"})
+    frames = await call(home, frame)
+    await brokerd.stop()
     assert frames[0]["outcome"] == "failed"
     assert frames[0]["reason"] == "not_found"
     assert "content" not in frames[0]
@@ -301,16 +301,16 @@ async def test_a_tool_failure_is_recorded_and_answered_failed(
 
 
 async def test_auto_last_look_requester_gone_runs_nothing(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("write-all", "write_file", "auto"))
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("write_file", {"path": "x.txt", "content": "hi"})
-            client = await Client.open(home.broker_sock)
-            await client.send(frame)
-            await client.aclose()
-            await eventually(lambda: len(records_of(home, frame["call"])) == 2)
+    broker = await brokerd.start()
+    frame = tool_request("write_file", {"path": "x.txt", "content": "hi"})
+    client = await Client.open(home.broker_sock)
+    await client.send(frame)
+    await client.aclose()
+    await eventually(lambda: len(records_of(home, frame["call"])) == 2)
+    await brokerd.stop()
     c = frame["call"]
     assert not (home.default_workspace / "x.txt").exists()
     assert [body(r) for r in records_of(home, c)] == [
@@ -337,15 +337,15 @@ async def test_auto_last_look_requester_gone_runs_nothing(
 
 
 async def test_state_that_cannot_be_raised_answers_result_unrecorded(
-    home: Home, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_grants(home, grant("read-all", "read_file", "auto"))
     notes(home)
     monkeypatch.setattr(connection, "raise_state", lambda *_: StateUnreadable("disk full"))
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            frames = await call(home, frame)
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    frames = await call(home, frame)
+    await brokerd.stop()
     assert frames == [
         {
             "kind": "answer",
@@ -364,44 +364,46 @@ async def test_state_that_cannot_be_raised_answers_result_unrecorded(
 # Ask → approve, with each outcome of the re-decision (docs/protocol.md)
 
 
-async def test_ask_then_approve_runs_with_outcome_ask(home: Home, autojump_clock: Clock) -> None:
+async def test_ask_then_approve_runs_with_outcome_ask(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
     write_grants(home, grant("ask-notes", "read_file", "ask", note="the owner's notes"))
     notes(home)
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            a = pending["approval"]
-            assert pending == {
-                "kind": "pending",
-                "final": False,
-                "call": c,
-                "approval": a,
-                "grant": "ask-notes",
-                "expires_at": pending["expires_at"],
-            }
-            listed = await admin(home, {"kind": "approvals"})
-            assert listed["kind"] == "approvals"
-            [entry] = listed["entries"]
-            assert entry == {
-                "approval": a,
-                "call": c,
-                "session": SESSION,
-                "tool": "read_file",
-                "arguments": {"path": "notes.txt"},
-                "grant": {"id": "ask-notes", "mode": "ask", "note": "the owner's notes"},
-                "requested_at": entry["requested_at"],
-                "expires_at": pending["expires_at"],
-                "taint": "public",
-                "untrusted": False,
-            }
-            approved = await admin(home, {"kind": "approve", "approval": a})
-            assert approved == {"kind": "approved", "outcome": "ask", "call": c, "reason": None}
-            assert await client.receive() == ok_answer(c, "hello\n")
-            assert await client.at_eof()
-            await client.aclose()
-            assert len(broker.table) == 0
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    a = pending["approval"]
+    assert pending == {
+        "kind": "pending",
+        "final": False,
+        "call": c,
+        "approval": a,
+        "grant": "ask-notes",
+        "expires_at": pending["expires_at"],
+    }
+    listed = await admin(home, {"kind": "approvals"})
+    assert listed["kind"] == "approvals"
+    [entry] = listed["entries"]
+    assert entry == {
+        "approval": a,
+        "call": c,
+        "session": SESSION,
+        "tool": "read_file",
+        "arguments": {"path": "notes.txt"},
+        "grant": {"id": "ask-notes", "mode": "ask", "note": "the owner's notes"},
+        "requested_at": entry["requested_at"],
+        "expires_at": pending["expires_at"],
+        "taint": "public",
+        "untrusted": False,
+    }
+    approved = await admin(home, {"kind": "approve", "approval": a})
+    assert approved == {"kind": "approved", "outcome": "ask", "call": c, "reason": None}
+    assert await client.receive() == ok_answer(c, "hello\n")
+    assert await client.at_eof()
+    await client.aclose()
+    assert len(broker.table) == 0
+    await brokerd.stop()
     assert [body(r) for r in records_of(home, c)] == [
         decision(c, broker.boot, verdict="ask", grant="ask-notes"),
         approval(c, a),
@@ -410,95 +412,93 @@ async def test_ask_then_approve_runs_with_outcome_ask(home: Home, autojump_clock
 
 
 async def test_approve_after_the_grant_became_auto_is_allowed(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     notes(home)
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            client, pending = await ask_call(home, frame)
-            write_grants(home, grant("notes", "read_file", "auto"))
-            approved = await admin(home, {"kind": "approve", "approval": pending["approval"]})
-            assert approved["outcome"] == "allowed"
-            assert approved["reason"] is None
-            assert await client.receive() == ok_answer(frame["call"], "hello\n")
-            await client.aclose()
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    client, pending = await ask_call(home, frame)
+    write_grants(home, grant("notes", "read_file", "auto"))
+    approved = await admin(home, {"kind": "approve", "approval": pending["approval"]})
+    assert approved["outcome"] == "allowed"
+    assert approved["reason"] is None
+    assert await client.receive() == ok_answer(frame["call"], "hello\n")
+    await client.aclose()
+    await brokerd.stop()
     outcomes = [r.get("outcome") for r in records_of(home, frame["call"])]
     assert outcomes == [None, "allowed", None]
 
 
 async def test_approve_after_the_grant_was_removed_is_denied(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            write_grants(home, "")
-            a = pending["approval"]
-            approved = await admin(home, {"kind": "approve", "approval": a})
-            assert approved == {
-                "kind": "approved",
-                "outcome": "denied",
-                "call": c,
-                "reason": "no_grant",
-            }
-            assert await client.receive() == denied(
-                c, "no_grant", "no grant allows read_file on notes.txt"
-            )
-            await client.aclose()
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    write_grants(home, "")
+    a = pending["approval"]
+    approved = await admin(home, {"kind": "approve", "approval": a})
+    assert approved == {
+        "kind": "approved",
+        "outcome": "denied",
+        "call": c,
+        "reason": "no_grant",
+    }
+    assert await client.receive() == denied(c, "no_grant", "no grant allows read_file on notes.txt")
+    await client.aclose()
+    await brokerd.stop()
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="denied", reason="no_grant")
     ]
 
 
 async def test_approve_after_the_taint_rose_past_max_taint_is_denied(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask", max_taint="internal"))
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            write_state(home, SESSION, "secret")
-            a = pending["approval"]
-            approved = await admin(home, {"kind": "approve", "approval": a})
-            assert approved == {
-                "kind": "approved",
-                "outcome": "denied",
-                "call": c,
-                "reason": "taint_exceeded",
-            }
-            await client.expect_denied("taint_exceeded")
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    write_state(home, SESSION, "secret")
+    a = pending["approval"]
+    approved = await admin(home, {"kind": "approve", "approval": a})
+    assert approved == {
+        "kind": "approved",
+        "outcome": "denied",
+        "call": c,
+        "reason": "taint_exceeded",
+    }
+    await client.expect_denied("taint_exceeded")
+    await brokerd.stop()
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="denied", reason="taint_exceeded", taint="secret")
     ]
 
 
 async def test_last_look_after_approve_requester_gone_runs_nothing(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("w", "write_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("write_file", {"path": "x.txt", "content": "hi"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            # Closed, and approved before the one-second look can notice: the last look
-            # before the approval record is what finds it gone.
-            await client.aclose()
-            a = pending["approval"]
-            approved = await admin(home, {"kind": "approve", "approval": a})
-            assert approved == {
-                "kind": "approved",
-                "outcome": "withdrawn",
-                "call": c,
-                "reason": "requester_gone",
-            }
+    await brokerd.start()
+    frame = tool_request("write_file", {"path": "x.txt", "content": "hi"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    # Closed, and approved before the one-second look can notice: the last look
+    # before the approval record is what finds it gone.
+    await client.aclose()
+    a = pending["approval"]
+    approved = await admin(home, {"kind": "approve", "approval": a})
+    assert approved == {
+        "kind": "approved",
+        "outcome": "withdrawn",
+        "call": c,
+        "reason": "requester_gone",
+    }
+    await brokerd.stop()
     assert not (home.default_workspace / "x.txt").exists()
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="withdrawn", reason="requester_gone")
@@ -506,78 +506,79 @@ async def test_last_look_after_approve_requester_gone_runs_nothing(
 
 
 async def test_approve_of_an_unknown_or_finished_approval(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home):
-            client, pending = await ask_call(home, tool_request("read_file", {"path": "n.txt"}))
-            a = pending["approval"]
-            first = await admin(home, {"kind": "refuse", "approval": a, "reason": "no"})
-            assert first["kind"] == "refused"
-            again = await admin(home, {"kind": "approve", "approval": a})
-            assert again == {
-                "kind": "error",
-                "code": "no_such_approval",
-                "detail": f"no pending approval {a}",
-            }
-            await client.aclose()
+    await brokerd.start()
+    client, pending = await ask_call(home, tool_request("read_file", {"path": "n.txt"}))
+    a = pending["approval"]
+    first = await admin(home, {"kind": "refuse", "approval": a, "reason": "no"})
+    assert first["kind"] == "refused"
+    again = await admin(home, {"kind": "approve", "approval": a})
+    assert again == {
+        "kind": "error",
+        "code": "no_such_approval",
+        "detail": f"no pending approval {a}",
+    }
+    await client.aclose()
 
 
 # ---------------------------------------------------------------------------------------
 # Refuse: the owner's reason goes to the model
 
 
-async def test_refuse_reaches_the_answer_and_the_record(home: Home, autojump_clock: Clock) -> None:
+async def test_refuse_reaches_the_answer_and_the_record(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     reason = "not today: that file is private"
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            a = pending["approval"]
-            refused = await admin(home, {"kind": "refuse", "approval": a, "reason": reason})
-            assert refused == {"kind": "refused", "call": c}
-            assert await client.receive() == denied(c, "refused", reason)
-            await client.aclose()
+    await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    a = pending["approval"]
+    refused = await admin(home, {"kind": "refuse", "approval": a, "reason": reason})
+    assert refused == {"kind": "refused", "call": c}
+    assert await client.receive() == denied(c, "refused", reason)
+    await client.aclose()
+    await brokerd.stop()
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="refused", reason=reason)
     ]
 
 
-async def test_a_refusal_that_cannot_be_recorded(home: Home, autojump_clock: Clock) -> None:
+async def test_a_refusal_that_cannot_be_recorded(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     _, opener = FailingFile.opener(lambda data: b'"outcome":"refused"' in data)
-    with trio.fail_after(GUARD):
-        async with running(home, open_file=opener):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            refused = await admin(
-                home, {"kind": "refuse", "approval": pending["approval"], "reason": "no"}
-            )
-            assert refused == {"kind": "error", "code": "internal", "detail": REFUSAL_UNRECORDED}
-            assert await client.receive() == denied(
-                c, "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL
-            )
-            await client.aclose()
+    await brokerd.start(open_file=opener)
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    refused = await admin(home, {"kind": "refuse", "approval": pending["approval"], "reason": "no"})
+    assert refused == {"kind": "error", "code": "internal", "detail": REFUSAL_UNRECORDED}
+    assert await client.receive() == denied(c, "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL)
+    await client.aclose()
+    await brokerd.stop()
     assert [r["kind"] for r in records_of(home, c)] == ["decision"]
 
 
-async def test_an_approval_that_cannot_be_recorded(home: Home, autojump_clock: Clock) -> None:
+async def test_an_approval_that_cannot_be_recorded(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
     write_grants(home, grant("w", "write_file", "ask"))
     _, opener = FailingFile.opener(lambda data: b'"kind":"approval"' in data)
-    with trio.fail_after(GUARD):
-        async with running(home, open_file=opener):
-            frame = tool_request("write_file", {"path": "x.txt", "content": "hi"})
-            client, pending = await ask_call(home, frame)
-            approved = await admin(home, {"kind": "approve", "approval": pending["approval"]})
-            assert approved == {"kind": "error", "code": "internal", "detail": APPROVAL_UNRECORDED}
-            assert await client.receive() == denied(
-                frame["call"], "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL
-            )
-            await client.aclose()
+    await brokerd.start(open_file=opener)
+    frame = tool_request("write_file", {"path": "x.txt", "content": "hi"})
+    client, pending = await ask_call(home, frame)
+    approved = await admin(home, {"kind": "approve", "approval": pending["approval"]})
+    assert approved == {"kind": "error", "code": "internal", "detail": APPROVAL_UNRECORDED}
+    assert await client.receive() == denied(
+        frame["call"], "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL
+    )
+    await client.aclose()
+    await brokerd.stop()
     assert not (home.default_workspace / "x.txt").exists()
 
 
@@ -585,27 +586,29 @@ async def test_an_approval_that_cannot_be_recorded(home: Home, autojump_clock: C
 # Expiry and a lost requester (docs/protocol.md)
 
 
-async def test_expiry_is_exactly_at_expires_at(home: Home, autojump_clock: Clock) -> None:
+async def test_expiry_is_exactly_at_expires_at(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            a = pending["approval"]
-            entry = broker.table.get(a)
-            assert entry is not None
-            assert entry.deadline == trio.current_time() + PENDING_TIMEOUT
-            await trio.sleep_until(entry.deadline - 0.001)
-            listed = await admin(home, {"kind": "approvals"})
-            assert [e["approval"] for e in listed["entries"]] == [a]
-            assert (await admin(home, {"kind": "status"}))["pending"] == 1
-            await trio.sleep_until(entry.deadline)
-            answer = await client.receive()
-            assert answer == denied(c, "expired", f"no approval within {PENDING_TIMEOUT:g} s")
-            assert trio.current_time() == entry.deadline
-            assert (await admin(home, {"kind": "approvals"}))["entries"] == []
-            await client.aclose()
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    a = pending["approval"]
+    entry = broker.table.get(a)
+    assert entry is not None
+    assert entry.deadline == trio.current_time() + PENDING_TIMEOUT
+    await trio.sleep_until(entry.deadline - 0.001)
+    listed = await admin(home, {"kind": "approvals"})
+    assert [e["approval"] for e in listed["entries"]] == [a]
+    assert (await admin(home, {"kind": "status"}))["pending"] == 1
+    await trio.sleep_until(entry.deadline)
+    answer = await client.receive()
+    assert answer == denied(c, "expired", f"no approval within {PENDING_TIMEOUT:g} s")
+    assert trio.current_time() == entry.deadline
+    assert (await admin(home, {"kind": "approvals"}))["entries"] == []
+    await client.aclose()
+    await brokerd.stop()
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="expired", reason="expired", by="expiry")
     ]
@@ -614,64 +617,63 @@ async def test_expiry_is_exactly_at_expires_at(home: Home, autojump_clock: Clock
 @pytest.mark.parametrize("kind", ["approve", "refuse"])
 @pytest.mark.parametrize("attempt", range(4))  # the two racing takers run in random order
 async def test_approve_or_refuse_at_expires_at_is_expired_once(
-    home: Home, autojump_clock: Clock, kind: str, attempt: int
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, kind: str, attempt: int
 ) -> None:
     del attempt
     write_grants(home, grant("notes", "read_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            a = pending["approval"]
-            entry = broker.table.get(a)
-            assert entry is not None
-            await trio.sleep_until(entry.deadline)
-            request = {"kind": kind, "approval": a}
-            if kind == "refuse":
-                request["reason"] = "too late"
-            answer = await admin(home, request)
-            assert answer == {"kind": "error", "code": "expired", "detail": f"approval {a} expired"}
-            await client.expect_denied("expired")
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    a = pending["approval"]
+    entry = broker.table.get(a)
+    assert entry is not None
+    await trio.sleep_until(entry.deadline)
+    request = {"kind": kind, "approval": a}
+    if kind == "refuse":
+        request["reason"] = "too late"
+    answer = await admin(home, request)
+    assert answer == {"kind": "error", "code": "expired", "detail": f"approval {a} expired"}
+    await client.expect_denied("expired")
+    await brokerd.stop()
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, a, outcome="expired", reason="expired", by="expiry")
     ]
 
 
 async def test_approve_a_step_before_expires_at_still_runs(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     notes(home)
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            client, pending = await ask_call(home, frame)
-            entry = broker.table.get(pending["approval"])
-            assert entry is not None
-            await trio.sleep_until(entry.deadline - 0.001)
-            approved = await admin(home, {"kind": "approve", "approval": pending["approval"]})
-            assert approved["outcome"] == "ask"
-            assert await client.receive() == ok_answer(frame["call"], "hello\n")
-            await client.aclose()
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    client, pending = await ask_call(home, frame)
+    entry = broker.table.get(pending["approval"])
+    assert entry is not None
+    await trio.sleep_until(entry.deadline - 0.001)
+    approved = await admin(home, {"kind": "approve", "approval": pending["approval"]})
+    assert approved["outcome"] == "ask"
+    assert await client.receive() == ok_answer(frame["call"], "hello\n")
+    await client.aclose()
 
 
 async def test_requester_closing_while_pending_is_withdrawn_within_a_second(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            c = frame["call"]
-            client, pending = await ask_call(home, frame)
-            await trio.sleep(0.25)
-            closed_at = trio.current_time()
-            await client.aclose()
-            await eventually(lambda: len(records_of(home, c)) == 2, step=0.001)
-            assert 0 < trio.current_time() - closed_at <= 1.0
-            assert len(broker.table) == 0
-            assert broker.waiters == {}
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    c = frame["call"]
+    client, pending = await ask_call(home, frame)
+    await trio.sleep(0.25)
+    closed_at = trio.current_time()
+    await client.aclose()
+    await eventually(lambda: len(records_of(home, c)) == 2, step=0.001)
+    assert 0 < trio.current_time() - closed_at <= 1.0
+    assert len(broker.table) == 0
+    assert broker.waiters == {}
+    await brokerd.stop()
     assert [body(r) for r in records_of(home, c)][1:] == [
         approval(c, pending["approval"], outcome="withdrawn", reason="requester_gone", by="broker")
     ]
@@ -682,23 +684,23 @@ async def test_requester_closing_while_pending_is_withdrawn_within_a_second(
 
 
 async def test_a_failed_decision_append_denies_and_stops_the_ledger(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("w", "write_file", "auto"))
     made, opener = FailingFile.opener(lambda data: b'"kind":"decision"' in data)
-    with trio.fail_after(GUARD):
-        async with running(home, open_file=opener) as broker:
-            first = tool_request("write_file", {"path": "a.txt", "content": "1"})
-            assert await call(home, first) == [
-                denied(first["call"], "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL)
-            ]
-            second = tool_request("write_file", {"path": "b.txt", "content": "2"})
-            assert await call(home, second) == [
-                denied(second["call"], "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL)
-            ]
-            assert not broker.writer.usable
-            status = await admin(home, {"kind": "status"})
-            assert status["ledger_usable"] is False
+    broker = await brokerd.start(open_file=opener)
+    first = tool_request("write_file", {"path": "a.txt", "content": "1"})
+    assert await call(home, first) == [
+        denied(first["call"], "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL)
+    ]
+    second = tool_request("write_file", {"path": "b.txt", "content": "2"})
+    assert await call(home, second) == [
+        denied(second["call"], "audit_unavailable", AUDIT_UNAVAILABLE_DETAIL)
+    ]
+    assert not broker.writer.usable
+    status = await admin(home, {"kind": "status"})
+    assert status["ledger_usable"] is False
+    await brokerd.stop()
     assert made[0].failed
     assert not (home.default_workspace / "a.txt").exists()
     assert not (home.default_workspace / "b.txt").exists()
@@ -706,17 +708,17 @@ async def test_a_failed_decision_append_denies_and_stops_the_ledger(
 
 
 async def test_a_failed_result_append_never_passes_the_content(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("read-all", "read_file", "auto"))
     notes(home, "the secret plan")
     _, opener = FailingFile.opener(lambda data: b'"kind":"result"' in data)
-    with trio.fail_after(GUARD):
-        async with running(home, open_file=opener):
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            frames = await call(home, frame)
-            later = tool_request("read_file", {"path": "notes.txt"})
-            later_frames = await call(home, later)
+    await brokerd.start(open_file=opener)
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    frames = await call(home, frame)
+    later = tool_request("read_file", {"path": "notes.txt"})
+    later_frames = await call(home, later)
+    await brokerd.stop()
     assert frames == [
         {
             "kind": "answer",
@@ -737,28 +739,28 @@ async def test_a_failed_result_append_never_passes_the_content(
 
 
 async def test_broken_grants_deny_log_once_and_recover_without_restart(
-    home: Home, autojump_clock: Clock, caplog: pytest.LogCaptureFixture
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="boxmaker.brokerd")
     write_grants(home, grant("read-all", "read_file", "auto"))
     notes(home)
-    with trio.fail_after(GUARD):
-        async with running(home):
-            assert (await call(home, tool_request("read_file", {"path": "notes.txt"})))[0][
-                "outcome"
-            ] == "ok"
-            write_grants(home, grant("read-all", "read_file", "sometimes"))
-            for _ in range(3):
-                frames = await call(home, tool_request("read_file", {"path": "notes.txt"}))
-                assert frames[0]["reason"] == "grants_invalid"
-                assert "read-all" in frames[0]["detail"]
-                await trio.sleep(5)  # the watcher looks too, between calls
-            status = await admin(home, {"kind": "status"})
-            assert status["grants_valid"] is False
-            assert "mode" in status["grants_problem"]
-            write_grants(home, grant("read-all", "read_file", "auto"))
-            frames = await call(home, tool_request("read_file", {"path": "notes.txt"}))
-            assert frames[0]["outcome"] == "ok"
+    await brokerd.start()
+    assert (await call(home, tool_request("read_file", {"path": "notes.txt"})))[0][
+        "outcome"
+    ] == "ok"
+    write_grants(home, grant("read-all", "read_file", "sometimes"))
+    for _ in range(3):
+        frames = await call(home, tool_request("read_file", {"path": "notes.txt"}))
+        assert frames[0]["reason"] == "grants_invalid"
+        assert "read-all" in frames[0]["detail"]
+        await trio.sleep(5)  # the watcher looks too, between calls
+    status = await admin(home, {"kind": "status"})
+    assert status["grants_valid"] is False
+    assert "mode" in status["grants_problem"]
+    write_grants(home, grant("read-all", "read_file", "auto"))
+    frames = await call(home, tool_request("read_file", {"path": "notes.txt"}))
+    assert frames[0]["outcome"] == "ok"
+    await brokerd.stop()
     logged = [r for r in caplog.records if "grants.toml is invalid" in r.getMessage()]
     assert len(logged) == 1
     assert any("valid again" in r.getMessage() for r in caplog.records)
@@ -768,10 +770,12 @@ async def test_broken_grants_deny_log_once_and_recover_without_restart(
 # Frames that are not tool requests (docs/protocol.md)
 
 
-async def test_catalogue_is_answered_and_not_recorded(home: Home, autojump_clock: Clock) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frames = await call(home, {"kind": "catalogue", "v": 1})
+async def test_catalogue_is_answered_and_not_recorded(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
+    await brokerd.start()
+    frames = await call(home, {"kind": "catalogue", "v": 1})
+    await brokerd.stop()
     assert len(frames) == 1
     assert frames[0]["kind"] == "catalogue"
     assert frames[0]["final"] is True
@@ -791,52 +795,52 @@ async def test_catalogue_is_answered_and_not_recorded(home: Home, autojump_clock
     ],
 )
 async def test_malformed_frames_are_bad_frame_and_the_broker_keeps_serving(
-    home: Home, autojump_clock: Clock, line: bytes, detail: str | None
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, line: bytes, detail: str | None
 ) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frames = await call(home, line)
-            assert len(frames) == 1
-            assert frames[0]["kind"] == "error"
-            assert frames[0]["code"] == "bad_frame"
-            if detail is not None:
-                assert frames[0]["detail"] == detail
-            assert (await call(home, {"kind": "catalogue", "v": 1}))[0]["kind"] == "catalogue"
+    await brokerd.start()
+    frames = await call(home, line)
+    assert len(frames) == 1
+    assert frames[0]["kind"] == "error"
+    assert frames[0]["code"] == "bad_frame"
+    if detail is not None:
+        assert frames[0]["detail"] == detail
+    assert (await call(home, {"kind": "catalogue", "v": 1}))[0]["kind"] == "catalogue"
+    await brokerd.stop()
     assert [r["kind"] for r in records(home)] == ["genesis", "start", "stop"]
 
 
-async def test_an_oversized_frame_is_bad_frame(home: Home, autojump_clock: Clock) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            client = await Client.open(home.broker_sock)
+async def test_an_oversized_frame_is_bad_frame(
+    home: Home, broker: Broker, autojump_clock: Clock
+) -> None:
+    client = await Client.open(home.broker_sock)
 
-            async def flood() -> None:
-                # The broker closes once it has seen enough.
-                with contextlib.suppress(trio.BrokenResourceError):
-                    await client.send(b"x" * (MAX_FRAME + 10) + b"\n")
+    async def flood() -> None:
+        # The broker closes once it has seen enough.
+        with contextlib.suppress(trio.BrokenResourceError):
+            await client.send(b"x" * (MAX_FRAME + 10) + b"\n")
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(flood)
-                answer = await client.receive()
-            assert answer == {
-                "kind": "error",
-                "code": "bad_frame",
-                "detail": f"frame longer than {MAX_FRAME} bytes",
-            }
-            await client.aclose()
-            assert (await call(home, {"kind": "catalogue", "v": 1}))[0]["kind"] == "catalogue"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(flood)
+        answer = await client.receive()
+    assert answer == {
+        "kind": "error",
+        "code": "bad_frame",
+        "detail": f"frame longer than {MAX_FRAME} bytes",
+    }
+    await client.aclose()
+    assert (await call(home, {"kind": "catalogue", "v": 1}))[0]["kind"] == "catalogue"
 
 
 async def test_a_connection_that_sends_nothing_is_closed_after_5_s(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            client = await Client.open(home.broker_sock)
-            opened = trio.current_time()
-            assert await client.at_eof()
-            assert trio.current_time() - opened == pytest.approx(5.0)
-            await client.aclose()
+    await brokerd.start()
+    client = await Client.open(home.broker_sock)
+    opened = trio.current_time()
+    assert await client.at_eof()
+    assert trio.current_time() - opened == pytest.approx(5.0)
+    await client.aclose()
+    await brokerd.stop()
     assert [r["kind"] for r in records(home)] == ["genesis", "start", "stop"]
 
 
@@ -850,11 +854,11 @@ async def test_a_connection_that_sends_nothing_is_closed_after_5_s(
     ],
 )
 async def test_forbidden_kinds_are_answered_and_not_recorded(
-    home: Home, autojump_clock: Clock, frame: dict[str, Any]
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, frame: dict[str, Any]
 ) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            frames = await call(home, frame)
+    await brokerd.start()
+    frames = await call(home, frame)
+    await brokerd.stop()
     assert frames == [
         {
             "kind": "error",
@@ -866,25 +870,25 @@ async def test_forbidden_kinds_are_answered_and_not_recorded(
 
 
 async def test_a_reused_call_id_is_refused_and_not_recorded(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     c = new_call_id()
-    with trio.fail_after(GUARD):
-        async with running(home):
-            first = await call(home, tool_request("read_file", {"path": "a"}, call=c))
-            assert first[0]["reason"] == "no_grant"
-            again = await call(home, tool_request("read_file", {"path": "b"}, call=c))
+    await brokerd.start()
+    first = await call(home, tool_request("read_file", {"path": "a"}, call=c))
+    assert first[0]["reason"] == "no_grant"
+    again = await call(home, tool_request("read_file", {"path": "b"}, call=c))
+    await brokerd.stop()
     assert again == [{"kind": "error", "code": "bad_frame", "detail": CALL_ID_USED}]
     assert [r["arguments"] for r in records_of(home, c)] == [{"path": "a"}]
 
 
 async def test_a_peer_other_than_the_owner_is_refused(
-    home: Home, autojump_clock: Clock, caplog: pytest.LogCaptureFixture
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The owner (who loopd runs as) is taken to be someone else: we are then a stranger.
-    with trio.fail_after(GUARD):
-        async with running(home, owner_uid=4242):
-            frames = await call(home, tool_request("read_file", {"path": "a"}))
+    await brokerd.start(owner_uid=4242)
+    frames = await call(home, tool_request("read_file", {"path": "a"}))
+    await brokerd.stop()
     assert len(frames) == 1
     assert frames[0]["kind"] == "error"
     assert frames[0]["code"] == "peer_refused"

@@ -89,7 +89,7 @@ PATHS = [
 def thread_path(spec: Any, path: str) -> RunResult:
     value = spec.arguments.value
     try:
-        return runner._read_file(spec, value)
+        return runner._read_file(spec, value, runner.REAL_HOST)
     except runner._Failed as failed:
         return RunResult.failure(failed.reason, failed.detail, spec.label)
 
@@ -146,9 +146,8 @@ def test_a_file_whose_data_is_not_cached_goes_to_the_thread(tree: Path, supporte
     assert nowait.read_cached_beneath(str(tree), "cold.txt", CACHED_READ_MAX) is not None
 
 
-def test_without_openat2_nothing_is_tried(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nowait, "_syscall", None)
-    assert nowait.read_cached_beneath(str(tree), "notes.txt", 4096) is None
+def test_without_openat2_nothing_is_tried(tree: Path) -> None:
+    assert nowait.read_cached_beneath(str(tree), "notes.txt", 4096, syscall=None) is None
 
 
 SERVED = {"notes.txt", "sub/deep.txt", "sub/../notes.txt", ".env", "empty.txt", "latin.txt"}

@@ -19,10 +19,10 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
 from boxmaker.broker import runner, sandbox
-from boxmaker.broker.runner import NO_BWRAP_DETAIL, RunResult, RunSpec, execute
+from boxmaker.broker.runner import NO_BWRAP_DETAIL, REAL_HOST, Host, RunResult, RunSpec, execute
 from boxmaker.core.catalogue import MAX_BYTES
 from boxmaker.core.decide import Decision, ToolRequest, evaluate
 from boxmaker.core.grants import Grant, GrantSet, parse_grants
@@ -117,9 +117,18 @@ def spec_for(
     )
 
 
-async def run(tool: str, arguments: dict[str, Any], workspace: Path, **options: Any) -> RunResult:
+async def run(
+    tool: str, arguments: dict[str, Any], workspace: Path, host: Host = REAL_HOST, **options: Any
+) -> RunResult:
     with trio.fail_after(20):
-        return await execute(spec_for(tool, arguments, workspace, **options))
+        return await execute(spec_for(tool, arguments, workspace, **options), host=host)
+
+
+def no_cache(*_: object) -> None:
+    """The cached read never serves: read_file goes to its worker thread."""
+
+
+NO_CACHE = Host(read_cached=no_cache)
 
 
 def failed(result: RunResult, reason: Reason) -> str:
@@ -374,11 +383,9 @@ def kept(key: Path) -> bool:
 
 
 @pytest.fixture(params=["cached", "thread"])
-def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def read_path(request: pytest.FixtureRequest) -> Host:
     """read_file both ways: on the trio thread from the caches, and in a worker thread."""
-    if request.param == "thread":
-        monkeypatch.setattr(runner, "read_cached_beneath", lambda *_: None)
-    return str(request.param)
+    return NO_CACHE if request.param == "thread" else REAL_HOST
 
 
 @pytest.mark.parametrize(
@@ -395,17 +402,17 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     ],
 )
 async def test_a_paths_grant_bounds_the_file_a_link_opens(
-    ws: Path, linked: Path, read_path: str, path: str, detail: str
+    ws: Path, linked: Path, read_path: Host, path: str, detail: str
 ) -> None:
-    result = await run("read_file", {"path": path}, ws, grants=PUB)
+    result = await run("read_file", {"path": path}, ws, grants=PUB, host=read_path)
     assert failed(result, Reason.PATH_ESCAPE) == detail
     assert result.label == INTERNAL  # nothing was read: the requested path's label
 
 
 async def test_a_link_that_stays_in_the_grant_is_followed(
-    ws: Path, linked: Path, read_path: str
+    ws: Path, linked: Path, read_path: Host
 ) -> None:
-    result = await run("read_file", {"path": "pub/alias"}, ws, grants=PUB)
+    result = await run("read_file", {"path": "pub/alias"}, ws, grants=PUB, host=read_path)
     assert (ok(result), result.label) == ("hello\n", INTERNAL)
 
 
@@ -444,39 +451,82 @@ async def test_write_file_replaces_a_hard_linked_name_never_its_other_names(
 
 
 async def test_a_hard_link_read_by_opt_in_reads_as_the_highest_label(
-    ws: Path, linked: Path, read_path: str
+    ws: Path, linked: Path, read_path: Host
 ) -> None:
-    result = await run("read_file", {"path": "pub/hard"}, ws, grants=HARD_LINKS)
+    result = await run("read_file", {"path": "pub/hard"}, ws, grants=HARD_LINKS, host=read_path)
     assert ok(result) == PUB_SECRET
     assert result.label == LabelRules().highest() == Label(Taint.SECRET, True)
     # Without paths a hard link is allowed, and still never launders a label.
-    result = await run("read_file", {"path": "pub/hard"}, ws)
+    result = await run("read_file", {"path": "pub/hard"}, ws, host=read_path)
     assert (ok(result), result.label) == (PUB_SECRET, Label(Taint.SECRET, True))
 
 
-async def test_the_grant_decides_on_the_opened_descriptor(
-    ws: Path, linked: Path, monkeypatch: pytest.MonkeyPatch
+def link_raced_in(final: Path, target: str) -> Host:
+    """The machine as a racing sandboxed shell makes it: the path resolves while
+    ``final`` is a plain file, and ``final`` is a symlink to ``target`` right after."""
+
+    def resolve_then_swap(workspace: Path, path: str) -> tuple[str, str]:
+        resolved = runner._real_relative(workspace, path)
+        final.unlink()
+        final.symlink_to(target)
+        return resolved
+
+    return Host(read_cached=no_cache, real_relative=resolve_then_swap)
+
+
+@pytest.mark.parametrize("target", ["other.txt", "../secrets/key"])
+async def test_read_file_never_follows_a_link_raced_in_at_the_final_name(
+    ws: Path, linked: Path, target: str
 ) -> None:
+    """Even a link that stays in the grant: the final name is opened O_NOFOLLOW."""
+    (ws / "pub" / "other.txt").write_text("other\n")
+    final = ws / "pub" / "readme.txt"
+    raced = link_raced_in(final, target)
+    result = await run("read_file", {"path": "pub/readme.txt"}, ws, raced, grants=PUB)
+    assert failed(result, Reason.PATH_ESCAPE) == (
+        "pub/readme.txt: a symlink leads outside the workspace"
+    )
+    assert final.is_symlink()
+
+
+@pytest.mark.parametrize("target", ["other.txt", "../secrets/key"])
+async def test_write_file_never_follows_a_link_raced_in_at_the_final_name(
+    ws: Path, linked: Path, target: str
+) -> None:
+    (ws / "pub" / "other.txt").write_text("other\n")
+    final = ws / "pub" / "readme.txt"
+    raced = link_raced_in(final, target)
+    arguments = {"path": "pub/readme.txt", "content": "pwned"}
+    result = await run("write_file", arguments, ws, raced, grants=PUB)
+    assert failed(result, Reason.PATH_ESCAPE) == (
+        "pub/readme.txt: a symlink leads outside the workspace"
+    )
+    assert os.readlink(final) == target  # not replaced, and not written through
+    assert (ws / "pub" / "other.txt").read_text() == "other\n"
+    assert kept(linked)
+    assert temp_files(ws / "pub") == []
+
+
+async def test_the_grant_decides_on_the_opened_descriptor(ws: Path, linked: Path) -> None:
     """What the descriptor names when it is checked wins over the walk's names: a name
     moved after the walk (the sandboxed shell shares the workspace) is caught."""
-    monkeypatch.setattr(runner, "read_cached_beneath", lambda *_: None)
-    monkeypatch.setattr(runner, "fd_real_path", lambda _fd: os.path.realpath(linked))
-    read = await run("read_file", {"path": "pub/readme.txt"}, ws, grants=PUB)
+    moved = Host(read_cached=no_cache, opened_path=lambda _fd: os.path.realpath(linked))
+    read = await run("read_file", {"path": "pub/readme.txt"}, ws, moved, grants=PUB)
     assert failed(read, Reason.PATH_ESCAPE) == (
         "pub/readme.txt: a link leads outside grant read-pub's paths"
     )
-    listing = await run("list_dir", {"path": "pub"}, ws, grants=PUB)
+    listing = await run("list_dir", {"path": "pub"}, ws, moved, grants=PUB)
     assert failed(listing, Reason.PATH_ESCAPE) == "pub: a link leads outside grant list-pub's paths"
-    monkeypatch.setattr(runner, "fd_real_path", lambda _fd: os.path.realpath(ws / "secrets"))
-    write = await run("write_file", {"path": "pub/new.txt", "content": "x"}, ws, grants=PUB)
+    moved = Host(read_cached=no_cache, opened_path=lambda _fd: os.path.realpath(ws / "secrets"))
+    write = await run("write_file", {"path": "pub/new.txt", "content": "x"}, ws, moved, grants=PUB)
     assert failed(write, Reason.PATH_ESCAPE) == (
         "pub/new.txt: a link leads outside grant write-pub's paths"
     )
     assert not (ws / "pub" / "new.txt").exists()
     assert temp_files(ws / "pub") == []
     # A descriptor outside the workspace altogether is the plain escape.
-    monkeypatch.setattr(runner, "fd_real_path", lambda _fd: "/etc/passwd")
-    outside = await run("read_file", {"path": "pub/readme.txt"}, ws, grants=PUB)
+    outside_host = Host(read_cached=no_cache, opened_path=lambda _fd: "/etc/passwd")
+    outside = await run("read_file", {"path": "pub/readme.txt"}, ws, outside_host, grants=PUB)
     assert failed(outside, Reason.PATH_ESCAPE) == (
         "pub/readme.txt: a symlink leads outside the workspace"
     )
@@ -901,10 +951,14 @@ def web(*hosts: str) -> GrantSet:
     return grant_set(GRANTS_TEXT.replace('hosts = ["127.0.0.1"]', f"hosts = [{entries}]"))
 
 
-async def get(server: Server, path: str, ws: Path) -> RunResult:
+async def get(server: Server, path: str, ws: Path, host: Host = REAL_HOST) -> RunResult:
     """http_get of the test server, under a grant that names its address and port."""
     return await run(
-        "http_get", {"url": url(server, path)}, ws, grants=web(f"127.0.0.1:{server.port}")
+        "http_get",
+        {"url": url(server, path)},
+        ws,
+        host,
+        grants=web(f"127.0.0.1:{server.port}"),
     )
 
 
@@ -962,11 +1016,8 @@ async def test_http_get_network_error_is_a_tool_error(ws: Path) -> None:
     assert detail.startswith("ConnectError")
 
 
-async def test_http_get_times_out(
-    ws: Path, server: Server, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(runner, "HTTP_TIMEOUT", 0.3)
-    detail = failed(await get(server, "/slow", ws), Reason.TIMEOUT)
+async def test_http_get_times_out(ws: Path, server: Server) -> None:
+    detail = failed(await get(server, "/slow", ws, Host(http_timeout=0.3)), Reason.TIMEOUT)
     assert detail.endswith("no complete answer within 0.3 s")
 
 
@@ -980,6 +1031,11 @@ class Resolver:
     answers: dict[str, list[str]]
     lookups: list[tuple[str, int]] = attrs.Factory(list)
 
+    @property
+    def host(self) -> Host:
+        """The machine with this resolver, for :func:`run`."""
+        return Host(resolve=self)
+
     async def __call__(self, host: str, port: int) -> list[str]:
         self.lookups.append((host, port))
         if host not in self.answers:
@@ -988,10 +1044,8 @@ class Resolver:
 
 
 @pytest.fixture
-def resolver(monkeypatch: pytest.MonkeyPatch) -> Resolver:
-    seam = Resolver({})
-    monkeypatch.setattr(runner, "resolve_addresses", seam)
-    return seam
+def resolver() -> Resolver:
+    return Resolver({})
 
 
 def svc_url(server: Server, path: str = "/hello") -> str:
@@ -1004,7 +1058,8 @@ async def test_a_name_resolving_to_loopback_is_refused_unless_the_grant_names_th
     resolver.answers["svc.test"] = ["127.0.0.1"]
     grants = web(f"svc.test:{server.port}")
     detail = failed(
-        await run("http_get", {"url": svc_url(server)}, ws, grants=grants), Reason.TOOL_ERROR
+        await run("http_get", {"url": svc_url(server)}, ws, grants=grants, host=resolver.host),
+        Reason.TOOL_ERROR,
     )
     assert detail == (
         "svc.test resolves to 127.0.0.1, a loopback address, which the grant does not name; "
@@ -1019,7 +1074,7 @@ async def test_the_connection_goes_to_the_checked_address_with_the_name_as_host(
 ) -> None:
     resolver.answers["svc.test"] = ["127.0.0.1"]
     grants = web(f"svc.test:{server.port}", f"127.0.0.1:{server.port}")
-    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants)
+    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants, host=resolver.host)
     assert ok(result) == "héllo"
     # One lookup only: the connection went to the address checked (the test server
     # listens on 127.0.0.1 alone), the name travelled in the Host header.
@@ -1034,7 +1089,8 @@ async def test_every_resolved_address_is_checked(
     resolver.answers["svc.test"] = ["127.0.0.1", "10.1.2.3"]
     grants = web(f"svc.test:{server.port}", f"127.0.0.1:{server.port}")
     detail = failed(
-        await run("http_get", {"url": svc_url(server)}, ws, grants=grants), Reason.TOOL_ERROR
+        await run("http_get", {"url": svc_url(server)}, ws, grants=grants, host=resolver.host),
+        Reason.TOOL_ERROR,
     )
     assert detail.startswith("svc.test resolves to 10.1.2.3, a private address,")
     assert server.paths == []
@@ -1047,7 +1103,7 @@ async def test_the_next_checked_address_is_tried_when_one_does_not_connect(
     resolver.answers["svc.test"] = ["::1", "127.0.0.1"]
     port = server.port
     grants = web(f"svc.test:{port}", f"[::1]:{port}", f"127.0.0.1:{port}")
-    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants)
+    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants, host=resolver.host)
     assert ok(result) == "héllo"
     assert server.hosts == [f"svc.test:{port}"]
 
@@ -1061,7 +1117,10 @@ async def test_when_no_address_connects_the_last_error_is_the_detail(
     resolver.answers["svc.test"] = ["127.0.0.1", "127.0.0.1"]
     grants = web(f"svc.test:{port}", f"127.0.0.1:{port}")
     target = f"http://svc.test:{port}/"
-    detail = failed(await run("http_get", {"url": target}, ws, grants=grants), Reason.TOOL_ERROR)
+    detail = failed(
+        await run("http_get", {"url": target}, ws, grants=grants, host=resolver.host),
+        Reason.TOOL_ERROR,
+    )
     assert detail.startswith("ConnectError")
 
 
@@ -1071,7 +1130,8 @@ async def test_the_named_address_must_have_the_urls_port(
     resolver.answers["svc.test"] = ["127.0.0.1"]
     grants = web(f"svc.test:{server.port}", "127.0.0.1:1")
     detail = failed(
-        await run("http_get", {"url": svc_url(server)}, ws, grants=grants), Reason.TOOL_ERROR
+        await run("http_get", {"url": svc_url(server)}, ws, grants=grants, host=resolver.host),
+        Reason.TOOL_ERROR,
     )
     assert "a loopback address, which the grant does not name" in detail
     assert server.paths == []
@@ -1090,7 +1150,7 @@ async def test_a_name_that_does_not_resolve_is_a_tool_error(
     if answer is not None:
         resolver.answers["svc.test"] = answer
     grants = web(f"svc.test:{server.port}")
-    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants)
+    result = await run("http_get", {"url": svc_url(server)}, ws, grants=grants, host=resolver.host)
     assert failed(result, Reason.TOOL_ERROR) == detail
 
 
@@ -1164,7 +1224,9 @@ async def test_https_to_a_name_sends_the_name_as_tls_server_name(
     with listener:
         server = threading.Thread(target=_accept_one_handshake, args=(listener, context))
         server.start()
-        result = await run("http_get", {"url": f"https://svc.test:{port}/"}, ws, grants=grants)
+        result = await run(
+            "http_get", {"url": f"https://svc.test:{port}/"}, ws, grants=grants, host=resolver.host
+        )
         await trio.to_thread.run_sync(server.join, 10)
     # The connection went to 127.0.0.1 (the only address listening), the TLS server name
     # was the URL's name, and the certificate was checked (a self-signed one fails).

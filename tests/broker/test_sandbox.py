@@ -20,10 +20,9 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from boxmaker.broker import sandbox as sandbox_module
 from boxmaker.broker.sandbox import (
     WARM_MAX_AGE,
     Launch,
@@ -219,12 +218,9 @@ def test_as_root_a_sandbox_without_a_user_is_refused(ws: Path) -> None:
         Sandbox.start(Launch(argv_for(ws).argv, None))
 
 
-def test_without_a_filter_for_the_architecture_nothing_starts(
-    ws: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sandbox_module, "filter_program", lambda: None)
+def test_without_a_filter_for_the_architecture_nothing_starts(ws: Path) -> None:
     with pytest.raises(OSError, match=r"no seccomp filter for this architecture"):
-        Sandbox.start(argv_for(ws))
+        Sandbox.start(argv_for(ws), seccomp_filter=lambda: None)
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])

@@ -12,24 +12,24 @@ import stat
 import pytest
 import trio
 import trio.testing
-from tests.broker.broker_harness import (
+from tests.harness.broker import (
     GUARD,
+    Brokerd,
     Client,
     admin,
     call,
-    grant,
     records,
     records_of,
     running,
     tool_request,
-    write_config,
-    write_grants,
 )
+from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker import __version__
 from boxmaker.broker import connection, runner
 from boxmaker.broker.listeners import ListenerError
 from boxmaker.broker.serve import app, serve_broker
+from boxmaker.broker.state import Broker
 from boxmaker.home import ConfigError, Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerTorn
@@ -44,15 +44,15 @@ def mode_of(path: os.PathLike[str]) -> int:
 
 
 async def test_start_and_stop_records_modes_and_socket_cleanup(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     home.run_dir.chmod(0o755)
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            assert mode_of(home.run_dir) == 0o700
-            assert mode_of(home.broker_sock) == 0o600
-            assert mode_of(home.admin_sock) == 0o600
-            assert stat.S_ISSOCK(os.lstat(home.broker_sock).st_mode)
+    broker = await brokerd.start()
+    assert mode_of(home.run_dir) == 0o700
+    assert mode_of(home.broker_sock) == 0o600
+    assert mode_of(home.admin_sock) == 0o600
+    assert stat.S_ISSOCK(os.lstat(home.broker_sock).st_mode)
+    await brokerd.stop()
     kinds = [(r["kind"], r.get("boot"), r.get("version")) for r in records(home)]
     assert kinds == [
         ("genesis", None, None),
@@ -63,23 +63,25 @@ async def test_start_and_stop_records_modes_and_socket_cleanup(
     assert not home.admin_sock.exists()
 
 
-async def test_a_second_boot_continues_the_chain(home: Home, autojump_clock: Clock) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home) as first:
-            pass
-        async with running(home) as second:
-            pass
+async def test_a_second_boot_continues_the_chain(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
+    first = await brokerd.start()
+    await brokerd.stop()
+    async with running(home) as second:
+        pass
     assert first.boot != second.boot
     assert [r["kind"] for r in records(home)] == ["genesis", "start", "stop", "start", "stop"]
 
 
-async def test_a_stale_socket_is_replaced(home: Home, autojump_clock: Clock) -> None:
+async def test_a_stale_socket_is_replaced(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(home.broker_sock))
     stale.close()  # bound, never listening: what a killed brokerd leaves
-    with trio.fail_after(GUARD):
-        async with running(home):
-            assert (await call(home, {"kind": "catalogue", "v": 1}))[0]["kind"] == "catalogue"
+    await brokerd.start()
+    assert (await call(home, {"kind": "catalogue", "v": 1}))[0]["kind"] == "catalogue"
 
 
 async def test_a_path_that_is_not_a_socket_is_refused(home: Home, autojump_clock: Clock) -> None:
@@ -93,14 +95,12 @@ async def test_a_path_that_is_not_a_socket_is_refused(home: Home, autojump_clock
 
 
 async def test_a_live_socket_of_another_brokerd_is_refused(
-    home: Home, autojump_clock: Clock
+    home: Home, broker: Broker, autojump_clock: Clock
 ) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            async with trio.open_nursery() as nursery:
-                with pytest.raises(ListenerError, match="another process"):
-                    await nursery.start(serve_broker, home)
-            assert (await admin(home, {"kind": "status"}))["kind"] == "status"
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ListenerError, match="another process"):
+            await nursery.start(serve_broker, home)
+    assert (await admin(home, {"kind": "status"}))["kind"] == "status"
 
 
 async def test_a_bad_config_refuses_to_start(home: Home, autojump_clock: Clock) -> None:
@@ -112,19 +112,18 @@ async def test_a_bad_config_refuses_to_start(home: Home, autojump_clock: Clock) 
 
 
 async def test_a_torn_ledger_refuses_to_start_and_repair_starts(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            pass
-        torn = b'{"seq":3,"half a rec'
-        with home.audit_log.open("ab") as file:
-            file.write(torn)
-        async with trio.open_nursery() as nursery:
-            with pytest.raises(LedgerTorn, match=r"docs/runbook\.md#ledger-torn"):
-                await nursery.start(serve_broker, home)
-        async with running(home, repair_torn=True) as broker:
-            pass
+    await brokerd.start()
+    await brokerd.stop()
+    torn = b'{"seq":3,"half a rec'
+    with home.audit_log.open("ab") as file:
+        file.write(torn)
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(LedgerTorn, match=r"docs/runbook\.md#ledger-torn"):
+            await nursery.start(serve_broker, home)
+    async with running(home, repair_torn=True) as broker:
+        pass
     kinds = [r["kind"] for r in records(home)]
     assert kinds == ["genesis", "start", "stop", "start", "repair", "stop"]
     repaired = records(home)[4]
@@ -134,32 +133,32 @@ async def test_a_torn_ledger_refuses_to_start_and_repair_starts(
 
 
 async def test_stop_withdraws_pending_calls_and_records_stop(
-    home: Home, autojump_clock: Clock
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            client = await Client.open(home.broker_sock)
-            await client.send(frame)
-            await client.final()
-            idle_admin = await Client.open(home.admin_sock)
-            assert (await idle_admin.ask({"kind": "status"}))["pending"] == 1
-            stopping_at = trio.current_time()
-            broker.request_stop()
-            assert await client.receive() == {
-                "kind": "answer",
-                "final": True,
-                "call": frame["call"],
-                "outcome": "denied",
-                "reason": "broker_stopping",
-                "detail": "brokerd is stopping",
-            }
-            # The idle admin connection is closed at once, not after its 60 s.
-            assert await idle_admin.at_eof()
-            assert trio.current_time() == stopping_at
-            await client.aclose()
-            await idle_admin.aclose()
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    client = await Client.open(home.broker_sock)
+    await client.send(frame)
+    await client.final()
+    idle_admin = await Client.open(home.admin_sock)
+    assert (await idle_admin.ask({"kind": "status"}))["pending"] == 1
+    stopping_at = trio.current_time()
+    broker.request_stop()
+    assert await client.receive() == {
+        "kind": "answer",
+        "final": True,
+        "call": frame["call"],
+        "outcome": "denied",
+        "reason": "broker_stopping",
+        "detail": "brokerd is stopping",
+    }
+    # The idle admin connection is closed at once, not after its 60 s.
+    assert await idle_admin.at_eof()
+    assert trio.current_time() == stopping_at
+    await client.aclose()
+    await idle_admin.aclose()
+    await brokerd.stop()
     approval = records_of(home, frame["call"])[-1]
     assert (approval["kind"], approval["outcome"], approval["reason"], approval["by"]) == (
         "approval",
@@ -171,7 +170,7 @@ async def test_stop_withdraws_pending_calls_and_records_stop(
 
 
 async def test_stop_gives_a_running_call_5_s_then_cancels_it(
-    home: Home, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_execute = runner.execute
     delay = {"s": 3.0}
@@ -183,24 +182,24 @@ async def test_stop_gives_a_running_call_5_s_then_cancels_it(
     monkeypatch.setattr(connection, "execute", slow_execute)
     write_grants(home, grant("r", "read_file", "auto"))
     (home.default_workspace / "n.txt").write_text("x")
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            fast = tool_request("read_file", {"path": "n.txt"})
-            slow = tool_request("read_file", {"path": "n.txt"})
-            async with trio.open_nursery() as nursery:
-                answers: dict[str, list[dict[str, object]]] = {}
+    broker = await brokerd.start()
+    fast = tool_request("read_file", {"path": "n.txt"})
+    slow = tool_request("read_file", {"path": "n.txt"})
+    async with trio.open_nursery() as nursery:
+        answers: dict[str, list[dict[str, object]]] = {}
 
-                async def one(frame: dict[str, object], seconds: float) -> None:
-                    delay["s"] = seconds
-                    answers[str(frame["call"])] = await call(home, frame)
+        async def one(frame: dict[str, object], seconds: float) -> None:
+            delay["s"] = seconds
+            answers[str(frame["call"])] = await call(home, frame)
 
-                nursery.start_soon(one, fast, 3.0)
-                await trio.sleep(0.1)
-                nursery.start_soon(one, slow, 60.0)
-                await trio.sleep(0.1)
-                stop_at = trio.current_time()
-                broker.request_stop()
-            assert trio.current_time() - stop_at == pytest.approx(5.0)
+        nursery.start_soon(one, fast, 3.0)
+        await trio.sleep(0.1)
+        nursery.start_soon(one, slow, 60.0)
+        await trio.sleep(0.1)
+        stop_at = trio.current_time()
+        broker.request_stop()
+    assert trio.current_time() - stop_at == pytest.approx(5.0)
+    await brokerd.stop()
     assert answers[fast["call"]][0]["outcome"] == "ok"
     assert answers[slow["call"]] == []  # cancelled: no answer, no result
     assert [r["kind"] for r in records_of(home, slow["call"])] == ["decision"]
@@ -234,7 +233,7 @@ def test_cli_torn_ledger_exits_1_with_the_runbook(
     assert "docs/runbook.md#ledger-torn" in capsys.readouterr().err
 
 
-def test_cli_serve_runs_until_a_stop(home: Home, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_serve_runs_until_a_stop(home: Home) -> None:
     """The command wires serve_broker with signals on; stopping it returns 0."""
     seen: dict[str, object] = {}
 
@@ -243,41 +242,41 @@ def test_cli_serve_runs_until_a_stop(home: Home, monkeypatch: pytest.MonkeyPatch
         seen.update(kwargs)
         await trio.lowlevel.checkpoint()
 
-    monkeypatch.setattr("boxmaker.broker.serve.serve_broker", fake)
-    code = app(["serve", "--home", str(home.root), "--repair"], result_action="return_value")
+    command, bound, _ = app.parse_args(["serve", "--home", str(home.root), "--repair"])
+    code = command(*bound.args, **bound.kwargs, run_broker=fake)
     assert code == 0
     assert seen == {"home": home, "repair_torn": True, "handle_signals": True}
 
 
 async def test_stop_while_an_approve_is_in_flight_still_runs_the_approved_call(
-    home: Home, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The admin handler is cancelled by the stop while the call re-decides; the call's
     task must still record its approval, run within the grace, and answer."""
     write_grants(home, grant("notes", "read_file", "ask"))
     (home.default_workspace / "notes.txt").write_text("hi")
-    with trio.fail_after(GUARD):
-        async with running(home) as broker:
-            frame = tool_request("read_file", {"path": "notes.txt"})
-            client = await Client.open(home.broker_sock)
-            await client.send(frame)
-            pending = await client.final()
-            real_current = broker.grants.current
+    broker = await brokerd.start()
+    frame = tool_request("read_file", {"path": "notes.txt"})
+    client = await Client.open(home.broker_sock)
+    await client.send(frame)
+    pending = await client.final()
+    real_current = broker.grants.current
 
-            async def slow_current(*, force: bool = False) -> object:
-                await trio.sleep(1)
-                return await real_current(force=force)
+    async def slow_current(*, force: bool = False) -> object:
+        await trio.sleep(1)
+        return await real_current(force=force)
 
-            monkeypatch.setattr(broker.grants, "current", slow_current)
-            owner = await Client.open(home.admin_sock)
-            await owner.send({"kind": "approve", "approval": pending["approval"]})
-            await trio.sleep(0.5)
-            broker.request_stop()
-            assert await owner.at_eof()  # cancelled: no answer
-            answer = await client.final()
-            assert (answer["outcome"], answer["content"]) == ("ok", "hi")
-            await owner.aclose()
-            await client.aclose()
+    monkeypatch.setattr(broker.grants, "current", slow_current)
+    owner = await Client.open(home.admin_sock)
+    await owner.send({"kind": "approve", "approval": pending["approval"]})
+    await trio.sleep(0.5)
+    broker.request_stop()
+    assert await owner.at_eof()  # cancelled: no answer
+    answer = await client.final()
+    assert (answer["outcome"], answer["content"]) == ("ok", "hi")
+    await owner.aclose()
+    await client.aclose()
+    await brokerd.stop()
     kinds = [
         (r["kind"], r.get("outcome"), r.get("status")) for r in records_of(home, frame["call"])
     ]

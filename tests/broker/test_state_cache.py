@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
-from tests.broker.broker_harness import running
+from tests.harness.broker import running
 
 from boxmaker.broker.connection import Requester
 from boxmaker.broker.state import SessionStates

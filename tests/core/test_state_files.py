@@ -11,6 +11,7 @@ import pytest
 
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
+from boxmaker.file_ops import OsFileOps
 from boxmaker.state_files import raise_state, read_state, state_path
 
 SESSION = "s-0123456789ab"
@@ -125,47 +126,41 @@ def test_a_leftover_temp_file_is_ignored(tmp_path: Path) -> None:
     assert crash.read_bytes() == b'{"v":1,"taint":"pub'
 
 
-def test_a_crash_before_the_rename_keeps_the_good_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class FailingFsync(OsFileOps):
+    def fsync(self, fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+
+class FailingWrite(OsFileOps):
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        raise OSError(28, "No space left on device")
+
+
+class OneByteWrites(OsFileOps):
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, bytes(data[:1]))
+
+
+def test_a_crash_before_the_rename_keeps_the_good_state(tmp_path: Path) -> None:
     raise_state(tmp_path, SESSION, INTERNAL)
     good = state_path(tmp_path, SESSION).read_bytes()
 
-    def failing_fsync(fd: int) -> None:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr("boxmaker.state_files.os.fsync", failing_fsync)
-    result = raise_state(tmp_path, SESSION, SECRET)
+    result = raise_state(tmp_path, SESSION, SECRET, files=FailingFsync())
     assert isinstance(result, StateUnreadable)
     assert "Input/output error" in result.detail
-    monkeypatch.undo()
     assert state_path(tmp_path, SESSION).read_bytes() == good
     assert read_state(tmp_path, SESSION) == INTERNAL
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{SESSION}.json"]
 
 
-def test_a_failed_write_leaves_no_temp_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def failing_write(fd: int, data: object) -> int:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr("boxmaker.state_files.os.write", failing_write)
-    result = raise_state(tmp_path, SESSION, SECRET)
+def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    result = raise_state(tmp_path, SESSION, SECRET, files=FailingWrite())
     assert isinstance(result, StateUnreadable)
     assert "No space left on device" in result.detail
-    monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
     assert read_state(tmp_path, SESSION) == FRESH
 
 
-def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_write = os.write
-
-    def one_byte(fd: int, data: bytes) -> int:
-        return real_write(fd, bytes(data[:1]))
-
-    monkeypatch.setattr("boxmaker.state_files.os.write", one_byte)
-    assert raise_state(tmp_path, SESSION, SECRET) == SECRET
-    monkeypatch.undo()
+def test_short_writes_are_completed(tmp_path: Path) -> None:
+    assert raise_state(tmp_path, SESSION, SECRET, files=OneByteWrites()) == SECRET
     assert read_state(tmp_path, SESSION) == SECRET

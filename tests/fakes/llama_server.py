@@ -51,6 +51,9 @@ class FakeLlama:
     requests: list[dict[str, Any]] = attrs.Factory(list)
     paths: list[str] = attrs.Factory(list)
     """Every request's ``METHOD /path?query`` as it arrived."""
+    headers: list[list[tuple[str, str]]] = attrs.Factory(list)
+    """Every request's headers as they arrived (names lowercase), in the order of
+    :attr:`paths`."""
     url: str = ""
     _turn: int = 0
 
@@ -86,6 +89,9 @@ class FakeLlama:
         method, path = scope["method"], scope["path"]
         query = scope.get("query_string", b"").decode()
         self.paths.append(f"{method} {path}" + (f"?{query}" if query else ""))
+        self.headers.append(
+            [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
+        )
         body = bytearray()
         while True:
             message = await receive()

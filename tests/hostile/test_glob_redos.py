@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import pytest
-from tests.broker import test_process
-from tests.broker.broker_harness import grant, records_of, tool_request, write_grants
-from tests.broker.test_process import Daemon, connect, read_frame, send, start
+from tests.harness.broker import records_of, tool_request
+from tests.harness.homes import grant, write_grants
+from tests.harness.process import Daemon, connect, read_frame, send, start
 
 from boxmaker.home import Home
 
@@ -32,10 +32,6 @@ STRESS_PATH = "src/" + "test/" * 818 + "xp"
 """The same shape at exactly the 4,096-byte limit (``xp`` is not ``*.py`` either)."""
 BOUND_S = 2.0
 """A generous bound in real seconds for one decision (measured: a few milliseconds)."""
-
-
-daemons = test_process.daemons
-"""Real brokerd processes, killed at the end if still running (the shared fixture)."""
 
 
 @pytest.fixture

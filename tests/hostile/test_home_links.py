@@ -19,19 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.broker import test_process
-from tests.broker.broker_harness import grant, tool_request, write_config, write_grants
-from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID
-from tests.broker.test_process import Daemon, connect, read_frame, send, start
+from tests.harness.broker import tool_request
+from tests.harness.homes import grant, write_config, write_grants
+from tests.harness.process import Daemon, connect, read_frame, send, start
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID
 
 from boxmaker.home import ConfigError, Home, load_config
 
 pytestmark = pytest.mark.slow
 
 EXIT_S = 30.0
-
-daemons = test_process.daemons
-"""Real brokerd processes, killed at the end if still running (the shared fixture)."""
 
 
 @pytest.fixture

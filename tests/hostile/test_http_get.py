@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.broker import test_process
-from tests.broker.broker_harness import grant, records_of, tool_request, write_grants
-from tests.broker.test_process import Daemon, connect, read_frame, send, start
+from tests.harness.broker import records_of, tool_request
+from tests.harness.homes import grant, write_grants
+from tests.harness.process import Daemon, connect, read_frame, send, start
 
 from boxmaker.home import Home
 
@@ -72,10 +72,6 @@ def service() -> Iterator[LocalService]:
         yield local
     finally:
         local.close()
-
-
-daemons = test_process.daemons
-"""Real brokerd processes, killed at the end if still running (the shared fixture)."""
 
 
 @pytest.fixture

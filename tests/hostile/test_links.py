@@ -17,19 +17,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import trio
-from tests.broker.broker_harness import (
+from tests.harness.broker import (
     PENDING_TIMEOUT,
     SESSION,
+    Brokerd,
     call,
-    grant,
-    read_state_file,
     records_of,
-    running,
     tool_request,
-    write_config,
-    write_grants,
 )
+from tests.harness.homes import grant, read_state_file, write_config, write_grants
 
 from boxmaker.home import Home
 
@@ -87,13 +83,13 @@ async def answer_and_result(
     ],
 )
 async def test_a_link_out_of_a_path_grant_is_refused(
-    home: Home, tool: str, arguments: dict[str, Any], grant_id: str
+    home: Home, brokerd: Brokerd, tool: str, arguments: dict[str, Any], grant_id: str
 ) -> None:
     key = plant(home)
     write_grants(home, PUB_GRANTS)
-    with trio.fail_after(GUARD):
-        async with running(home):
-            answer, result = await answer_and_result(home, tool, arguments)
+    await brokerd.start()
+    answer, result = await answer_and_result(home, tool, arguments)
+    await brokerd.stop()
     assert (answer["outcome"], answer.get("reason")) == ("failed", "path_escape"), answer
     assert f"grant {grant_id}" in answer["detail"], answer
     assert "content" not in answer
@@ -109,28 +105,30 @@ async def test_a_link_out_of_a_path_grant_is_refused(
     assert sorted(os.listdir(key.parent)) == ["key"]
 
 
-async def test_what_the_grant_covers_still_works(home: Home) -> None:
+async def test_what_the_grant_covers_still_works(home: Home, brokerd: Brokerd) -> None:
     plant(home)
     write_grants(home, PUB_GRANTS)
-    with trio.fail_after(GUARD):
-        async with running(home):
-            answer, result = await answer_and_result(home, "read_file", {"path": "pub/readme.txt"})
-            assert (answer["outcome"], answer["content"]) == ("ok", "hello\n"), answer
-            assert result["label"] == {"taint": "internal", "untrusted": False}
-            # A symlink that stays inside the grant is followed, as before.
-            answer, _ = await answer_and_result(home, "read_file", {"path": "pub/alias"})
-            assert (answer["outcome"], answer["content"]) == ("ok", "hello\n"), answer
-            answer, _ = await answer_and_result(home, "list_dir", {"path": "pub"})
-            assert answer["outcome"] == "ok", answer
-            assert answer["content"].split("\n") == ["alias@", "hard", "k@", "readme.txt", "s@"]
-            answer, _ = await answer_and_result(
-                home, "write_file", {"path": "pub/new.txt", "content": "new"}
-            )
-            assert answer["outcome"] == "ok", answer
+    await brokerd.start()
+    answer, result = await answer_and_result(home, "read_file", {"path": "pub/readme.txt"})
+    assert (answer["outcome"], answer["content"]) == ("ok", "hello\n"), answer
+    assert result["label"] == {"taint": "internal", "untrusted": False}
+    # A symlink that stays inside the grant is followed, as before.
+    answer, _ = await answer_and_result(home, "read_file", {"path": "pub/alias"})
+    assert (answer["outcome"], answer["content"]) == ("ok", "hello\n"), answer
+    answer, _ = await answer_and_result(home, "list_dir", {"path": "pub"})
+    assert answer["outcome"] == "ok", answer
+    assert answer["content"].split("\n") == ["alias@", "hard", "k@", "readme.txt", "s@"]
+    answer, _ = await answer_and_result(
+        home, "write_file", {"path": "pub/new.txt", "content": "new"}
+    )
+    assert answer["outcome"] == "ok", answer
+    await brokerd.stop()
     assert (home.default_workspace / "pub" / "new.txt").read_text(encoding="utf-8") == "new"
 
 
-async def test_a_hard_link_read_by_opt_in_raises_the_session_to_secret(home: Home) -> None:
+async def test_a_hard_link_read_by_opt_in_raises_the_session_to_secret(
+    home: Home, brokerd: Brokerd
+) -> None:
     key = plant(home)
     write_grants(
         home,
@@ -138,9 +136,9 @@ async def test_a_hard_link_read_by_opt_in_raises_the_session_to_secret(home: Hom
             'mode = "auto"', 'mode = "auto"\nhard_links = true'
         ),
     )
-    with trio.fail_after(GUARD):
-        async with running(home):
-            answer, result = await answer_and_result(home, "read_file", {"path": "pub/hard"})
+    await brokerd.start()
+    answer, result = await answer_and_result(home, "read_file", {"path": "pub/hard"})
+    await brokerd.stop()
     assert (answer["outcome"], answer["content"]) == ("ok", SECRET_TEXT), answer
     # Its other names are unknown: the highest label [labels] can give.
     top = {"taint": "secret", "untrusted": True}

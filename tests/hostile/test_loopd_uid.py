@@ -19,12 +19,11 @@ import sys
 
 import orjson
 import pytest
-from tests.broker.broker_harness import records, tool_request, write_config
-from tests.broker.test_process import START_S, Daemon, daemons, start
+from tests.harness.broker import records, tool_request
+from tests.harness.homes import write_config
+from tests.harness.process import START_S, Daemon, start
 
 from boxmaker.home import Home
-
-__all__ = ["daemons"]  # the fixture, used by name
 
 pytestmark = pytest.mark.slow
 

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from tests.conftest import short_home
 from tests.fakes.llama_server import as_process
+from tests.harness.homes import short_home
 
 from boxmaker.home import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed

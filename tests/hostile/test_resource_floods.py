@@ -26,20 +26,12 @@ from typing import Any, Final
 
 import orjson
 import pytest
-from tests.broker.broker_harness import (
-    grant,
-    records,
-    records_of,
-    tool_request,
-    write_config,
-    write_grants,
-)
-from tests.broker.test_process import Daemon, daemons, read_frame, send, start, wait_for
+from tests.harness.broker import records, records_of, tool_request
+from tests.harness.homes import grant, write_config, write_grants
+from tests.harness.process import Daemon, read_frame, send, start, wait_for
 
 from boxmaker.home import Home
 from boxmaker.ledger.verify import verify_file
-
-__all__ = ["daemons"]  # the fixture, re-exported for the tests below
 
 pytestmark = [
     pytest.mark.slow,

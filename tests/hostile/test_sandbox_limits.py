@@ -16,16 +16,9 @@ from typing import Any
 
 import pytest
 import trio
-from tests.broker.broker_harness import (
-    call,
-    grant,
-    records_of,
-    running,
-    tool_request,
-    write_config,
-    write_grants,
-)
-from tests.broker.sandbox_support import sandbox_workspace
+from tests.harness.broker import call, records_of, running, tool_request
+from tests.harness.homes import grant, write_config, write_grants
+from tests.harness.sandbox import sandbox_workspace
 
 from boxmaker.home import Home
 

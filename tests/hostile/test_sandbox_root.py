@@ -19,17 +19,9 @@ from typing import Any
 
 import pytest
 import trio
-from tests.broker.broker_harness import (
-    PENDING_TIMEOUT,
-    call,
-    grant,
-    records_of,
-    running,
-    tool_request,
-    write_config,
-    write_grants,
-)
-from tests.broker.sandbox_support import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.broker import PENDING_TIMEOUT, call, records_of, running, tool_request
+from tests.harness.homes import grant, write_config, write_grants
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
 from boxmaker.home import Home
 

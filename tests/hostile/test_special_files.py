@@ -21,27 +21,16 @@ from pathlib import Path
 
 import pytest
 import trio
-from tests.broker import test_process
-from tests.broker.broker_harness import (
-    SESSION,
-    call,
-    grant,
-    running,
-    tool_request,
-    write_config,
-    write_grants,
-)
-from tests.broker.test_process import Daemon, connect, read_frame, send, start
 from tests.fakes.llama_server import FakeLlama
-from tests.loop.stack import say, stack
+from tests.harness.broker import SESSION, call, running, tool_request
+from tests.harness.homes import grant, write_config, write_grants
+from tests.harness.process import START_S, Daemon, connect, read_frame, send, start
+from tests.harness.stack import say, stack
 
 from boxmaker.home import Home
 from boxmaker.regular_file import read_regular_file
 
 pytestmark = pytest.mark.slow
-
-daemons = test_process.daemons
-"""Real brokerd processes, killed at the end if still running (the shared fixture)."""
 
 ANSWER_S = 5.0
 """Real seconds: a call on a special file is answered at once, not after a timeout."""
@@ -129,7 +118,7 @@ def test_a_special_config_toml_refuses_the_start_at_once(home: Home, plant: str)
     done = subprocess.run(
         [sys.executable, "-m", "boxmaker.broker.serve", "serve", "--home", str(home.root)],
         capture_output=True,
-        timeout=test_process.START_S,
+        timeout=START_S,
         check=False,
     )
     assert done.returncode == 2, done.stderr

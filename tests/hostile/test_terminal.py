@@ -24,8 +24,8 @@ from typing import Any, Final
 
 import orjson
 import pytest
-from tests.conftest import short_home
 from tests.fakes.llama_server import as_process
+from tests.harness.homes import short_home
 
 from boxmaker.home import Home
 

@@ -11,14 +11,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from tests.broker.broker_harness import (
-    SESSION,
-    admin,
-    grant,
-    running,
-    write_config,
-    write_grants,
-)
+from tests.harness.broker import SESSION, Brokerd, admin
+from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker.listeners import open_unix_listener
 from boxmaker.clock import utc_now
@@ -40,37 +34,39 @@ def port_of(home: Home, reply_timeout: float = 10.0) -> BrokerPort:
     return BrokerPort(home.broker_sock, reply_timeout=reply_timeout)
 
 
-async def test_an_auto_grant_answers_with_the_content(home: Home) -> None:
+async def test_an_auto_grant_answers_with_the_content(home: Home, brokerd: Brokerd) -> None:
     write_grants(home, grant("notes", "read_file", "auto"))
     (home.default_workspace / "n.txt").write_text("milk\n")
-    with trio.fail_after(GUARD):
-        async with running(home):
-            answer = await port_of(home).call(request())
+    await brokerd.start()
+    answer = await port_of(home).call(request())
+    await brokerd.stop()
     assert answer == PortAnswer(Outcome.OK, content="milk\n")
 
 
-async def test_a_denial_comes_back_with_its_reason(home: Home) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            answer = await port_of(home).call(request())
+async def test_a_denial_comes_back_with_its_reason(home: Home, brokerd: Brokerd) -> None:
+    await brokerd.start()
+    answer = await port_of(home).call(request())
+    await brokerd.stop()
     assert (answer.outcome, answer.reason) == (Outcome.DENIED, "no_grant")
     assert answer.detail
 
 
-async def test_a_pending_call_is_reported_and_then_answered_once_approved(home: Home) -> None:
+async def test_a_pending_call_is_reported_and_then_answered_once_approved(
+    home: Home, brokerd: Brokerd
+) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     (home.default_workspace / "n.txt").write_text("milk\n")
     seen: list[Pending] = []
-    with trio.fail_after(GUARD):
-        async with running(home):
+    await brokerd.start()
 
-            async def approve(pending: Pending) -> None:
-                seen.append(pending)
-                reply = await admin(home, {"kind": "approve", "approval": pending.approval})
-                assert reply["outcome"] == "ask", reply  # approved, the grant still asks
+    async def approve(pending: Pending) -> None:
+        seen.append(pending)
+        reply = await admin(home, {"kind": "approve", "approval": pending.approval})
+        assert reply["outcome"] == "ask", reply  # approved, the grant still asks
 
-            call = request()
-            answer = await port_of(home).call(call, approve)
+    call = request()
+    answer = await port_of(home).call(call, approve)
+    await brokerd.stop()
     assert answer == PortAnswer(Outcome.OK, content="milk\n")
     assert [(p.call, p.grant) for p in seen] == [(call.call, "notes")]
 
@@ -84,10 +80,10 @@ async def test_a_broker_that_is_not_running_is_unreachable(home: Home) -> None:
     assert await port_of(home).catalogue() == answer
 
 
-async def test_the_catalogue_comes_from_brokerd(home: Home) -> None:
-    with trio.fail_after(GUARD):
-        async with running(home):
-            tools = await port_of(home).catalogue()
+async def test_the_catalogue_comes_from_brokerd(home: Home, brokerd: Brokerd) -> None:
+    await brokerd.start()
+    tools = await port_of(home).catalogue()
+    await brokerd.stop()
     assert isinstance(tools, list)
     assert tools[0]["function"]["name"] == "read_file"
 
@@ -162,14 +158,16 @@ async def test_a_pending_call_waits_until_its_expiry_plus_the_grace(home: Home) 
     assert 1.4 <= took <= 2.7, took
 
 
-async def test_an_unanswered_pending_call_ends_expired_within_the_bounds(home: Home) -> None:
+async def test_an_unanswered_pending_call_ends_expired_within_the_bounds(
+    home: Home, brokerd: Brokerd
+) -> None:
     write_config(home, "[broker]\npending_timeout = 0.5\n")
     write_grants(home, grant("notes", "read_file", "ask"))
-    with trio.fail_after(GUARD):
-        async with running(home):
-            start = time.monotonic()
-            answer = await port_of(home, 0.3).call(request())
-            took = time.monotonic() - start
+    await brokerd.start()
+    start = time.monotonic()
+    answer = await port_of(home, 0.3).call(request())
+    took = time.monotonic() - start
+    await brokerd.stop()
     assert (answer.outcome, answer.reason) == (Outcome.DENIED, "expired")
     # Never before the expiry; docs/testing.md gives 0.55-1.7 s, and brokerd's answer comes at
     # expires_at itself, so the lower bound here is the pending timeout (decisions.md).

@@ -7,9 +7,10 @@ import re
 import orjson
 import pytest
 import trio
-from tests.broker.broker_harness import admin, grant, write_grants
 from tests.fakes.llama_server import FakeLlama
-from tests.loop.stack import GUARD, READ_NOTES, stack
+from tests.harness.broker import admin
+from tests.harness.homes import grant, write_grants
+from tests.harness.stack import GUARD, READ_NOTES, stack
 
 from boxmaker.cli.app import app
 from boxmaker.home import Home

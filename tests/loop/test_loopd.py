@@ -8,9 +8,10 @@ from typing import Any
 
 import orjson
 import trio
-from tests.broker.broker_harness import SESSION, admin, grant, records, write_grants
 from tests.fakes.llama_server import FakeLlama
-from tests.loop.stack import GUARD, READ_NOTES, say, stack
+from tests.harness.broker import SESSION, admin, records
+from tests.harness.homes import grant, write_grants
+from tests.harness.stack import GUARD, READ_NOTES, say, stack
 
 from boxmaker.home import Home
 from boxmaker.loop.model_client import ModelFailure

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import short_home
 from tests.fakes.llama_server import as_process
+from tests.harness.homes import short_home
 
 from boxmaker.home import Home
 

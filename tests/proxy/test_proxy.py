@@ -17,8 +17,8 @@ import httpx
 import orjson
 import pytest
 import trio
-from tests.conftest import short_home
 from tests.fakes.llama_server import MODEL_ID, FakeLlama
+from tests.harness.homes import short_home
 
 from boxmaker.home import ConfigError, Home, load_config
 from boxmaker.proxy.app import MAX_BODY
@@ -441,3 +441,53 @@ def test_the_token_is_read_from_its_file(home: Home) -> None:
     assert read_token(home, load_config(home)) == TOKEN
     home.config_toml.write_text("")
     assert read_token(home, load_config(home)) is None
+
+
+CLIENT_HEADERS = {
+    "authorization": "Bearer client-secret",
+    "proxy-authorization": "Basic Y2xpZW50OnNlY3JldA==",
+    "cookie": "session=client-cookie",
+    "x-forwarded-for": "203.0.113.7",
+    "forwarded": "for=203.0.113.7",
+    "x-custom-header": "client-custom",
+    "user-agent": "client-agent/1.0",
+}
+
+
+async def test_the_clients_headers_never_reach_the_model(home: Home) -> None:
+    fake = FakeLlama(script=[{"content": "one"}, {"content": "two"}])
+    async with proxy_on(home, fake) as client:
+        answers = [
+            await client.post("/v1/chat/completions", json=chat(), headers=CLIENT_HEADERS),
+            await client.post(
+                "/v1/chat/completions", json=chat(stream=True), headers=CLIENT_HEADERS
+            ),
+            *[
+                await client.get(path, headers=CLIENT_HEADERS)
+                for path in ("/health", "/v1/models", "/slots")
+            ],
+        ]
+    assert [answer.status_code for answer in answers] == [200] * 5
+    assert fake.paths == [
+        "POST /v1/chat/completions",
+        "POST /v1/chat/completions",
+        "GET /health",
+        "GET /v1/models",
+        "GET /slots",
+    ]
+    for path, received in zip(fake.paths, fake.headers, strict=True):
+        names = {name for name, _ in received}
+        assert names.isdisjoint(CLIENT_HEADERS.keys() - {"user-agent"}), (path, received)
+        for name, value in received:
+            assert value not in CLIENT_HEADERS.values(), (path, name, value)
+        assert dict(received)["host"] == fake.url.removeprefix("http://")  # not "proxy"
+        # Only what the proxy's own HTTP client writes.
+        assert names <= {
+            "host",
+            "accept",
+            "accept-encoding",
+            "connection",
+            "user-agent",
+            "content-length",
+            "content-type",
+        }, (path, received)

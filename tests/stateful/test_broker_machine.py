@@ -49,14 +49,8 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from tests.broker.broker_harness import (
-    PENDING_TIMEOUT,
-    Client,
-    grant,
-    tool_request,
-    write_config,
-    write_grants,
-)
+from tests.harness.broker import PENDING_TIMEOUT, Client, tool_request
+from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker.connection import CALL_ID_USED, LOOK_INTERVAL_S
 from boxmaker.broker.serve import serve_broker

@@ -60,15 +60,17 @@ _syscall = _load_syscall()
 _unsupported = _syscall is None or not hasattr(os, "RWF_NOWAIT")
 
 
-def _openat2(dir_fd: int, path: str, flags: int, resolve: int) -> int | None:
-    """``openat2`` or None when it failed for any reason (remembered when the kernel
-    lacks the call or the flags, so it is not tried again)."""
+def _openat2(
+    dir_fd: int, path: str, flags: int, resolve: int, syscall: Callable[..., int] | None
+) -> int | None:
+    """``openat2`` through ``syscall`` (libc's), or None when it failed for any reason
+    (remembered when the kernel lacks the call or the flags, so it is not tried again)."""
     global _unsupported  # one process-wide fact, learnt once
-    if _unsupported or _syscall is None:
+    if _unsupported or syscall is None:
         return None
     how = _OpenHow(flags, 0, resolve)
     fd = int(
-        _syscall(
+        syscall(
             ctypes.c_long(SYS_OPENAT2),
             ctypes.c_int(dir_fd),
             ctypes.c_char_p(os.fsencode(path)),
@@ -96,23 +98,30 @@ class CachedFile:
     The caller decides on ``relative`` and ``links`` before it passes ``data`` on."""
 
 
-def read_cached_beneath(root: str, path: str, max_size: int) -> CachedFile | None:
+def read_cached_beneath(
+    root: str, path: str, max_size: int, *, syscall: Callable[..., int] | None = _syscall
+) -> CachedFile | None:
     """The whole of the regular file ``path`` below the directory ``root``, if it is at
     most ``max_size`` bytes and the kernel can serve all of it from its caches; None
     otherwise — also for anything that would leave ``root`` (``..`` above it, an
     absolute symlink, a ``/proc`` magic link). Symlinks that stay below ``root`` are
     followed, as the file tools do. The real path and the link count come from the
     opened descriptor itself (``/proc/self/fd`` and the ``fstat`` the size check needs),
-    so they are the file that was read, with no window for a link swapped in between."""
+    so they are the file that was read, with no window for a link swapped in between.
+    ``syscall`` is libc's ``syscall()`` (None where there is none: nothing is tried)."""
     if "\x00" in path or "\x00" in root:
         return None  # C would read a shorter path (checked arguments never carry one)
-    root_fd = _openat2(AT_FDCWD, root, _DIR_FLAGS, RESOLVE_CACHED)
+    root_fd = _openat2(AT_FDCWD, root, _DIR_FLAGS, RESOLVE_CACHED, syscall)
     if root_fd is None:
         return None
     try:
         real_root = fd_real_path(root_fd)
         fd = _openat2(
-            root_fd, path, _READ_FLAGS, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_CACHED
+            root_fd,
+            path,
+            _READ_FLAGS,
+            RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_CACHED,
+            syscall,
         )
     finally:
         os.close(root_fd)

@@ -81,14 +81,14 @@ import secrets
 import shutil
 import signal
 import stat
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import attrs
 import trio
 
-from boxmaker.broker.nowait import fd_real_path, read_cached_beneath
+from boxmaker.broker.nowait import CachedFile, fd_real_path, read_cached_beneath
 from boxmaker.broker.sandbox import (
     LIMITS_FAILED,
     LIMITS_FAILED_WORDS,
@@ -319,25 +319,29 @@ class _Failed(Exception):
         self.detail = detail
 
 
-async def execute(spec: RunSpec, sandboxes: SandboxPool | None = None) -> RunResult:
+async def execute(
+    spec: RunSpec, sandboxes: SandboxPool | None = None, *, host: Host | None = None
+) -> RunResult:
     """Run ``spec``. Never raises for a tool failure; lets Cancelled through.
 
     ``sandboxes``: brokerd's pool, whose sandbox set up ahead a shell call may use;
-    without it a shell call sets up its own."""
+    without it a shell call sets up its own. ``host``: what the tools ask of the
+    machine (:data:`REAL_HOST` unless a test passes its own)."""
     value = spec.arguments.value
+    host = host or REAL_HOST
     try:
         if isinstance(value, ReadFileArgs):
-            cached = _read_file_cached(spec, value)
+            cached = _read_file_cached(spec, value, host.read_cached)
             if cached is not None:
                 return cached
-            return await trio.to_thread.run_sync(_read_file, spec, value)
+            return await trio.to_thread.run_sync(_read_file, spec, value, host)
         if isinstance(value, ListDirArgs):
-            return await trio.to_thread.run_sync(_list_dir, spec, value)
+            return await trio.to_thread.run_sync(_list_dir, spec, value, host)
         if isinstance(value, WriteFileArgs):
-            return await trio.to_thread.run_sync(_write_file, spec, value)
+            return await trio.to_thread.run_sync(_write_file, spec, value, host)
         if isinstance(value, ShellArgs):
             return await _shell(spec, value.command, sandboxes)
-        return await _http_get(spec, value)
+        return await _http_get(spec, value, host)
     except _Failed as failed:
         return RunResult.failure(failed.reason, failed.detail, spec.label)
     except Exception as exc:
@@ -408,12 +412,15 @@ def _open_at(dir_fd: int, name: str, flags: int, path: str) -> int:
         raise _os_failure(exc, path) from None
 
 
-def _opened_relative(fd: int, root: str, walked: str, path: str) -> str:
+def _opened_relative(
+    fd: int, root: str, walked: str, path: str, opened_path: Callable[[int], str | None]
+) -> str:
     """The workspace path of what ``fd`` names now (``/proc/self/fd``): the file that
     was opened, whatever happened to the names since the walk. path_escape when it is
     outside the workspace; ``walked`` (the O_NOFOLLOW walk's own path) when the kernel
-    cannot tell (a file unlinked since it was opened has no path)."""
-    real = fd_real_path(fd)
+    cannot tell (a file unlinked since it was opened has no path). ``opened_path`` is
+    :func:`~boxmaker.broker.nowait.fd_real_path` (a test's stands for a name moved)."""
+    real = opened_path(fd)
     if real is None:
         return walked
     if real == root:
@@ -457,8 +464,8 @@ def _split(relative: str) -> tuple[str, str]:
     return parent or ROOT, name
 
 
-def _read_file(spec: RunSpec, args: ReadFileArgs) -> RunResult:
-    root, real = _real_relative(spec.workspace, args.path)
+def _read_file(spec: RunSpec, args: ReadFileArgs, host: Host) -> RunResult:
+    root, real = host.real_relative(spec.workspace, args.path)
     _bound(spec, args.path, real)
     if real == ROOT:
         raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
@@ -471,7 +478,7 @@ def _read_file(spec: RunSpec, args: ReadFileArgs) -> RunResult:
     try:
         # Decided on the open descriptor, before a byte is read through it.
         info = os.fstat(fd)
-        opened = _opened_relative(fd, root, real, args.path)
+        opened = _opened_relative(fd, root, real, args.path, host.opened_path)
         links = info.st_nlink if stat.S_ISREG(info.st_mode) else 1
         _bound(spec, args.path, opened, links)
         label = spec.label.join(spec._rules.label_for_opened(args.path, opened, links))
@@ -496,13 +503,15 @@ def _read_file(spec: RunSpec, args: ReadFileArgs) -> RunResult:
     return RunResult.success(f"{text}\n[file cut at {limit} of {size} bytes]", label)
 
 
-def _read_file_cached(spec: RunSpec, args: ReadFileArgs) -> RunResult | None:
+def _read_file_cached(
+    spec: RunSpec, args: ReadFileArgs, read_cached: CachedReader = read_cached_beneath
+) -> RunResult | None:
     """read_file on the trio thread, when the kernel can serve it without blocking
     (nowait.py): a small regular file, inside the workspace, all of it cached. None
     sends the call to :func:`_read_file` in a worker thread, which also gives every
     failure its reason. The same content and label as :func:`_read_file` would give."""
     limit = args.max_bytes if args.max_bytes is not None else MAX_BYTES
-    cached = read_cached_beneath(str(spec.workspace), args.path, min(limit, CACHED_READ_MAX))
+    cached = read_cached(str(spec.workspace), args.path, min(limit, CACHED_READ_MAX))
     if cached is None:
         return None
     # Decided on the descriptor read (nowait.py): a refusal leaves the data unused.
@@ -521,8 +530,8 @@ def _read_up_to(fd: int, size: int) -> bytes:
     return bytes(data)
 
 
-def _list_dir(spec: RunSpec, args: ListDirArgs) -> RunResult:
-    root, real = _real_relative(spec.workspace, args.path)
+def _list_dir(spec: RunSpec, args: ListDirArgs, host: Host) -> RunResult:
+    root, real = host.real_relative(spec.workspace, args.path)
     _bound(spec, args.path, real)
     parent, name = _split(real)
     if real == ROOT:
@@ -539,7 +548,7 @@ def _list_dir(spec: RunSpec, args: ListDirArgs) -> RunResult:
             os.close(dir_fd)
     try:
         # Decided on the open descriptor, before it is listed.
-        opened = _opened_relative(fd, root, real, args.path)
+        opened = _opened_relative(fd, root, real, args.path, host.opened_path)
         _bound(spec, args.path, opened)
         label = spec.label.join(spec._rules.label_for_opened(args.path, opened, 1))
         names = []
@@ -559,18 +568,18 @@ def _list_dir(spec: RunSpec, args: ListDirArgs) -> RunResult:
     return RunResult.success(content, label)
 
 
-def _write_file(spec: RunSpec, args: WriteFileArgs) -> RunResult:
+def _write_file(spec: RunSpec, args: WriteFileArgs, host: Host) -> RunResult:
     parent_path, name = _split(args.path)
     if args.path == ROOT:
         raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
-    root, real_parent = _real_relative(spec.workspace, parent_path)
+    root, real_parent = host.real_relative(spec.workspace, parent_path)
     _bound(spec, args.path, _join(real_parent, name))
     dir_fd = _walk(root, real_parent, args.path)
     try:
         # The target's real path is its directory's (read from the descriptor the
         # rename goes through) and its own name, which is never a symlink: one there is
         # refused below, and one raced in is replaced by the rename, not followed.
-        opened_parent = _opened_relative(dir_fd, root, real_parent, args.path)
+        opened_parent = _opened_relative(dir_fd, root, real_parent, args.path, host.opened_path)
         _bound(spec, args.path, _join(opened_parent, name))
         mode: int | None = None
         try:
@@ -720,7 +729,7 @@ async def resolve_addresses(host: str, port: int) -> list[str]:
     return addresses
 
 
-async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
+async def _http_get(spec: RunSpec, args: HttpGetArgs, machine: Host) -> RunResult:
     # Imported on the first http_get, not at start: httpx (with ssl and its transport
     # stack) is ~8 MB of brokerd's resident memory, paid only where http_get is used.
     import httpx
@@ -741,9 +750,9 @@ async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
         return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)
     body = b""
     encoding = "utf-8"
-    with trio.move_on_after(HTTP_TIMEOUT) as scope:
+    with trio.move_on_after(machine.http_timeout) as scope:
         try:
-            addresses = await resolve_addresses(destination.host, destination.port)
+            addresses = await machine.resolve(destination.host, destination.port)
         except OSError as exc:
             detail = f"{destination.host}: the name does not resolve ({_describe(exc)})"
             raise _Failed(Reason.TOOL_ERROR, detail) from None
@@ -757,7 +766,7 @@ async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
         extensions = {} if _is_address(host) else {"sni_hostname": url.host}
         try:
             async with httpx.AsyncClient(
-                follow_redirects=False, trust_env=False, timeout=HTTP_TIMEOUT
+                follow_redirects=False, trust_env=False, timeout=machine.http_timeout
             ) as client:
                 # In the resolver's order; the next address only when one does not connect
                 # (all of them were checked above).
@@ -772,7 +781,7 @@ async def _http_get(spec: RunSpec, args: HttpGetArgs) -> RunResult:
         except httpx.HTTPError as exc:
             raise _Failed(Reason.TOOL_ERROR, f"{type(exc).__name__}: {exc}"[:500]) from None
     if scope.cancelled_caught:
-        detail = f"{args.url}: no complete answer within {HTTP_TIMEOUT:g} s"
+        detail = f"{args.url}: no complete answer within {machine.http_timeout:g} s"
         return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
     try:
         text = body.decode(encoding, errors="replace")
@@ -817,3 +826,25 @@ async def _fetch(
         if over:
             raise _Failed(Reason.TOO_LARGE, f"{url}: over {MAX_BYTES} bytes")
         return bytes(body), response.encoding or "utf-8"
+
+
+# --- what the tools ask of the machine -------------------------------------------------
+
+CachedReader: TypeAlias = Callable[[str, str, int], CachedFile | None]
+
+
+@attrs.frozen
+class Host:
+    """What the tools ask of the machine besides opening files: how a path resolves,
+    what an open descriptor names, the cached read, name resolution and http_get's
+    time limit. :data:`REAL_HOST` is the machine's; a test passes its own to stand for
+    a name swapped at the wrong moment, a resolver, or a shorter limit."""
+
+    real_relative: Callable[[Path, str], tuple[str, str]] = _real_relative
+    opened_path: Callable[[int], str | None] = fd_real_path
+    read_cached: CachedReader = read_cached_beneath
+    resolve: Callable[[str, int], Awaitable[list[str]]] = resolve_addresses
+    http_timeout: float = HTTP_TIMEOUT
+
+
+REAL_HOST: Final = Host()

@@ -38,7 +38,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -364,7 +364,9 @@ class Sandbox:
         return self.launch.argv
 
     @classmethod
-    def start(cls, launch: Launch) -> Sandbox:
+    def start(
+        cls, launch: Launch, *, seccomp_filter: Callable[[], bytes | None] = filter_program
+    ) -> Sandbox:
         """Start bwrap for ``launch``. Raises OSError when it cannot be started, and
         when it would run as root. Call from the trio thread, never a worker thread:
         bwrap's ``--die-with-parent`` is PR_SET_PDEATHSIG, which fires when the *thread*
@@ -374,13 +376,14 @@ class Sandbox:
 
         bwrap starts with an empty environment (the sandbox's pid 1 is bwrap's child,
         and its /proc/1/environ is readable inside) and finds its options, host paths
-        included, in a pipe (``--args``), so its command line shows none of them."""
+        included, in a pipe (``--args``), so its command line shows none of them. The
+        filter is ``seccomp_filter()``: the host architecture's (a test passes another)."""
         user = launch.user
         if (user.uid if user is not None else os.geteuid()) == 0:
             raise OSError(errno.EPERM, NOT_ROOT_DETAIL)
         if user is not None and user.gid == 0:
             raise OSError(errno.EPERM, NOT_ROOT_GROUP_DETAIL)
-        seccomp = filter_program()
+        seccomp = seccomp_filter()
         if seccomp is None:
             raise OSError(
                 errno.ENOSYS,

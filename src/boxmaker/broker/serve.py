@@ -29,7 +29,7 @@ import logging
 import os
 import resource
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Final
 
@@ -292,19 +292,20 @@ def serve(
         bool,
         Parameter(negative="", help="Move a torn ledger tail aside (docs/runbook.md#ledger-torn)."),
     ] = False,
+    run_broker: Annotated[Callable[..., Awaitable[None]], Parameter(parse=False)] = serve_broker,
 ) -> int:
     """Serve broker.sock and admin.sock until SIGINT/SIGTERM (exit 0).
 
     Exit 2: config.toml has a problem. Exit 1: the ledger is torn, the home or a socket
     path cannot be used, or brokerd failed.
     """
+    # run_broker is no option (parse=False): a test passes its own through
+    # app.parse_args to see what the command runs.
     setup_logging("brokerd")
     _raise_fd_limit()
     return run_daemon(
         "brokerd",
-        functools.partial(
-            serve_broker, resolve_home(home), repair_torn=repair, handle_signals=True
-        ),
+        functools.partial(run_broker, resolve_home(home), repair_torn=repair, handle_signals=True),
         failures=(LedgerTorn, HomeError, ListenerError),
     )
 

@@ -37,6 +37,7 @@ import trio
 
 from boxmaker.clock import format_utc, utc_now
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
+from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     Body,
@@ -101,14 +102,6 @@ class _Torn:
     why: str
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _inspect_tail(fd: int) -> Tail | _Torn:
     """Read backwards from the end to the last line; never the whole file."""
     size = os.fstat(fd).st_size
@@ -142,23 +135,24 @@ def _inspect_tail(fd: int) -> Tail | _Torn:
     return Tail(next_seq=seq + 1, prev=line_hash(line))
 
 
-def _create(path: Path, now: dt.datetime) -> Tail:
+def _create(path: Path, now: dt.datetime, files: FileOps) -> Tail:
     """Write genesis to a temp file and rename it, so no empty ledger is ever seen."""
     line = encode_line(0, format_utc(now), GENESIS_PREV, Genesis(ledger=new_ledger_id()))
     tmp = path.with_name(path.name + ".new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    fd = files.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
     try:
-        os.write(fd, line + b"\n")
-        os.fsync(fd)
+        files.write(fd, line + b"\n")
+        files.fsync(fd)
     finally:
-        os.close(fd)
-    tmp.rename(path)
-    _fsync_dir(path.parent)
+        files.close(fd)
+    files.replace(tmp, path)
+    fsync_dir(path.parent, files)
     return Tail(next_seq=1, prev=line_hash(line))
 
 
-def open_ledger(path: Path, *, now: dt.datetime | None = None) -> Tail:
-    """Create the ledger with its genesis record, or read where the existing one ends.
+def open_ledger(path: Path, *, now: dt.datetime | None = None, files: FileOps = OS_FILES) -> Tail:
+    """Create the ledger with its genesis record (through ``files``: the real calls, or
+    a test's), or read where the existing one ends.
 
     Raises :class:`LedgerTorn` for a torn tail. Blocking: call it before
     serving, or through ``trio.to_thread.run_sync``.
@@ -167,7 +161,7 @@ def open_ledger(path: Path, *, now: dt.datetime | None = None) -> Tail:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return _create(path, now or utc_now())
+        return _create(path, now or utc_now(), files)
     try:
         if os.fstat(fd).st_mode & 0o077:
             os.fchmod(fd, FILE_MODE)  # 0600, whatever left it looser
@@ -222,7 +216,7 @@ def repair(path: Path, *, now: dt.datetime | None = None) -> Repair | None:
         if isinstance(found, Tail):
             return None
         saved = _write_new(path.with_name(torn_name(moment)), found.data)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         os.ftruncate(fd, found.offset)
         if found.offset == 0:
             genesis = Genesis(ledger=new_ledger_id())

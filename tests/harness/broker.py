@@ -1,5 +1,5 @@
-"""Shared helpers for brokerd's tests: a short temporary home, the real daemon started
-in process, and clients that speak the real sockets with the real frame reader.
+"""brokerd in process for tests: the real daemon started on a home, clients that speak
+the real sockets with the real frame reader, and readers of the ledger it wrote.
 
 Time: in-process tests run under pytest-trio's ``autojump_clock``. That clock jumps to
 the next deadline whenever the run loop is idle, and a loop waiting on a worker thread
@@ -35,34 +35,6 @@ SESSION: Final = "s-0000000000a1"
 GUARD: Final = 600.0
 """Virtual seconds: a hung test fails instead of stalling (test pending_timeout is 30)."""
 PENDING_TIMEOUT: Final = 30.0
-
-
-def write_config(home: Home, text: str) -> None:
-    home.config_toml.write_text(text, encoding="utf-8")
-
-
-def write_grants(home: Home, text: str) -> None:
-    """Replace grants.toml the way an editor does (new inode), so the stat changes."""
-    temp = home.grants_toml.with_name("grants.toml.tmp")
-    temp.write_text(text, encoding="utf-8")
-    temp.replace(home.grants_toml)
-
-
-def grant(gid: str, tool: str, mode: str, **extra: str | list[str]) -> str:
-    """One ``[[grant]]`` table (values are TOML strings or arrays of strings)."""
-    lines = ["[[grant]]", f'id = "{gid}"', f'tool = "{tool}"', f'mode = "{mode}"']
-    lines += [f"{key} = {orjson.dumps(value).decode()}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
-
-
-def write_state(home: Home, session: str, taint: str, untrusted: bool = False) -> None:
-    data = {"v": 1, "taint": taint, "untrusted": untrusted}
-    home.session_state(session).write_bytes(orjson.dumps(data))
-
-
-def read_state_file(home: Home, session: str) -> dict[str, Any] | None:
-    path = home.session_state(session)
-    return orjson.loads(path.read_bytes()) if path.exists() else None
 
 
 def records(home: Home) -> list[dict[str, Any]]:
@@ -103,6 +75,39 @@ async def running(home: Home, **kwargs: Any) -> AsyncIterator[Broker]:
             broker.request_stop()
     report = verify_file(home.audit_log)
     assert report.sound, [str(p) for p in report.problems]
+
+
+@attrs.define
+class Brokerd:
+    """The real brokerd on ``home`` in a nursery the ``brokerd`` fixture holds open:
+    started once, when the test says, and stopped by the test or by the fixture."""
+
+    home: Home
+    nursery: trio.Nursery
+    broker: Broker | None = None
+    stopped: trio.Event = attrs.field(factory=trio.Event)
+
+    async def start(self, **kwargs: Any) -> Broker:
+        """serve_broker(home, **kwargs), ready: its sockets are listening."""
+        assert self.broker is None, "brokerd already started"
+        self.broker = await self.nursery.start(self._serve, kwargs)
+        return self.broker
+
+    async def _serve(self, kwargs: dict[str, Any], *, task_status: Any) -> None:
+        try:
+            await serve_broker(self.home, task_status=task_status, **kwargs)
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        """Stop brokerd cleanly (if it runs) and wait for it; the ledger must then verify.
+        Idempotent: the fixture calls it again at the end."""
+        if self.broker is None or self.stopped.is_set():
+            return
+        self.broker.request_stop()
+        await self.stopped.wait()
+        report = verify_file(self.home.audit_log)
+        assert report.sound, [str(p) for p in report.problems]
 
 
 class Client:

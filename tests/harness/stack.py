@@ -11,13 +11,14 @@ from typing import Any, Final
 
 import orjson
 import trio
-from tests.broker.broker_harness import running
 from tests.fakes.llama_server import FakeLlama
 
 from boxmaker.home import Home
 from boxmaker.loop.serve import Loop, serve_loop
 from boxmaker.ndjson import FrameReader
 from boxmaker.proxy.serve import ProxyHandle, serve_proxy
+
+from .broker import running
 
 GUARD: Final = 30.0
 READ_NOTES: Final = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}

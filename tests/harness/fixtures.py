@@ -1,0 +1,67 @@
+"""The fixtures every part of the suite shares: a pytest plugin that tests/conftest.py
+loads (``pytest_plugins``), so a test names a fixture and never imports it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from boxmaker.broker.state import Broker
+from boxmaker.home import Home
+
+from .broker import GUARD, PENDING_TIMEOUT, Brokerd
+from .homes import short_home, write_config, write_grants
+from .process import Daemon
+
+
+@pytest.fixture
+def home() -> Iterator[Home]:
+    """A fresh home with no grants, brokerd's pending timeout short."""
+    with short_home() as fresh:
+        write_config(fresh, f"[broker]\npending_timeout = {PENDING_TIMEOUT}\n")
+        write_grants(fresh, "")
+        yield fresh
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """brokerd processes a test started (harness.process.start), killed at the end."""
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.kill()
+
+
+@pytest.fixture
+def inline_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``trio.to_thread.run_sync`` functions inline, after a checkpoint, so the
+    autojump clock never jumps while a worker thread is busy (see harness/broker.py)."""
+
+    async def inline(sync_fn: Any, *args: Any, **_: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        return sync_fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+
+
+@pytest.fixture
+async def brokerd(home: Home) -> AsyncIterator[Brokerd]:
+    """brokerd on ``home``, started when the test says (``await brokerd.start()``, after
+    it wrote grants and files) and stopped at the end unless the test stopped it; the
+    ledger must then verify. The whole test is bounded by GUARD virtual seconds: a hang
+    fails it (this fixture's deadline crashes the fixture, and pytest-trio cancels the
+    test)."""
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            handle = Brokerd(home, nursery)
+            yield handle
+            await handle.stop()
+
+
+@pytest.fixture
+async def broker(brokerd: Brokerd) -> Broker:
+    """brokerd on ``home`` as it is when the test starts, started with no options."""
+    return await brokerd.start()
