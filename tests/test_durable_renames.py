@@ -91,7 +91,10 @@ def test_a_new_ledgers_genesis_fsyncs_the_directory_after_its_rename(tmp_path: P
     files = RecordingFiles()
     ledger = tmp_path / "ledger" / "audit.ndjson"
     tail = open_ledger(ledger, now=NOW, files=files)
-    assert files.calls == durable_replace(ledger.with_name("audit.ndjson.new"), ledger)
+    [temp] = temps(files)
+    assert files.calls == durable_replace(temp, ledger)
+    assert temp.parent == ledger.parent
+    assert sorted(p.name for p in ledger.parent.iterdir()) == [ledger.name]
     assert tail.next_seq == 1
     # An existing ledger is only read: nothing is renamed, nothing goes through files.
     files.calls.clear()

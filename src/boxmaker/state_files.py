@@ -11,9 +11,6 @@ old state or the new one, never a torn one. A leftover temp file is never read.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
 import time
 from pathlib import Path
 from typing import Final, TypeAlias
@@ -21,7 +18,7 @@ from typing import Final, TypeAlias
 from boxmaker.convert import SESSION_ID
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
-from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir
+from boxmaker.file_ops import OS_FILES, FileOps, StatKey, stat_key, write_atomically
 from boxmaker.regular_file import read_regular_file
 
 MAX_STATE_BYTES: Final = 4096
@@ -33,21 +30,14 @@ RACY_NS: Final = 100_000_000
 within the same timestamp tick without its stat key moving (a coarse clock): such a read
 is not cached (as git treats a "racily clean" index entry)."""
 
-StateKey: TypeAlias = tuple[int, ...] | None
-"""What "the state file changed" means: (mtime_ns, size, inode, device, ctime_ns) of the
-file itself (lstat), None when there is none, (-1, errno) when it cannot be stat'ed."""
+StateKey: TypeAlias = StatKey
+"""What "the state file changed" means (:func:`boxmaker.file_ops.stat_key`)."""
 
 
 def state_key(sessions_dir: Path, session: str) -> StateKey:
     """The state file's stat key: an ``lstat``, metadata only, no data read, so brokerd
     calls it inline (see :class:`boxmaker.broker.state.SessionStates`)."""
-    try:
-        info = os.lstat(f"{sessions_dir}/{session}.json")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return (-1, exc.errno or 0)
-    return (info.st_mtime_ns, info.st_size, info.st_ino, info.st_dev, info.st_ctime_ns)
+    return stat_key(state_path(sessions_dir, session))
 
 
 def read_state_keyed(
@@ -94,26 +84,6 @@ def read_state(sessions_dir: Path, session: str) -> Label | StateUnreadable:
     return parsed
 
 
-def _write_atomically(directory: Path, name: str, data: bytes, files: FileOps) -> None:
-    temp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = files.open(temp, flags, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[files.write(fd, view) :]
-            files.fsync(fd)
-        finally:
-            files.close(fd)
-        files.replace(temp, directory / name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            files.unlink(temp)
-        raise
-    fsync_dir(directory, files)
-
-
 def raise_state(
     sessions_dir: Path, session: str, label: Label, *, files: FileOps = OS_FILES
 ) -> Label | StateUnreadable:
@@ -130,7 +100,7 @@ def raise_state(
     if raised == current:
         return current
     try:
-        _write_atomically(sessions_dir, f"{session}.json", encode_state(raised), files)
+        write_atomically(state_path(sessions_dir, session), encode_state(raised), files=files)
     except OSError as exc:
         return StateUnreadable(
             f"{_where(sessions_dir, session)}: write failed: {exc.strerror or exc}"

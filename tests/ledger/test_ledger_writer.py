@@ -134,7 +134,7 @@ def test_open_creates_the_ledger_with_genesis(ledger: Path) -> None:
     assert tail == Tail(next_seq=1, prev=line_hash(line))
     assert tail.head == f"0:{line_hash(line)}"
     assert stat.S_IMODE(ledger.stat().st_mode) == 0o600
-    assert not list(ledger.parent.glob("*.new"))
+    assert [p.name for p in ledger.parent.iterdir()] == [ledger.name]  # no temp file left
 
 
 def test_reopen_finds_the_same_tail(ledger: Path) -> None:

@@ -37,7 +37,7 @@ import trio
 
 from boxmaker.clock import format_utc, utc_now
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
-from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir
+from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     Body,
@@ -138,15 +138,7 @@ def _inspect_tail(fd: int) -> Tail | _Torn:
 def _create(path: Path, now: dt.datetime, files: FileOps) -> Tail:
     """Write genesis to a temp file and rename it, so no empty ledger is ever seen."""
     line = encode_line(0, format_utc(now), GENESIS_PREV, Genesis(ledger=new_ledger_id()))
-    tmp = path.with_name(path.name + ".new")
-    fd = files.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-    try:
-        files.write(fd, line + b"\n")
-        files.fsync(fd)
-    finally:
-        files.close(fd)
-    files.replace(tmp, path)
-    fsync_dir(path.parent, files)
+    write_atomically(path, line + b"\n", mode=FILE_MODE, files=files)
     return Tail(next_seq=1, prev=line_hash(line))
 
 

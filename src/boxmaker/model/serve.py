@@ -40,6 +40,7 @@ from cyclopts import App, Parameter
 from boxmaker import __version__
 from boxmaker.broker.listeners import ListenerError, remove_stale_socket
 from boxmaker.daemon import run_daemon, stop_on_signals
+from boxmaker.file_ops import write_atomically
 from boxmaker.home import Home, HomeError, resolve_home
 
 log = logging.getLogger("boxmaker.model")
@@ -126,13 +127,7 @@ def _check_private(sock: Path) -> None:
 
 
 def _write_url(home: Home, url: str) -> None:
-    temporary = home.model_url_file.with_suffix(".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, (url + "\n").encode())
-    finally:
-        os.close(fd)
-    temporary.replace(home.model_url_file)
+    write_atomically(home.model_url_file, (url + "\n").encode())
 
 
 async def serve_model(home: Home) -> None:
