@@ -8,9 +8,10 @@ Whoever takes an entry out of the table owns its ending. :meth:`ApprovalsTable.t
 (approve, refuse) and :meth:`ApprovalsTable.take_own` (the waiting task's expiry or
 withdrawal) remove it in one step, so of two racing takers exactly one gets it and the
 other finds it gone (``no_such_approval``). The table does not wake anybody: the broker
-keeps one ``trio.Event`` (or channel) per approval id next to the table, and the admin
-handler that took an entry sets it with its outcome. Keeping the events out keeps the
-table a value that hypothesis and mutmut can drive.
+keeps a one-shot slot per approval id next to the table
+(:class:`boxmaker.broker.pending.PendingCalls`), and whoever took an entry delivers
+its ending there. Keeping that out keeps the table a
+value that hypothesis and mutmut can drive.
 
 >>> table = ApprovalsTable()
 >>> entry = PendingEntry.create(
@@ -34,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from boxmaker.core.call import due
 from boxmaker.core.labels import Taint
 from boxmaker.wire import ApprovalView, GrantRef
 
@@ -100,8 +102,8 @@ class PendingEntry:
         )
 
     def is_expired(self, now: float) -> bool:
-        """At or after the deadline (spec §6.5: ``>=`` everywhere)."""
-        return now >= self.deadline
+        """At or after the deadline (:func:`boxmaker.core.call.due`)."""
+        return due(self.deadline, now)
 
     def view(self) -> ApprovalView:
         """The entry as an ``approvals`` answer lists it (spec §7)."""

@@ -88,12 +88,31 @@ class Decision:
 
 @attrs.frozen
 class Run:
+    """Run the call: ``grant`` is the grant that let it, ``checked`` its checked
+    arguments, so what runs is built from the verdict alone."""
+
     decision: Decision
+    grant: Grant
+    checked: CheckedArguments
 
 
 @attrs.frozen
 class Ask:
+    """Ask the owner; ``grant`` and ``checked`` as for :class:`Run` (an approved ask
+    runs on them)."""
+
     decision: Decision
+    grant: Grant
+    checked: CheckedArguments
+
+    def too_many_pending(self, detail: str) -> Deny:
+        """This ask, denied ``too_many_pending`` (the pending caps are full): on the
+        grant it matched and the state it was decided on."""
+        return Deny(
+            attrs.evolve(
+                self.decision, verdict="deny", reason=Reason.TOO_MANY_PENDING, detail=detail
+            )
+        )
 
 
 @attrs.frozen
@@ -190,7 +209,9 @@ def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.date
         note=grant.note,
         state=state,
     )
-    return Ask(decision) if mode is Mode.ASK else Run(decision)
+    if mode is Mode.ASK:
+        return Ask(decision, grant, request.arguments)
+    return Run(decision, grant, request.arguments)
 
 
 def evaluate(
