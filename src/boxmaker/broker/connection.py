@@ -62,7 +62,6 @@ from boxmaker.wire import (
     decode_broker_request,
     encode_frame,
 )
-from boxmaker.wire import ToolRequest as ToolRequestFrame
 
 __all__ = [
     "APPROVAL_UNRECORDED",
@@ -95,7 +94,7 @@ DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.T
 
 
 class Requester:
-    """The loopd end of one call: its stream, its frame reader, and the looks.
+    """The loopd end of one call: its stream, and the looks.
 
     The last look needs a non-blocking ``recv(MSG_PEEK | MSG_DONTWAIT)``, which trio's
     sockets only offer as an awaitable that blocks; so each look wraps the connection's
@@ -104,25 +103,27 @@ class Requester:
     the stream would read.
     """
 
-    def __init__(self, stream: trio.SocketStream, budget: BufferBudget | None = None) -> None:
+    __slots__ = ("request_bytes", "stream")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.reader = FrameReader(stream, budget=budget)
         self.request_bytes = 0
         """The request frame's size: what its arguments cost while the call waits."""
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        return self.stream.socket
 
     def gone(self) -> bool:
         """The last look: has the requester closed its end? Bytes it sent after its
         request do not mean gone."""
         return self._look(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
 
-    async def wait_gone(self) -> None:
-        """Return once the requester has closed its end (a waiting call's look). Sleeps
-        until the socket becomes readable; bytes sent after the request are read and
-        dropped (:data:`DRAIN`), so they neither mean gone nor wake it again."""
-        while True:
-            await trio.lowlevel.wait_readable(self.stream.socket)
-            if self._look(DRAIN, socket.MSG_DONTWAIT):
-                return
+    def left(self) -> bool:
+        """A waiting call's look, once its socket became readable: has the requester
+        closed its end? Bytes sent after the request are read and dropped
+        (:data:`DRAIN`), so they neither mean gone nor keep the socket readable."""
+        return self._look(DRAIN, socket.MSG_DONTWAIT)
 
     def _look(self, size: int, flags: int) -> bool:
         fd = self.stream.socket.fileno()
@@ -164,26 +165,69 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
         if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
             return
-        requester = Requester(stream, broker.capacity.budget)
-        # The request is read in its own frame, so what reading it took (the raw line,
-        # the decoder's leftovers) is gone while the call waits; the reader
-        # is closed at once, so its bytes go back to the budget shared by all.
+        requester = Requester(stream)
+        request = await _read_request(requester, broker.capacity.budget)
+        if request is None:
+            return
+        driver = _Driver(broker, requester, request)
+        del request
         try:
-            frame = await _read_request(requester)
+            # The machine's loop: feed an event, carry out its effects; an effect that
+            # gives an event is the last of its list (core/call.py). It runs in this
+            # frame, the wait for the owner included: thousands of calls wait at once,
+            # and each coroutine frame on a waiting stack costs about 250 bytes.
+            effects = tuple(driver.call.handle(await driver.first_event()))
+            while effects:
+                effect, effects = effects[0], effects[1:]
+                happened: machine.Event | None
+                if not isinstance(effect, machine.AwaitOwner):
+                    happened = await driver.carry_out(effect)
+                    if happened is None:
+                        continue
+                    effects = tuple(driver.call.handle(happened))
+                    continue
+                # Wait for the owner: until the entry's ending is delivered (an owner's
+                # answer, a stop: PendingCalls.end cancels this scope), the requester
+                # leaves (its socket becomes readable and the look finds its end
+                # closed), or the deadline (this scope's; the table's boundary then
+                # takes the expiry). No timer, no wake-up while nothing happens.
+                entry = driver.waiting()
+                command = broker.pending.ending(entry.approval)
+                while command is None:
+                    with broker.pending.deadline(entry):
+                        await trio.lowlevel.wait_readable(stream.socket)
+                        while not requester.left():
+                            await trio.lowlevel.wait_readable(stream.socket)
+                        broker.pending.end(entry.approval, machine.RequesterGone())
+                    command = broker.pending.woke(entry, trio.current_time())
+                del entry
+                happened = await driver.ending(command)
+                effects = tuple(driver.call.handle(happened))
+                del command, happened
         finally:
-            requester.reader.close()
-        if frame is not None:
-            await _tool_request(broker, requester, frame)
+            driver.done()
     except DISCONNECTS as exc:
         log.debug("broker.sock: the requester left (%s)", type(exc).__name__)
     except Exception:
         log.exception("broker.sock: a connection failed")
 
 
-async def _read_request(requester: Requester) -> ToolRequestFrame | None:
-    """The first frame: a tool request, or None once anything else was answered."""
+async def _read_request(requester: Requester, budget: BufferBudget) -> ToolRequest | None:
+    """The first frame: a tool request, or None once anything else was answered.
+
+    The request is read in its own frame, so what reading it took (the reader, the raw
+    line, the decoder's leftovers) is gone while the call waits; the reader is closed at
+    once, so its bytes go back to the budget shared by all."""
+    reader = FrameReader(requester.stream, budget=budget)
     try:
-        line = await receive_frame_within(requester.reader, FIRST_FRAME_S)
+        return await _read_first(requester, reader)
+    finally:
+        reader.close()
+
+
+async def _read_first(requester: Requester, reader: FrameReader) -> ToolRequest | None:
+    try:
+        line = await receive_frame_within(reader, FIRST_FRAME_S)
     except trio.TooSlowError:
         log.info("broker.sock: no frame within %g s; closing", FIRST_FRAME_S)
         return None
@@ -206,7 +250,7 @@ async def _read_request(requester: Requester) -> ToolRequestFrame | None:
     if isinstance(frame, CatalogueRequest):
         await requester.final(CatalogueAnswer(tools=catalogue_tools()))
         return None
-    return frame
+    return ToolRequest(frame.call, frame.session, frame.tool, frame.arguments)
 
 
 async def _raise_state(broker: Broker, session: str, label: Label) -> Label | StateUnreadable:
@@ -238,31 +282,6 @@ async def _evaluate(broker: Broker, request: ToolRequest) -> Verdict:
     )
 
 
-async def _tool_request(broker: Broker, requester: Requester, frame: ToolRequestFrame) -> None:
-    request = ToolRequest(frame.call, frame.session, frame.tool, frame.arguments)
-    driver = _Driver(broker, requester, request)
-    try:
-        if not broker.claim_call(frame.call, frame.session):
-            log.warning("broker.sock: call id %s was already used in this boot", frame.call)
-            await driver.feed(machine.Reused())
-            return
-        if broker.stopping:
-            await driver.feed(machine.Stopping())
-            return
-        verdict = await _evaluate(broker, request)
-        full: str | None = None
-        if isinstance(verdict, Ask):
-            # The ask holds a pending slot and its request's bytes from here (before
-            # its record is awaited) to the end of its call.
-            full = broker.capacity.reserve_pending(requester.request_bytes)
-            if full is None:
-                driver.slot = requester.request_bytes
-                _log_decision(verdict.decision)  # now: the owner may be watching the log
-        await driver.feed(machine.Decided(verdict, pending_full=full))
-    finally:
-        driver.done()
-
-
 def _log_decision(decision: Decision) -> None:
     # The ledger, not the log, is the record of every call: a call that runs on an auto
     # grant is logged at debug level (docs/decisions.md), denials and asks at info.
@@ -281,7 +300,10 @@ def _log_decision(decision: Decision) -> None:
 class _Driver:
     """Carries out a :class:`~boxmaker.core.call.Call`'s effects and feeds it what
     happened. Holds the call's resources: its pending slot, its entry, the admin's reply
-    channel while an approve or refuse is being recorded."""
+    channel while an approve or refuse is being recorded. (Slots, and a flat loop with
+    few frames: thousands of these wait at once.)"""
+
+    __slots__ = ("broker", "call", "reply", "request", "requester", "slot")
 
     def __init__(self, broker: Broker, requester: Requester, request: ToolRequest) -> None:
         self.broker = broker
@@ -292,18 +314,26 @@ class _Driver:
         )
         self.slot: int | None = None
         self.reply: trio.MemorySendChannel[machine.AdminReply] | None = None
-        self.logged = False
 
-    async def feed(self, event: machine.Event) -> None:
-        """Feed ``event`` and every event its effects give, until the call is over."""
-        next_event: machine.Event | None = event
-        while next_event is not None:
-            effects = self.call.handle(next_event)
-            next_event = None
-            for effect in effects:
-                happened = await self._carry_out(effect)
-                if happened is not None:
-                    next_event = happened
+    async def first_event(self) -> machine.Event:
+        """What starts the call: its decision (or a reused id, or a stop)."""
+        broker, request = self.broker, self.request
+        if not broker.claim_call(request.call, request.session):
+            log.warning("broker.sock: call id %s was already used in this boot", request.call)
+            return machine.Reused()
+        if broker.stopping:
+            return machine.Stopping()
+        verdict = await _evaluate(broker, request)
+        full: str | None = None
+        if isinstance(verdict, Ask):
+            # The ask holds a pending slot and its request's bytes from here (before
+            # its record is awaited) to the end of its call.
+            size = self.requester.request_bytes
+            full = broker.capacity.reserve_pending(size)
+            if full is None:
+                self.slot = size
+                _log_decision(verdict.decision)  # now: the owner may be watching the log
+        return machine.Decided(verdict, pending_full=full)
 
     def done(self) -> None:
         if self.slot is not None:
@@ -317,7 +347,7 @@ class _Driver:
             # After the answer: a log line costs as much as a tenth of a call's latency.
             _log_decision(decision)
 
-    async def _carry_out(self, effect: machine.Effect) -> machine.Event | None:
+    async def carry_out(self, effect: machine.Effect) -> machine.Event | None:
         broker = self.broker
         if isinstance(effect, machine.Record):
             recorded = await broker.record(self._body(effect.body))
@@ -342,12 +372,6 @@ class _Driver:
         if isinstance(effect, machine.Enqueue):
             made = self._entry(effect.ask)
             return machine.Enqueued(made, closed=not broker.pending.add(made))
-        if isinstance(effect, machine.AwaitOwner):
-            entry = self.call.entry
-            assert entry is not None
-            log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
-            command = await broker.pending.wait(entry, self.requester.wait_gone, trio.current_time)
-            return await self._ending(command)
         if isinstance(effect, machine.ReplyAdmin):
             if self.reply is not None:
                 report(self.reply, effect.reply)
@@ -396,7 +420,13 @@ class _Driver:
             timeout=self.broker.config.broker.pending_timeout,
         )
 
-    async def _ending(self, command: Command) -> machine.Event:
+    def waiting(self) -> PendingEntry:
+        entry = self.call.entry
+        assert entry is not None
+        log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
+        return entry
+
+    async def ending(self, command: Command) -> machine.Event:
         call = self.call.call
         if isinstance(command, ApproveCommand):
             self.reply = command.reply

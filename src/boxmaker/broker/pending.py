@@ -7,7 +7,7 @@ stop and a requester that left) exactly one gets it, and the others find it gone
 step is :meth:`PendingCalls.end`, the only place an entry leaves the table while its
 call waits.
 
-Each waiting call's task (:meth:`PendingCalls.wait`) waits on its own connection, under
+Each waiting call's task waits on its own connection (broker/connection.py), under
 a cancel scope whose deadline is the entry's: for the requester's socket to become
 readable (its end closed, or bytes after the request), or for the scope to be cancelled
 because someone else delivered the ending, or for the deadline. A waiting call thus costs
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Final, TypeAlias
 
 import attrs
@@ -139,23 +138,25 @@ class PendingCalls:
         if slot.scope is not None:
             slot.scope.cancel()
 
-    async def wait(
-        self, entry: PendingEntry, gone: Callable[[], Awaitable[None]], clock: Callable[[], float]
-    ) -> Command:
-        """Wait, on the call's own task, until its entry ends: an owner's answer or a
-        stop (delivered by :meth:`end`, which cancels this wait), the requester gone
-        (``gone`` returns), or the deadline (this scope's own deadline; the expiry is
-        then taken by the table's boundary, :meth:`PendingEntry.is_expired`)."""
-        approval = entry.approval
-        slot = self._slots[approval]
-        while slot.command is None:
-            with trio.CancelScope(deadline=entry.deadline) as scope:
-                slot.scope = scope
-                await gone()
-                self.end(approval, RequesterGone())
-            slot.scope = None
-            if slot.command is None and entry.is_expired(clock()):
-                self.end(approval, Expired())
+    def ending(self, approval: str) -> Command | None:
+        """The ending delivered to this entry, if any yet."""
+        return self._slots[approval].command
+
+    def deadline(self, entry: PendingEntry) -> trio.CancelScope:
+        """The waiting call's cancel scope: its deadline is the entry's, and
+        :meth:`end` cancels it when the ending is delivered. (A waiting call's wait is
+        inline in its connection's frame, broker/connection.py: thousands wait.)"""
+        scope = self._slots[entry.approval].scope = trio.CancelScope(deadline=entry.deadline)
+        return scope
+
+    def woke(self, entry: PendingEntry, now: float) -> Command | None:
+        """The waiting call woke (its scope ended): its ending, or the expiry when the
+        deadline has come by the table's boundary (:meth:`PendingEntry.is_expired`);
+        None when neither (woken early: it waits again)."""
+        slot = self._slots[entry.approval]
+        slot.scope = None
+        if slot.command is None and entry.is_expired(now):
+            self.end(entry.approval, Expired())
         return slot.command
 
     def forget(self, approval: str) -> None:

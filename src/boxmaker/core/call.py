@@ -464,13 +464,25 @@ class Call:
     ``expired`` denial.
     """
 
+    __slots__ = (
+        "_approved",
+        "_ending",
+        "_ran",
+        "_verdict",
+        "call",
+        "decision",
+        "entry",
+        "pending_timeout",
+        "phase",
+        "session",
+    )
+
     def __init__(self, call: str, session: str, *, pending_timeout: float) -> None:
         self.call = call
         self.session = session
         self.pending_timeout = pending_timeout
         self.phase = Phase.IDLE
-        self.decision: Decision | None = None
-        """The first decision (the recorded one), once made."""
+        self.decision: Decision | None = None  # the first decision (the recorded one)
         self.entry: PendingEntry | None = None
         self._verdict: Verdict | None = None
         self._ending: Ending | None = None
@@ -519,6 +531,7 @@ class Call:
 
     def _enqueued(self, event: Enqueued) -> _Row:
         self.entry = event.entry
+        self._verdict = None  # an approve re-decides; the ask is not kept while it waits
         if event.closed:
             return self._end(Stopping())
         return Phase.WAITING, [Send(PendingNotice(event.entry)), AwaitOwner(event.entry.deadline)]
