@@ -1,4 +1,5 @@
-"""admin.sock: the owner's requests (spec §7): approvals, approve, refuse, status, sessions.
+"""admin.sock: the owner's requests (docs/protocol.md): approvals, approve, refuse, status,
+sessions.
 
 Several requests per connection: the first within 5 s of connecting, each later one
 within 60 s of the previous answer. A line that is not a request is answered
@@ -45,6 +46,7 @@ from boxmaker.wire import (
     BadFrame,
     ErrorCode,
     ErrorFrame,
+    GrantRef,
     Refuse,
     Refused,
     SessionsAnswer,
@@ -116,7 +118,7 @@ async def answer_request(broker: Broker, request: AdminRequest) -> AdminAnswer:
     """The answer to one admin request."""
     if isinstance(request, ApprovalsRequest):
         live = broker.table.live(trio.current_time())
-        return ApprovalsAnswer(entries=[_view(entry) for entry in live])
+        return ApprovalsAnswer(entries=[approval_view(entry) for entry in live])
     if isinstance(request, Approve | Refuse):
         return await _take(broker, request)
     if isinstance(request, StatusRequest):
@@ -126,15 +128,16 @@ async def answer_request(broker: Broker, request: AdminRequest) -> AdminAnswer:
     raise TypeError(f"unhandled admin request {type(request).__name__}")  # pragma: no cover
 
 
-def _view(entry: PendingEntry) -> ApprovalView:
+def approval_view(entry: PendingEntry) -> ApprovalView:
     """The entry as an ``approvals`` answer lists it."""
+    grant = entry.grant
     return ApprovalView(
         approval=entry.approval,
         call=entry.call,
         session=entry.session,
         tool=entry.tool,
         arguments=entry.arguments,
-        grant=entry.grant,
+        grant=GrantRef(id=grant.id, mode=grant.mode, note=grant.note),
         requested_at=entry.requested_at,
         expires_at=entry.expires_at_wall,
         taint=entry.taint,

@@ -36,7 +36,7 @@ log = logging.getLogger("boxmaker.brokerd")
 
 
 # ---------------------------------------------------------------------------------------
-# grants.toml, watched (spec §4.1)
+# grants.toml, watched
 
 _StatKey: TypeAlias = tuple[int, ...] | None
 
@@ -45,7 +45,7 @@ GrantsReader: TypeAlias = Callable[[Path], bytes]
 
 
 def _stat_key(path: Path) -> _StatKey:
-    """What "the file changed" means (spec §4.1: mtime, size, inode; ctime too, since a
+    """What "the file changed" means (mtime, size, inode; ctime too, since a
     rewrite within one mtime tick still moves it). ``None``: no such file. An ``lstat``:
     a symlink there is refused (not followed), so its own stat is the one that counts."""
     try:
@@ -97,7 +97,7 @@ def _load(path: Path, read: GrantsReader) -> _Loaded:
 
 class GrantsWatcher:
     """The current grant set, re-read when grants.toml's stat changes (checked before each
-    decision and on every status) or on SIGHUP (spec §4.1).
+    decision and on every status) or on SIGHUP (docs/runbook.md).
 
     A problem is logged once per distinct file content, not on every call; once the file
     is valid again the memory is cleared, so a relapse is logged again. Once ``guard``
@@ -222,7 +222,7 @@ class HomeGuard:
 
 
 # ---------------------------------------------------------------------------------------
-# Session states, cached (spec §4.3)
+# Session states, cached
 
 
 class SessionStates:
@@ -232,7 +232,7 @@ class SessionStates:
     brokerd raises it (and then :meth:`forget` is called) or someone else changes or
     damages the file, which moves its stat key (mtime, size, inode, device, ctime). The
     key is an inline ``lstat`` (metadata, no data read); reads of the data still go
-    through a worker thread (spec §2), so a damaged file is still ``state_unreadable``.
+    through a worker thread, so a damaged file is still ``state_unreadable``.
     Only readable states are cached, and none read within a timestamp tick of its last
     change (:data:`boxmaker.state_files.RACY_NS`).
     """
@@ -243,7 +243,7 @@ class SessionStates:
         self._raising: dict[str, trio.Lock] = {}
 
     def raising(self, session: str) -> trio.Lock:
-        """Held around one session's read-join-write (spec §4.3: a state only rises).
+        """Held around one session's read-join-write (a state only rises).
         Two results of one session raised at once in two threads would each join onto
         the same old state, and the second write would undo the first."""
         return self._raising.setdefault(session, trio.Lock())
@@ -273,7 +273,7 @@ class SessionStates:
 
 @attrs.define(eq=False)
 class Broker:
-    """What every connection of one brokerd boot shares (spec §2)."""
+    """What every connection of one brokerd boot shares."""
 
     home: Home
     config: Config
@@ -322,7 +322,7 @@ class Broker:
     # -- lifecycle --------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Begin the clean stop of spec §2 (SIGINT/SIGTERM, or a test)."""
+        """Begin the clean stop (SIGINT/SIGTERM, or a test; docs/runbook.md)."""
         self._stop.set()
 
     async def wait_stop_requested(self) -> None:
@@ -331,7 +331,7 @@ class Broker:
     # -- the ledger -------------------------------------------------------------------
 
     async def record(self, body: Body) -> bool:
-        """Append one record; False when the ledger is stopped (spec §5.4) — the
+        """Append one record; False when the ledger is stopped — the
         caller then answers ``audit_unavailable``. The writer logs the failure."""
         try:
             await self.writer.append(body)
