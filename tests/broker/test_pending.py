@@ -32,6 +32,7 @@ from boxmaker.broker.pending import (
     ApproveCommand,
     PendingCalls,
     RefuseCommand,
+    report,
 )
 from boxmaker.core import call as m
 from boxmaker.core.approvals import GrantRef, PendingEntry
@@ -88,6 +89,7 @@ def test_an_owner_answer_before_the_deadline_is_delivered() -> None:
     command = RefuseCommand("no", send)
     ended = pending.end(entry.approval, command, now=entry.deadline - 0.001)
     assert ended is not None
+    assert ended.entry is entry
     assert ended.command is command
     assert pending.ending(entry.approval) is command
     pending.forget(entry.approval)
@@ -135,10 +137,40 @@ def test_withdraw_all_ends_every_entry_and_closes_the_table() -> None:
     assert "a-00000009" not in pending.table
 
 
-def test_new_approval_ids_are_not_in_use() -> None:
+def test_new_approval_ids_are_neither_pending_nor_remembered_as_expired() -> None:
+    drawn = iter(["a-00000001", "a-00000002", "a-00000001", "a-00000002", "a-00000003"])
+    pending = PendingCalls(new_id=lambda: next(drawn))
+    first = make(pending.new_approval_id())
+    pending.add(first)
+    second = make(pending.new_approval_id())
+    pending.add(second)
+    pending.end(second.approval, m.Expired())
+    assert pending.new_approval_id() == "a-00000003"
+    assert len({PendingCalls().new_approval_id() for _ in range(100)}) == 100
+
+
+def test_forget_takes_an_entry_still_there_and_is_idempotent() -> None:
     pending = PendingCalls()
-    ids = {pending.new_approval_id() for _ in range(100)}
-    assert len(ids) == 100
+    entry = make()
+    pending.add(entry)
+    pending.forget(entry.approval)
+    assert entry.approval not in pending.table
+    assert pending.waiters == {}
+    pending.forget(entry.approval)
+    pending.forget("a-ffffffff")
+
+
+def test_report_tells_the_admin_once_and_a_gone_admin_is_no_error() -> None:
+    send, receive = channel()
+    report(send, m.RefusedReply())
+    assert receive.receive_nowait() == m.RefusedReply()
+    with pytest.raises(trio.EndOfChannel):
+        receive.receive_nowait()
+    send, receive = channel()
+    receive.close()
+    report(send, m.RefusedReply())
+    with pytest.raises(trio.ClosedResourceError):
+        send.send_nowait(m.RefusedReply())
 
 
 async def test_the_deadline_scope_and_woke(autojump_clock: trio.testing.MockClock) -> None:

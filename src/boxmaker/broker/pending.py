@@ -21,7 +21,7 @@ on it for how the call's task recorded the answer (:class:`boxmaker.core.call.Ad
 from __future__ import annotations
 
 import contextlib
-import logging
+from collections.abc import Callable
 from typing import Final, TypeAlias
 
 import attrs
@@ -30,8 +30,6 @@ import trio
 from boxmaker.core.approvals import ApprovalsTable, Missing, PendingEntry, Taken
 from boxmaker.core.call import AdminReply, Expired, RequesterGone, Stopping
 from boxmaker.wire import new_approval_id
-
-log = logging.getLogger("boxmaker.brokerd")
 
 REMEMBER_EXPIRED: Final = 4096
 """How many expired approval ids are kept, so a late approve hears ``expired``."""
@@ -79,7 +77,8 @@ class _Slot:
 class PendingCalls:
     """The approvals table and the endings of its entries (one per brokerd boot)."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_id: Callable[[], str] = new_approval_id) -> None:
+        self._new_id = new_id
         self.table = ApprovalsTable()
         self._slots: dict[str, _Slot] = {}
         self._expired: dict[str, None] = {}
@@ -93,7 +92,7 @@ class PendingCalls:
 
     def new_approval_id(self) -> str:
         while True:
-            approval = new_approval_id()
+            approval = self._new_id()
             if approval not in self.table and approval not in self._expired:
                 return approval
 
@@ -130,10 +129,7 @@ class PendingCalls:
     def _deliver(self, approval: str, command: Command) -> None:
         if isinstance(command, Expired):
             self._note_expired(approval)
-        slot = self._slots.get(approval)
-        if slot is None:  # pragma: no cover - an entry's slot lives as long as it does
-            log.error("pending entry %s had no waiting call", approval)
-            return
+        slot = self._slots[approval]  # an entry's slot lives as long as it does
         slot.command = command
         if slot.scope is not None:
             slot.scope.cancel()
