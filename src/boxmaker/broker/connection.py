@@ -14,9 +14,10 @@ are the driver's too: an ask holds a pending slot and its request's bytes
 (:mod:`boxmaker.broker.limits`) from its decision to the end of its call, and when the
 caps are full the machine is told so (it denies ``too_many_pending``).
 
-A waiting call waits on its own task, under a cancel scope whose deadline is the
-entry's, for its socket to become readable (:meth:`Requester.wait_gone`) or for its
-ending to be delivered (:mod:`boxmaker.broker.pending`): no timer, no wake-up a second.
+A waiting call waits in its own connection's task, in the handler's own frame, under a
+cancel scope whose deadline is the entry's, for its socket to become readable (then
+:meth:`Requester.left` looks) or for its ending to be delivered
+(:mod:`boxmaker.broker.pending`): no timer, no wake-up a second.
 """
 
 from __future__ import annotations
