@@ -1,4 +1,4 @@
-"""What brokerd costs per call, under load, and in memory (spec §5.5, §6).
+"""What brokerd costs per call, under load, and in memory (docs/performance.md).
 
 Every part runs the real brokerd as a separate process
 (``python -m boxmaker.broker.serve serve --home H``, its log in ``H/logs``) on a fresh
@@ -12,12 +12,15 @@ for the asks of part d); each ledger must verify at the end.
   ~200-byte line, the server appends 300 bytes and fsyncs twice (each through
   ``trio.to_thread.run_sync``, as the ledger writer does), answers a line, closes.
   Target: p50 at most 2x the baseline's p50.
-- (b) 32 concurrent clients, each making sequential calls: calls/s. Target: at least
-  1,500/s. The same 32-client load on the bare server runs in alternating rounds, for
-  scale.
+- (b) 32 concurrent clients, each making sequential calls: calls/s, as a ratio to the
+  same 32-client load on the bare server, run in alternating rounds. Target: at least
+  1.25x (the lowest ratio of the runs before the call machine; machines here differ
+  2-3x in speed, so the absolute rate, once the target, is reported only).
 - (d) 10,000 calls pending on an ``ask`` grant, each an open connection: brokerd's RSS
   (``VmRSS`` of its process), next to its idle RSS before them. Target: at most 100 MB.
-  Then SIGTERM: every call must be answered ``broker_stopping`` and brokerd exit 0.
+  Then its CPU while they wait, idle, over 10 s (utime + stime of /proc/PID/stat).
+  Target: at most 2% of a core. Then SIGTERM: every call must be answered
+  ``broker_stopping`` and brokerd exit 0.
 
 Run: ``python tools/bench_broker.py [--only a|b|d] [--calls N] [--pendings N]``.
 Exits 1 when a target is missed or a check fails.
@@ -53,6 +56,11 @@ from boxmaker.ndjson import FrameReader
 
 LATENCY_TARGET: Final = 2.0
 THROUGHPUT_TARGET: Final = 1500.0
+"""calls/s, reported only (the target is the ratio below)."""
+THROUGHPUT_RATIO_TARGET: Final = 1.25
+IDLE_CPU_TARGET: Final = 0.02
+"""Of one core, with every pending call waiting and nothing happening."""
+IDLE_CPU_S: Final = 10.0
 RSS_TARGET_MB: Final = 100.0
 CLIENTS: Final = 32
 NOTES: Final = (
@@ -166,7 +174,7 @@ class Daemon:
         return proc_cpu_s(self.pid, f"task/{self.pid}/")
 
     async def stop(self) -> int:
-        """SIGTERM, then its exit status (the clean stop of spec §2)."""
+        """SIGTERM, then its exit status (the clean stop, docs/runbook.md)."""
         self.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_S
         while self.process.poll() is None:
@@ -432,8 +440,14 @@ async def part_b(calls: int, scratch: Path) -> bool:
     print(f"{main / total * 1e3:.3f} ms of it in its one trio thread", end=" ")
     print(f"(that thread caps it near {total / main:,.0f} calls/s);", end=" ")
     print(f"clients {mine / total * 1e3:.3f} ms")
-    ok = rate >= THROUGHPUT_TARGET
-    print(f"  {rate:,.0f} calls/s (target >= {THROUGHPUT_TARGET:,.0f}/s): {verdict(ok)}")
+    ratio = rate / bare_rate
+    ok = ratio >= THROUGHPUT_RATIO_TARGET
+    print(
+        f"  {rate:,.0f} calls/s (>= {THROUGHPUT_TARGET:,.0f}/s on the reference machine:", end=" "
+    )
+    print(f"{'met' if rate >= THROUGHPUT_TARGET else 'not met'}, reported)")
+    print(f"  ratio to the bare server {ratio:.2f}x", end=" ")
+    print(f"(target >= {THROUGHPUT_RATIO_TARGET:g}x): {verdict(ok)}")
     return ok
 
 
@@ -523,8 +537,8 @@ async def part_d(count: int) -> bool:
                 raise BenchFailure(f"brokerd reports {status.get('pending')} pending, not {opened}")
             await trio.sleep(2.0)
             cpu0 = daemon.cpu_s()
-            await trio.sleep(3.0)
-            look_cpu = (daemon.cpu_s() - cpu0) / 3.0
+            await trio.sleep(IDLE_CPU_S)
+            idle_cpu = (daemon.cpu_s() - cpu0) / IDLE_CPU_S
             rss_kb, hwm_kb = daemon.status_kb("VmRSS"), daemon.status_kb("VmHWM")
             fds, threads = daemon.open_fds(), daemon.threads()
 
@@ -559,7 +573,10 @@ async def part_d(count: int) -> bool:
     print(f"(peak {hwm_kb / mib:.1f} MB; {per_call_kb:.1f} KiB a pending call;", end=" ")
     print(f"{fds:,} fds, {threads} threads)")
     print(f"  opened in {opened_s:.1f} s ({opened / opened_s:,.0f}/s);", end=" ")
-    print(f"brokerd CPU while they wait: {look_cpu * 100:.0f}% of a core")
+    print(f"brokerd CPU while they wait ({IDLE_CPU_S:g} s idle):", end=" ")
+    print(f"{idle_cpu * 100:.2f}% of a core (target <= {IDLE_CPU_TARGET * 100:g}%):", end=" ")
+    cpu_ok = idle_cpu <= IDLE_CPU_TARGET
+    print(verdict(cpu_ok))
     answered = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))
     print(f"  SIGTERM: brokerd exited 0 in {stop_s:.1f} s; the calls: {answered}")
     if outcomes.get("denied broker_stopping", 0) != connected and opened == fit:
@@ -572,7 +589,7 @@ async def part_d(count: int) -> bool:
     rss_ok = at_count_kb / mib <= RSS_TARGET_MB
     print(f"  RSS{figure} {at_count_kb / mib:.1f} MB", end=" ")
     print(f"(target <= {RSS_TARGET_MB:g} MB): {verdict(rss_ok)}")
-    return held_ok and rss_ok
+    return held_ok and rss_ok and cpu_ok
 
 
 # ---------------------------------------------------------------------------------------

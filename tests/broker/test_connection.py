@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +43,7 @@ from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
 from boxmaker.core.state import StateUnreadable
 from boxmaker.home import Home
 from boxmaker.ndjson import MAX_FRAME
+from boxmaker.regular_file import read_regular_file
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 
@@ -483,13 +486,21 @@ async def test_last_look_after_approve_requester_gone_runs_nothing(
     home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("w", "write_file", "ask"))
-    await brokerd.start()
+    leave: list[Callable[[], None]] = []
+
+    def read_grants(path: Path) -> bytes:
+        # The requester leaves while approve's re-decision reads the grants: after the
+        # entry was taken, before the last look (a waiting call notices a close at once).
+        while leave:
+            leave.pop()()
+        return read_regular_file(path)
+
+    await brokerd.start(read_grants=read_grants)
     frame = tool_request("write_file", {"path": "x.txt", "content": "hi"})
     c = frame["call"]
     client, pending = await ask_call(home, frame)
-    # Closed, and approved before the one-second look can notice: the last look
-    # before the approval record is what finds it gone.
-    await client.aclose()
+    leave.append(client.stream.socket.close)
+    write_grants(home, grant("w", "write_file", "ask") + "\n")  # re-read at approve
     a = pending["approval"]
     approved = await admin(home, {"kind": "approve", "approval": a})
     assert approved == {

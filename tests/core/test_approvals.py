@@ -16,6 +16,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from boxmaker.broker.admin import approval_view
 from boxmaker.core.approvals import (
     ApprovalsTable,
     DuplicateApproval,
@@ -27,6 +28,7 @@ from boxmaker.core.approvals import (
 )
 from boxmaker.core.labels import Taint
 from boxmaker.wire import ApprovalView
+from boxmaker.wire import GrantRef as GrantFrame
 
 REQUESTED = dt.datetime(2026, 5, 6, 7, 8, 9, 10_000, tzinfo=dt.UTC)
 
@@ -128,13 +130,14 @@ def test_request_order_and_withdraw_all() -> None:
 
 def test_view_is_what_approvals_lists() -> None:
     entry = make(timeout=60.0)
-    assert entry.view() == ApprovalView(
+    # core/ holds its own values; admin.sock builds the frame from them.
+    assert approval_view(entry) == ApprovalView(
         approval="a-00000001",
         call="c-0000000100000001",
         session="s-0123456789ab",
         tool="read_file",
         arguments={"path": "notes.txt"},
-        grant=GrantRef(id="read-notes", mode="ask", note="why"),
+        grant=GrantFrame(id="read-notes", mode="ask", note="why"),
         requested_at=REQUESTED,
         expires_at=REQUESTED + dt.timedelta(seconds=60),
         taint=Taint.INTERNAL,

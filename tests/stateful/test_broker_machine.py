@@ -1,4 +1,5 @@
-"""The broker as a state machine (spec §13 ``tests/stateful``; §3, §5, §6).
+"""The broker as a state machine: the real brokerd against the invariants of docs/testing.md
+("The state machine"), the write order and the call's states of docs/protocol.md.
 
 A hypothesis ``RuleBasedStateMachine`` drives the real brokerd — the real approvals
 table, the real ledger on a temporary home, the real sockets — through tool requests,
@@ -279,7 +280,7 @@ class BrokerMachine(RuleBasedStateMachine):
         instant the call's own expiry fires: the two race."""
         conn = await self._connect(self.home.admin_sock, {"kind": "status"})
         await trio.testing.wait_all_tasks_blocked()
-        # Within 60 s of an answer the connection stays open (spec §7).
+        # Within 60 s of an answer the connection stays open (docs/protocol.md, admin.sock).
         assert [answer["kind"] for answer in conn.frames] == ["status"], conn.frames
         for _ in range(3):  # floating point: land on the deadline itself, not just below
             if trio.current_time() >= entry.deadline:
@@ -350,8 +351,8 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(session=st.sampled_from(SESSIONS), path=st.sampled_from(PATHS))
     def request_and_leave(self, session: str, path: str) -> None:
         """A requester that leaves before its answer: nothing runs for it (the last
-        look, spec §5.3 step 3), and a pending frame that cannot be sent withdraws the
-        entry at once (§6.5); a denial is recorded all the same."""
+        look before an auto run), and a pending frame that cannot be sent withdraws the
+        entry at once; a denial is recorded all the same."""
         frame = tool_request("read_file", {"path": path}, session=session)
         call = frame["call"]
         left_at = self._do(self._send_and_leave, frame)
@@ -399,7 +400,7 @@ class BrokerMachine(RuleBasedStateMachine):
         assert answer["kind"] == "approved", answer
         assert answer["call"] == model.call
         outcome = answer["outcome"]
-        # The re-decision (spec §6.3) sees the grants and the state as they are now.
+        # The re-decision of an approve sees the grants and the state as they are now.
         expected = self._expected_denial(model.session, model.path)
         if expected is not None:
             assert (outcome, answer["reason"]) == ("denied", expected), answer
@@ -410,7 +411,7 @@ class BrokerMachine(RuleBasedStateMachine):
             "owner",
         )
         if model.conn.dropped:
-            # The last look (spec §5.3 step 2): a gone requester runs nothing.
+            # The last look before the approval record: a gone requester runs nothing.
             assert outcome in ("withdrawn", "denied"), answer
             return
         assert outcome != "withdrawn", answer
@@ -458,7 +459,7 @@ class BrokerMachine(RuleBasedStateMachine):
             self.refuse(approval, reason)
 
     def _expected_denial(self, session: str, path: str) -> str | None:
-        """The denial spec §3 gives whatever the labels: the steps before decide() and the
+        """The denial the pipeline gives whatever the labels: the steps before decide() and the
         grant sets that never let a read run. None: it depends on the labels (or runs)."""
         if path.startswith(".."):
             return "bad_arguments"
@@ -506,7 +507,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def answer_at_the_deadline(self, data: st.DataObject, approve: bool, reason: str) -> None:
         """approve/refuse arriving at expires_at races the call's own expiry; whichever
         takes the entry, the answer is ``error expired`` and the one approval record is
-        ``expired`` (spec §6.5: the boundary is ``>=`` everywhere)."""
+        ``expired`` (the boundary is ``>=`` everywhere)."""
         model = self.calls[data.draw(st.sampled_from(self._waiting()), label="call")]
         [entry] = [e for e in self.snapshot.entries if e.approval == model.approval]
         frame = {"kind": "approve", "approval": entry.approval}
@@ -640,7 +641,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 if final["reason"] in ("refused", "expired"):
                     assert approvals == [final["reason"]], (final, approvals)
             elif final["reason"] == "result_unrecorded":
-                assert results == [], (final, results)  # spec §5.3 step 4
+                assert results == [], (final, results)  # unrecorded state: no result
             else:
                 assert final["outcome"] == "failed", final
                 assert results == ["failed"], (final, results)

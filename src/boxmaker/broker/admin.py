@@ -1,4 +1,5 @@
-"""admin.sock: the owner's requests (spec §7): approvals, approve, refuse, status, sessions.
+"""admin.sock: the owner's requests (docs/protocol.md): approvals, approve, refuse, status,
+sessions.
 
 Several requests per connection: the first within 5 s of connecting, each later one
 within 60 s of the previous answer. A line that is not a request is answered
@@ -8,9 +9,11 @@ stream is out of step. admin.sock has no ``forbidden_kind`` code: a broker.sock 
 sent here is a ``bad_frame``.
 
 approve and refuse take the entry out of the table and hand its waiting call the
-command in the same step; the call's own task does the re-decision, the last look and
-the one approval record, and reports the outcome back here (see
-:mod:`boxmaker.broker.state` for why that side).
+command in the same step (:meth:`~boxmaker.broker.pending.PendingCalls.end`); the call's
+own task does the re-decision, the last look and the one approval record
+(:mod:`boxmaker.core.call`), and reports the outcome back here. That side does the work
+because it owns the connection the last look peeks at, and so one task writes every
+record of a call, in order.
 """
 
 from __future__ import annotations
@@ -22,16 +25,10 @@ import trio
 
 from boxmaker.broker.connection import DISCONNECTS
 from boxmaker.broker.listeners import check_peer
-from boxmaker.broker.state import (
-    AdminReply,
-    ApproveCommand,
-    ApprovedReply,
-    Broker,
-    ExpireCommand,
-    NotRecorded,
-    RefuseCommand,
-)
-from boxmaker.core.approvals import Expired, Missing
+from boxmaker.broker.pending import ApproveCommand, RefuseCommand
+from boxmaker.broker.state import Broker
+from boxmaker.core.approvals import PendingEntry
+from boxmaker.core.call import AdminReply, ApprovedReply, NotRecorded, late_owner_answer
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
 from boxmaker.core.state import StateUnreadable
@@ -42,11 +39,14 @@ from boxmaker.wire import (
     AdminRequest,
     ApprovalsAnswer,
     ApprovalsRequest,
+    ApprovalView,
     Approve,
     Approved,
+    ApprovedOutcome,
     BadFrame,
     ErrorCode,
     ErrorFrame,
+    GrantRef,
     Refuse,
     Refused,
     SessionsAnswer,
@@ -71,7 +71,7 @@ def _error(code: ErrorCode, detail: str) -> ErrorFrame:
 
 
 async def handle_admin_connection(broker: Broker, stream: trio.SocketStream) -> None:
-    """trio.serve_listeners' handler for admin.sock (spec §7). Owner's uid only."""
+    """trio.serve_listeners' handler for admin.sock. Owner's uid only."""
     try:
         if not await check_peer(stream, allowed=broker.owner_uid, name="admin.sock"):
             return
@@ -115,10 +115,10 @@ async def _serve(broker: Broker, stream: trio.SocketStream) -> None:
 
 
 async def answer_request(broker: Broker, request: AdminRequest) -> AdminAnswer:
-    """The answer to one admin request (spec §7)."""
+    """The answer to one admin request."""
     if isinstance(request, ApprovalsRequest):
         live = broker.table.live(trio.current_time())
-        return ApprovalsAnswer(entries=[entry.view() for entry in live])
+        return ApprovalsAnswer(entries=[approval_view(entry) for entry in live])
     if isinstance(request, Approve | Refuse):
         return await _take(broker, request)
     if isinstance(request, StatusRequest):
@@ -128,39 +128,53 @@ async def answer_request(broker: Broker, request: AdminRequest) -> AdminAnswer:
     raise TypeError(f"unhandled admin request {type(request).__name__}")  # pragma: no cover
 
 
+def approval_view(entry: PendingEntry) -> ApprovalView:
+    """The entry as an ``approvals`` answer lists it."""
+    grant = entry.grant
+    return ApprovalView(
+        approval=entry.approval,
+        call=entry.call,
+        session=entry.session,
+        tool=entry.tool,
+        arguments=entry.arguments,
+        grant=GrantRef(id=grant.id, mode=grant.mode, note=grant.note),
+        requested_at=entry.requested_at,
+        expires_at=entry.expires_at_wall,
+        taint=entry.taint,
+        untrusted=entry.untrusted,
+    )
+
+
 async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
-    """approve / refuse (spec §6.3, §6.4): take the entry, hand its call the command,
-    wait for the call's task to report how it was recorded."""
+    """approve / refuse: take the entry, hand its call the command, wait for the call's
+    task to report how it was recorded."""
     approval = request.approval
-    taken = broker.table.take(approval, now=trio.current_time())
-    if isinstance(taken, Missing):
-        if broker.was_expired(approval):
-            return _error(ErrorCode.EXPIRED, f"approval {approval} expired")
-        return _error(ErrorCode.NO_SUCH_APPROVAL, f"no pending approval {approval}")
-    waiter = broker.waiters.get(approval)
-    if waiter is None:  # pragma: no cover - an entry's waiter lives as long as it does
-        return _error(ErrorCode.INTERNAL, f"approval {approval} has no waiting call")
-    if isinstance(taken, Expired):
-        # Spec §6.5: at or after expires_at the same expiry happens; the call's task
-        # records it (once: it is the only one that writes this call's records).
-        broker.note_expired(approval)
-        waiter.deliver(ExpireCommand())
-        return _error(ErrorCode.EXPIRED, f"approval {approval} expired")
-    call = taken.entry.call
     send, receive = trio.open_memory_channel[AdminReply](1)
+    command: ApproveCommand | RefuseCommand
     if isinstance(request, Approve):
-        waiter.deliver(ApproveCommand(note=request.note, reply=send))
+        command = ApproveCommand(note=request.note, reply=send)
     else:
-        waiter.deliver(RefuseCommand(reason=request.reason, reply=send))
+        command = RefuseCommand(reason=request.reason, reply=send)
     with receive:
+        ended = broker.pending.end(approval, command, now=trio.current_time())
+        if ended is None or ended.command is not command:
+            # Gone, or at or after its deadline (then the call's task records the
+            # expiry, once: it is the only one that writes this call's records).
+            send.close()
+            expired = ended is not None or broker.pending.was_expired(approval)
+            code, detail = late_owner_answer(approval, expired=expired)
+            return _error(ErrorCode(code), detail)
         try:
             reply = await receive.receive()
         except trio.EndOfChannel:
             return _error(ErrorCode.INTERNAL, CALL_ENDED)
+    call = ended.entry.call
     if isinstance(reply, NotRecorded):
         return _error(ErrorCode.INTERNAL, reply.detail)
     if isinstance(reply, ApprovedReply):
-        return Approved(outcome=reply.outcome, call=call, reason=reply.reason)
+        return Approved(
+            outcome=ApprovedOutcome(reply.outcome.value), call=call, reason=reply.reason
+        )
     return Refused(call=call)
 
 
@@ -184,7 +198,7 @@ async def _sessions(broker: Broker) -> SessionsAnswer:
     views = []
     for session, calls in list(broker.sessions.items()):
         state = await trio.to_thread.run_sync(read_state, broker.sessions_dir, session)
-        # An unreadable state shows as the records carry it: secret, untrusted (§4.3).
+        # An unreadable state shows as the records carry it: secret, untrusted.
         label = UNKNOWN if isinstance(state, StateUnreadable) else state
         views.append(
             SessionView(session=session, taint=label.taint, untrusted=label.untrusted, calls=calls)

@@ -1,73 +1,57 @@
-"""One call per broker.sock connection (spec §3, §5.3, §6.1, §6.5).
+"""broker.sock's driver: one call per connection.
 
 The handler reads one frame (within 5 s), decides it with the pure
-:func:`boxmaker.core.decide.evaluate`, records, waits for the owner when asked, runs,
-records again and sends exactly one final frame; then the connection closes. Every
-policy rule lives in the core; this module only orders the steps and the records:
+:func:`boxmaker.core.decide.evaluate`, and then feeds the call's life to the pure
+machine :class:`boxmaker.core.call.Call`, carrying out each effect it returns (write a
+record, send a frame, put the ask in the approvals table and wait for the owner, take
+the last look, run, raise the state, reply to the admin). Every rule of what follows the
+decision, in what order and what each failure answers, is in that machine's table
+(docs/decisions.md, "brokerd"); this module holds the I/O.
 
-- ``error bad_frame`` / ``error forbidden_kind``: nothing recorded (spec §3 step 1).
-- A call id already used in this boot is refused with ``error bad_frame`` "call id
-  already used", nothing recorded. A second decision under one call id would make the
-  ledger unverifiable (spec §5.6: one decision per open call), and a compromised loopd
-  must not be able to do that. The ids are remembered for the boot (~100 bytes each).
-- ``audit_unavailable`` (ledger stopped) is answered and not recorded (spec §3 step 2);
-  every other denial and verdict is recorded before anything else happens.
-- An ask while ``[broker] max_pending`` asks already wait, or whose request would take
-  the waiting requests past ``max_pending_bytes`` (limits.py), is denied
-  ``too_many_pending``, recorded like any denial: the table, the memory of its
-  arguments and the descriptors its connections hold stay bounded, and the owner sees
-  in the ledger what was turned away.
-- Ask: the entry waits for its ending; the pending deadline and the one-second look
-  (§6.5) are two broker-wide tasks (:meth:`Broker.run_expiry`, :meth:`Broker.look_all`)
-  rather than two cancel scopes per call; how
-  approve/refuse/expiry/stop reach it is described in :mod:`boxmaker.broker.state`.
-- Run: the last look, the run, the state raise, the result record, then the answer with
-  the content (§5.3 steps 3-6); a failure at any step answers as the spec says and
-  writes nothing more.
+Before the machine, only the frame itself: ``error bad_frame`` / ``error
+forbidden_kind`` / the catalogue are answered and nothing is recorded. The resources
+are the driver's too: an ask holds a pending slot and its request's bytes
+(:mod:`boxmaker.broker.limits`) from its decision to the end of its call, and when the
+caps are full the machine is told so (it denies ``too_many_pending``).
+
+A waiting call waits in its own connection's task, in the handler's own frame, under a
+cancel scope whose deadline is the entry's, for its socket to become readable (then
+:meth:`Requester.left` looks) or for its ending to be delivered
+(:mod:`boxmaker.broker.pending`): no timer, no wake-up a second.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import socket
 from typing import Final
 
-import attrs
 import trio
 
 from boxmaker.broker.listeners import check_peer
+from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
 from boxmaker.broker.runner import RunSpec, execute
-from boxmaker.broker.state import (
-    AdminReply,
-    ApproveCommand,
-    ApprovedReply,
-    Broker,
-    Command,
-    ExpireCommand,
-    NotRecorded,
-    RefuseCommand,
-    RefusedReply,
-    RequesterGone,
-    StopCommand,
-    Waiter,
-    grant_named,
-)
+from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
-from boxmaker.core.approvals import PendingEntry
+from boxmaker.core import call as machine
+from boxmaker.core.approvals import GrantRef, PendingEntry
+from boxmaker.core.call import (
+    APPROVAL_UNRECORDED,
+    CALL_ID_USED,
+    REFUSAL_UNRECORDED,
+    RESULT_UNRECORDED_DETAIL,
+    STOPPING_DETAIL,
+    Call,
+)
 from boxmaker.core.catalogue import catalogue_tools
-from boxmaker.core.decide import Ask, Decision, Deny, Run, ToolRequest, approval_outcome, evaluate
-from boxmaker.core.grants import GrantSet, GrantsProblem
-from boxmaker.core.labels import FRESH, UNKNOWN, Label
-from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
-from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
+from boxmaker.core.decide import Ask, Decision, Run, ToolRequest, Verdict, evaluate
+from boxmaker.core.labels import Label
+from boxmaker.core.state import StateUnreadable
 from boxmaker.ledger import records
 from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
 from boxmaker.state_files import raise_state
 from boxmaker.wire import (
     Answer,
-    ApprovedOutcome,
     BadFrame,
     CatalogueAnswer,
     CatalogueRequest,
@@ -75,55 +59,74 @@ from boxmaker.wire import (
     ErrorFrame,
     ForbiddenKind,
     Frame,
-    GrantRef,
     Pending,
     decode_broker_request,
     encode_frame,
 )
-from boxmaker.wire import ToolRequest as ToolRequestFrame
+
+__all__ = [
+    "APPROVAL_UNRECORDED",
+    "CALL_ID_USED",
+    "DISCONNECTS",
+    "LOOK_INTERVAL_S",
+    "REFUSAL_UNRECORDED",
+    "RESULT_UNRECORDED_DETAIL",
+    "STOPPING_DETAIL",
+    "Requester",
+    "handle_broker_connection",
+]
 
 log = logging.getLogger("boxmaker.brokerd")
 
 FIRST_FRAME_S: Final = 5.0
-"""Spec §6.1: the first frame within 5 s of the connection, else it closes."""
+"""The first frame within 5 s of the connection, else it closes."""
 LOOK_INTERVAL_S: Final = 1.0
-"""Spec §6.5: the one-second look."""
+"""A requester that leaves while its call waits is noticed within this (at once, in
+fact: its socket becomes readable)."""
 SEND_S: Final = 10.0
 """A requester that does not read its answer must not hold the call's task for ever."""
-
-CALL_ID_USED: Final = "call id already used"
-RESULT_UNRECORDED_DETAIL: Final = f"the result could not be recorded; see {RUNBOOK_STATE}"
-APPROVAL_UNRECORDED: Final = (
-    "the approval could not be recorded; the call is denied; see docs/runbook.md#audit-unavailable"
-)
-REFUSAL_UNRECORDED: Final = (
-    "the refusal could not be recorded; the call is denied; see docs/runbook.md#audit-unavailable"
-)
-STOPPING_DETAIL: Final = "brokerd is stopping"
+DRAIN: Final = 65536
+"""Bytes a waiting call reads (and drops) per wake-up when its requester sends more
+after its request: they can mean nothing (one call per connection), and left unread
+they would keep the socket readable."""
 
 DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
 """A peer that left or stalled: a normal end of a connection, not a crash (STYLE)."""
 
 
 class Requester:
-    """The loopd end of one call: its stream, its frame reader, and the last look.
+    """The loopd end of one call: its stream, and the looks.
 
-    The look needs a non-blocking ``recv(MSG_PEEK | MSG_DONTWAIT)``, which trio's
+    The last look needs a non-blocking ``recv(MSG_PEEK | MSG_DONTWAIT)``, which trio's
     sockets only offer as an awaitable that blocks; so each look wraps the connection's
     descriptor in a plain socket object for that one peek and detaches it again (no
     second descriptor is kept: a pending call holds one fd). A peek sees exactly what
     the stream would read.
     """
 
-    def __init__(self, stream: trio.SocketStream, budget: BufferBudget | None = None) -> None:
+    __slots__ = ("request_bytes", "stream")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.reader = FrameReader(stream, budget=budget)
         self.request_bytes = 0
         """The request frame's size: what its arguments cost while the call waits."""
 
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        return self.stream.socket
+
     def gone(self) -> bool:
-        """The last look / the one-second look (spec §5.3 step 2, §6.5): has the
-        requester closed its end? Bytes it sent after its request do not mean gone."""
+        """The last look: has the requester closed its end? Bytes it sent after its
+        request do not mean gone."""
+        return self._look(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+
+    def left(self) -> bool:
+        """A waiting call's look, once its socket became readable: has the requester
+        closed its end? Bytes sent after the request are read and dropped
+        (:data:`DRAIN`), so they neither mean gone nor keep the socket readable."""
+        return self._look(DRAIN, socket.MSG_DONTWAIT)
+
+    def _look(self, size: int, flags: int) -> bool:
         fd = self.stream.socket.fileno()
         if fd < 0:
             return True
@@ -132,7 +135,7 @@ class Requester:
         except OSError:
             return True
         try:
-            data = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            data = peek.recv(size, flags)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
@@ -149,7 +152,7 @@ class Requester:
         raise trio.TooSlowError
 
     async def final(self, answer: Answer | ErrorFrame | CatalogueAnswer) -> None:
-        """The one final frame of the connection (spec §6.1)."""
+        """The one final frame of the connection."""
         await self.send(answer)
 
 
@@ -163,26 +166,69 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
         if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
             return
-        requester = Requester(stream, broker.capacity.budget)
-        # The request is read in its own frame, so what reading it took (the raw line,
-        # the decoder's leftovers) is gone while the call waits (spec §6.5); the reader
-        # is closed at once, so its bytes go back to the budget shared by all.
+        requester = Requester(stream)
+        request = await _read_request(requester, broker.capacity.budget)
+        if request is None:
+            return
+        driver = _Driver(broker, requester, request)
+        del request
         try:
-            frame = await _read_request(requester)
+            # The machine's loop: feed an event, carry out its effects; an effect that
+            # gives an event is the last of its list (core/call.py). It runs in this
+            # frame, the wait for the owner included: thousands of calls wait at once,
+            # and each coroutine frame on a waiting stack costs about 250 bytes.
+            effects = tuple(driver.call.handle(await driver.first_event()))
+            while effects:
+                effect, effects = effects[0], effects[1:]
+                happened: machine.Event | None
+                if not isinstance(effect, machine.AwaitOwner):
+                    happened = await driver.carry_out(effect)
+                    if happened is None:
+                        continue
+                    effects = tuple(driver.call.handle(happened))
+                    continue
+                # Wait for the owner: until the entry's ending is delivered (an owner's
+                # answer, a stop: PendingCalls.end cancels this scope), the requester
+                # leaves (its socket becomes readable and the look finds its end
+                # closed), or the deadline (this scope's; the table's boundary then
+                # takes the expiry). No timer, no wake-up while nothing happens.
+                entry = driver.waiting()
+                command = broker.pending.ending(entry.approval)
+                while command is None:
+                    with broker.pending.deadline(entry):
+                        await trio.lowlevel.wait_readable(stream.socket)
+                        while not requester.left():
+                            await trio.lowlevel.wait_readable(stream.socket)
+                        broker.pending.end(entry.approval, machine.RequesterGone())
+                    command = broker.pending.woke(entry, trio.current_time())
+                del entry
+                happened = await driver.ending(command)
+                effects = tuple(driver.call.handle(happened))
+                del command, happened
         finally:
-            requester.reader.close()
-        if frame is not None:
-            await _tool_request(broker, requester, frame)
+            driver.done()
     except DISCONNECTS as exc:
         log.debug("broker.sock: the requester left (%s)", type(exc).__name__)
     except Exception:
         log.exception("broker.sock: a connection failed")
 
 
-async def _read_request(requester: Requester) -> ToolRequestFrame | None:
-    """The first frame: a tool request, or None once anything else was answered."""
+async def _read_request(requester: Requester, budget: BufferBudget) -> ToolRequest | None:
+    """The first frame: a tool request, or None once anything else was answered.
+
+    The request is read in its own frame, so what reading it took (the reader, the raw
+    line, the decoder's leftovers) is gone while the call waits; the reader is closed at
+    once, so its bytes go back to the budget shared by all."""
+    reader = FrameReader(requester.stream, budget=budget)
     try:
-        line = await receive_frame_within(requester.reader, FIRST_FRAME_S)
+        return await _read_first(requester, reader)
+    finally:
+        reader.close()
+
+
+async def _read_first(requester: Requester, reader: FrameReader) -> ToolRequest | None:
+    try:
+        line = await receive_frame_within(reader, FIRST_FRAME_S)
     except trio.TooSlowError:
         log.info("broker.sock: no frame within %g s; closing", FIRST_FRAME_S)
         return None
@@ -205,20 +251,15 @@ async def _read_request(requester: Requester) -> ToolRequestFrame | None:
     if isinstance(frame, CatalogueRequest):
         await requester.final(CatalogueAnswer(tools=catalogue_tools()))
         return None
-    return frame
-
-
-async def _read_state(broker: Broker, session: str) -> Label | StateUnreadable:
-    """The session's state: cached, checked against the file's stat on every call."""
-    return await broker.states.read(session)
+    return ToolRequest(frame.call, frame.session, frame.tool, frame.arguments)
 
 
 async def _raise_state(broker: Broker, session: str, label: Label) -> Label | StateUnreadable:
-    """Spec §5.3 step 4: read the state, raise it by the label, write it only when that
-    raises it (spec §4.3). Most results do not, and then no thread is needed: the state
+    """Read the state, raise it by the label, write it only when that raises it (a
+    state only rises). Most results do not, and then no thread is needed: the state
     read is the cached one, checked against the file's stat."""
     async with broker.states.raising(session):
-        current = await _read_state(broker, session)
+        current = await broker.states.read(session)
         if isinstance(current, Label) and current.join(label) == current:
             return current
         try:
@@ -227,97 +268,18 @@ async def _raise_state(broker: Broker, session: str, label: Label) -> Label | St
             broker.states.forget(session)
 
 
-async def _evaluate(
-    broker: Broker, request: ToolRequest
-) -> tuple[Run | Ask | Deny, GrantSet | GrantsProblem]:
-    """Spec §3 steps 2-6 with the grants and state as they are now (also approve's
-    re-decision, spec §6.3). Grants are read before the state, as the order demands."""
+async def _evaluate(broker: Broker, request: ToolRequest) -> Verdict:
+    """The decision with the grants and state as they are now (also approve's
+    re-decision). Grants are read before the state, as the order demands."""
     grants = await broker.grants.current()
-    state = await _read_state(broker, request.session)
-    verdict = evaluate(
+    state = await broker.states.read(request.session)
+    return evaluate(
         request,
         ledger_usable=broker.writer.usable,
         grants=grants,
         state=state,
         now=utc_now(),
         workspace=str(broker.workspace),
-    )
-    return verdict, grants
-
-
-def _decision_record(decision: Decision, boot: str) -> records.Decision:
-    return records.Decision(
-        call=decision.call,
-        session=decision.session,
-        tool=decision.tool,
-        arguments=dict(decision.arguments),
-        verdict=records.VerdictCode(decision.verdict),
-        reason=decision.reason,
-        grant=decision.grant,
-        taint=decision.state.taint,
-        untrusted=decision.state.untrusted,
-        boot=boot,
-    )
-
-
-def _denied(decision: Decision) -> Answer:
-    return Answer.denied(decision.call, decision.reason or Reason.NO_GRANT, decision.detail)
-
-
-def _audit_denied(call: str) -> Answer:
-    return Answer.denied(call, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
-
-
-async def _tool_request(broker: Broker, requester: Requester, frame: ToolRequestFrame) -> None:
-    call = frame.call
-    if not broker.claim_call(call, frame.session):
-        log.warning("broker.sock: call id %s was already used in this boot; refused", call)
-        await requester.final(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=CALL_ID_USED))
-        return
-    if broker.stopping:
-        # Nothing was decided: like a connection refused a moment later, so no record.
-        await requester.final(Answer.denied(call, Reason.BROKER_STOPPING, STOPPING_DETAIL))
-        return
-    request = ToolRequest(call, frame.session, frame.tool, frame.arguments)
-    verdict, grants = await _evaluate(broker, request)
-    # An ask holds a pending slot and its request's bytes from its decision (before its
-    # record is awaited) to the end of its call.
-    slot: int | None = None
-    if isinstance(verdict, Ask):
-        full = broker.capacity.reserve_pending(requester.request_bytes)
-        if full is None:
-            slot = requester.request_bytes
-        else:
-            verdict = _too_many_pending(verdict, full)
-    decision = verdict.decision
-    if isinstance(verdict, Ask):
-        _log_decision(decision)  # now: the owner may be watching the log for it
-    try:
-        if not decision.recordable:
-            await requester.final(_denied(decision))
-            return
-        if not await broker.record(_decision_record(decision, broker.boot)):
-            await requester.final(_audit_denied(call))
-            return
-        if isinstance(verdict, Deny):
-            await requester.final(_denied(decision))
-        elif isinstance(verdict, Run):
-            await _run(broker, requester, decision, grants, approved=False, look=True)
-        else:
-            await _ask(broker, requester, request, decision, grants)
-    finally:
-        if slot is not None:
-            broker.capacity.release_pending(slot)
-        # After the answer: a log line costs as much as a tenth of a call's latency.
-        if not isinstance(verdict, Ask):
-            _log_decision(decision)
-
-
-def _too_many_pending(ask: Ask, detail: str) -> Deny:
-    """The ask that would go past ``[broker] max_pending`` or ``max_pending_bytes``:
-    denied, on the grant it matched and the state it was decided on."""
-    return Deny(
-        attrs.evolve(ask.decision, verdict="deny", reason=Reason.TOO_MANY_PENDING, detail=detail)
     )
 
 
@@ -336,267 +298,215 @@ def _log_decision(decision: Decision) -> None:
     )
 
 
-# ---------------------------------------------------------------------------------------
-# Running (spec §5.3 steps 3-6)
+class _Driver:
+    """Carries out a :class:`~boxmaker.core.call.Call`'s effects and feeds it what
+    happened. Holds the call's resources: its pending slot, its entry, the admin's reply
+    channel while an approve or refuse is being recorded. (Slots, and a flat loop with
+    few frames: thousands of these wait at once.)"""
 
+    __slots__ = ("broker", "call", "reply", "request", "requester", "slot")
 
-async def _run(
-    broker: Broker,
-    requester: Requester,
-    decision: Decision,
-    grants: GrantSet | GrantsProblem,
-    *,
-    approved: bool,
-    look: bool,
-) -> None:
-    call = decision.call
-    if look and requester.gone():
-        log.info("call %s: the requester left before the run; nothing runs", call)
-        gone = records.Result(
+    def __init__(self, broker: Broker, requester: Requester, request: ToolRequest) -> None:
+        self.broker = broker
+        self.requester = requester
+        self.request = request
+        self.call = Call(
+            request.call, request.session, pending_timeout=broker.config.broker.pending_timeout
+        )
+        self.slot: int | None = None
+        self.reply: trio.MemorySendChannel[machine.AdminReply] | None = None
+
+    async def first_event(self) -> machine.Event:
+        """What starts the call: its decision (or a reused id, or a stop)."""
+        broker, request = self.broker, self.request
+        if not broker.claim_call(request.call, request.session):
+            log.warning("broker.sock: call id %s was already used in this boot", request.call)
+            return machine.Reused()
+        if broker.stopping:
+            return machine.Stopping()
+        verdict = await _evaluate(broker, request)
+        full: str | None = None
+        if isinstance(verdict, Ask):
+            # The ask holds a pending slot and its request's bytes from here (before
+            # its record is awaited) to the end of its call.
+            size = self.requester.request_bytes
+            full = broker.capacity.reserve_pending(size)
+            if full is None:
+                self.slot = size
+                _log_decision(verdict.decision)  # now: the owner may be watching the log
+        return machine.Decided(verdict, pending_full=full)
+
+    def done(self) -> None:
+        if self.slot is not None:
+            self.broker.capacity.release_pending(self.slot)
+        if self.call.entry is not None:
+            self.broker.pending.forget(self.call.entry.approval)
+        if self.reply is not None:
+            self.reply.close()
+        decision = self.call.decision
+        if decision is not None and decision.verdict != "ask":
+            # After the answer: a log line costs as much as a tenth of a call's latency.
+            _log_decision(decision)
+
+    async def carry_out(self, effect: machine.Effect) -> machine.Event | None:
+        broker = self.broker
+        if isinstance(effect, machine.Record):
+            recorded = await broker.record(self._body(effect.body))
+            return machine.Recorded() if recorded else machine.RecordFailed()
+        if isinstance(effect, machine.Send):
+            await self._send(effect.frame)
+            return None
+        if isinstance(effect, machine.LastLook):
+            return machine.Looked(self.requester.gone())
+        if isinstance(effect, machine.RunVerdict):
+            return await self._run(effect.verdict, approved=effect.approved)
+        if isinstance(effect, machine.RaiseState):
+            raised = await _raise_state(broker, effect.session, effect.label)
+            if isinstance(raised, StateUnreadable):
+                log.error(
+                    "call %s: the session state could not be raised: %s",
+                    self.call.call,
+                    raised.detail,
+                )
+                return machine.StateUnrecordable(raised.detail)
+            return machine.StateRaised(raised)
+        if isinstance(effect, machine.Enqueue):
+            made = self._entry(effect.ask)
+            return machine.Enqueued(made, closed=not broker.pending.add(made))
+        if isinstance(effect, machine.ReplyAdmin):
+            if self.reply is not None:
+                report(self.reply, effect.reply)
+                self.reply = None
+            return None
+        return None  # Close: the handler returns and the connection closes
+
+    async def _send(self, frame: machine.Frame) -> None:
+        call = self.call.call
+        if isinstance(frame, machine.PendingNotice):
+            entry = frame.entry
+            pending = Pending(
+                call=call,
+                approval=entry.approval,
+                grant=entry.grant.id,
+                expires_at=entry.expires_at_wall,
+            )
+            try:
+                await self.requester.send(pending)
+            except DISCONNECTS:
+                # The requester is gone already: the entry ends so, unless someone
+                # else took it first (then their ending is waiting).
+                self.broker.pending.end(entry.approval, machine.RequesterGone())
+            return
+        if isinstance(frame, machine.BadFrameError):
+            await self.requester.final(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=frame.detail))
+            return
+        await self.requester.final(_answer(call, frame))
+
+    def _entry(self, ask: Ask) -> PendingEntry:
+        decision = ask.decision
+        # The decision's arguments are a fresh dict of the checked ones (nobody mutates
+        # it): shared with the entry instead of copied, as thousands may wait.
+        arguments = decision.arguments
+        return PendingEntry.create(
+            approval=self.broker.pending.new_approval_id(),
+            call=decision.call,
+            session=decision.session,
+            tool=decision.tool,
+            arguments=arguments if isinstance(arguments, dict) else dict(arguments),
+            grant=GrantRef(id=ask.grant.id, mode=ask.grant.mode.value, note=decision.note),
+            taint=decision.state.taint,
+            untrusted=decision.state.untrusted,
+            requested_at=utc_now(),
+            now=trio.current_time(),
+            timeout=self.broker.config.broker.pending_timeout,
+        )
+
+    def waiting(self) -> PendingEntry:
+        entry = self.call.entry
+        assert entry is not None
+        log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
+        return entry
+
+    async def ending(self, command: Command) -> machine.Event:
+        call = self.call.call
+        if isinstance(command, ApproveCommand):
+            self.reply = command.reply
+            verdict = await _evaluate(self.broker, self.request)
+            log.info("call %s: approved by the owner (note %r)", call, command.note)
+            return machine.OwnerApproved(verdict)
+        if isinstance(command, RefuseCommand):
+            self.reply = command.reply
+            log.info("call %s: refused by the owner", call)
+            return machine.OwnerRefused(command.reason)
+        log.info("call %s: the wait ended: %s", call, type(command).__name__)
+        return command
+
+    async def _run(self, verdict: Run | Ask, *, approved: bool) -> machine.Event:
+        spec = RunSpec.for_verdict(
+            verdict,
+            workspace=self.broker.workspace,
+            runner=self.broker.config.runner,
+            labels=self.broker.config.labels,
+            approved=approved,
+        )
+        result = await execute(spec, self.broker.sandboxes)
+        outcome = machine.RunOutcome(
+            result.ok, result.reason, result.detail, result.content, result.label
+        )
+        return machine.Ran(outcome)
+
+    def _body(self, body: machine.Body) -> records.Body:
+        call = self.call.call
+        if isinstance(body, Decision):
+            return records.Decision(
+                call=body.call,
+                session=body.session,
+                tool=body.tool,
+                arguments=dict(body.arguments),
+                verdict=records.VerdictCode(body.verdict),
+                reason=body.reason,
+                grant=body.grant,
+                taint=body.state.taint,
+                untrusted=body.state.untrusted,
+                boot=self.broker.boot,
+            )
+        if isinstance(body, machine.ApprovalBody):
+            log.info(
+                "call %s: approval %s %s (%s) by %s",
+                call,
+                body.approval,
+                body.outcome,
+                body.reason,
+                body.by,
+            )
+            return records.Approval(
+                call=call,
+                approval=body.approval,
+                outcome=records.ApprovalOutcome(body.outcome.value),
+                reason=body.reason,
+                by=records.ApprovalBy(body.by.value),
+                taint=body.state.taint,
+                untrusted=body.state.untrusted,
+            )
+        log.debug("result call=%s ok=%s reason=%s", call, body.ok, body.reason)
+        return records.Result(
             call=call,
-            status=records.ResultStatus.FAILED,
-            reason=Reason.REQUESTER_GONE,
-            label=FRESH,
-            taint_after=decision.state.taint,
-            untrusted_after=decision.state.untrusted,
-            output_sha256=None,
-            output_bytes=0,
+            status=records.ResultStatus.OK if body.ok else records.ResultStatus.FAILED,
+            reason=body.reason,
+            label=body.label,
+            taint_after=body.state_after.taint,
+            untrusted_after=body.state_after.untrusted,
+            output_sha256=body.output_sha256,
+            output_bytes=body.output_bytes,
         )
-        await broker.record(gone)
-        return
-    spec = RunSpec.for_call(
-        decision,
-        grant=grant_named(grants, decision.grant),
-        workspace=broker.workspace,
-        runner=broker.config.runner,
-        labels=broker.config.labels,
-        approved=approved,
-    )
-    result = await execute(spec, broker.sandboxes)
-    raised = await _raise_state(broker, decision.session, result.label)
-    if isinstance(raised, StateUnreadable):
-        log.error("call %s: the session state could not be raised: %s", call, raised.detail)
-        await requester.final(
-            Answer.failed(call, Reason.RESULT_UNRECORDED, RESULT_UNRECORDED_DETAIL)
-        )
-        return
-    output = result.content.encode("utf-8")
-    reason = None if result.ok else (result.reason or Reason.TOOL_ERROR)
-    body = records.Result(
-        call=call,
-        status=records.ResultStatus.OK if result.ok else records.ResultStatus.FAILED,
-        reason=reason,
-        label=result.label,
-        taint_after=raised.taint,
-        untrusted_after=raised.untrusted,
-        output_sha256=hashlib.sha256(output).hexdigest(),
-        output_bytes=len(output),
-    )
-    if not await broker.record(body):
-        # Spec §5.3 step 5: an unrecorded result's content is never passed on.
-        await requester.final(
-            Answer.failed(call, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
-        )
-        return
-    log.debug("result call=%s status=%s reason=%s bytes=%d", call, body.status, reason, len(output))
-    if reason is None:
-        await requester.final(Answer.ok(call, result.content, result.label))
-    else:
-        await requester.final(Answer.failed(call, reason, result.detail))
 
 
-# ---------------------------------------------------------------------------------------
-# Asking (spec §6.3-6.5)
-
-
-async def _ask(
-    broker: Broker,
-    requester: Requester,
-    request: ToolRequest,
-    decision: Decision,
-    grants: GrantSet | GrantsProblem,
-) -> None:
-    grant = grant_named(grants, decision.grant)
-    ref = GrantRef(
-        id=decision.grant or "",
-        mode=grant.mode.value if grant is not None else "ask",
-        note=decision.note,
-    )
-    # The decision's arguments are a fresh dict of the checked ones (nobody mutates
-    # it): shared with the entry instead of copied, as thousands may wait.
-    arguments = decision.arguments
-    entry = PendingEntry.create(
-        approval=broker.new_approval_id(),
-        call=decision.call,
-        session=decision.session,
-        tool=decision.tool,
-        arguments=arguments if isinstance(arguments, dict) else dict(arguments),
-        grant=ref,
-        taint=decision.state.taint,
-        untrusted=decision.state.untrusted,
-        requested_at=utc_now(),
-        now=trio.current_time(),
-        timeout=broker.config.broker.pending_timeout,
-    )
-    waiter = broker.add_pending(entry)
-    if waiter is None:
-        await _end(broker, requester, request, entry, StopCommand())
-        return
-    log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
-    try:
-        command = await _wait_for_owner(broker, requester, entry, waiter)
-        await _end(broker, requester, request, entry, command)
-    finally:
-        broker.forget_pending(entry.approval)
-
-
-def _pending_frame(entry: PendingEntry) -> Pending:
-    return Pending(
-        call=entry.call,
-        approval=entry.approval,
-        grant=entry.grant.id,
-        expires_at=entry.expires_at_wall,
-    )
-
-
-async def _wait_for_owner(
-    broker: Broker, requester: Requester, entry: PendingEntry, waiter: Waiter
-) -> Command:
-    """Send the pending frame, then wait until the entry ends: approve/refuse (admin),
-    expiry (:meth:`Broker.run_expiry`), the requester gone (:meth:`Broker.look_all`) or
-    stop. Whoever takes the entry delivers its ending in the same step, so when the
-    task's own take finds it gone, the command is already there."""
-    try:
-        await requester.send(_pending_frame(entry))
-    except DISCONNECTS:
-        return RequesterGone() if broker.take_own(entry.approval) else await waiter.wait()
-    # The one-second look and the pending deadline are broker-wide tasks
-    # (Broker.look_all, Broker.run_expiry): each delivers this waiter its ending.
-    broker.watch(entry.approval, requester.gone)
-    return await waiter.wait()
-
-
-def _approval(
-    entry: PendingEntry,
-    outcome: records.ApprovalOutcome,
-    reason: str | None,
-    by: records.ApprovalBy,
-    state: Label | None = None,
-) -> records.Approval:
-    seen = state or Label(entry.taint, entry.untrusted)
-    return records.Approval(
-        call=entry.call,
-        approval=entry.approval,
-        outcome=outcome,
-        reason=reason,
-        by=by,
-        taint=seen.taint,
-        untrusted=seen.untrusted,
-    )
-
-
-def _report(reply: trio.MemorySendChannel[AdminReply], value: AdminReply) -> None:
-    """Tell the admin handler how the approval ended. It may be gone (its client left, or
-    shutdown cancelled it): the call goes on regardless, since its record is written."""
-    with reply, contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        reply.send_nowait(value)
-
-
-async def _end(
-    broker: Broker,
-    requester: Requester,
-    request: ToolRequest,
-    entry: PendingEntry,
-    command: Command,
-) -> None:
-    """Record how the ask ended (the one approval record, spec §5.2) and answer."""
-    call = entry.call
-    outcome = records.ApprovalOutcome
-    by = records.ApprovalBy
-    if isinstance(command, ApproveCommand):
-        await _approved(broker, requester, request, entry, command)
-    elif isinstance(command, RefuseCommand):
-        body = _approval(entry, outcome.REFUSED, command.reason, by.OWNER)
-        recorded = await broker.record(body)
-        _report(command.reply, RefusedReply() if recorded else NotRecorded(REFUSAL_UNRECORDED))
-        log.info("call %s: refused by the owner (recorded: %s)", call, recorded)
-        if recorded:
-            await requester.final(Answer.denied(call, Reason.REFUSED, command.reason))
-        else:
-            await requester.final(_audit_denied(call))
-    elif isinstance(command, ExpireCommand):
-        timeout = broker.config.broker.pending_timeout
-        recorded = await broker.record(_approval(entry, outcome.EXPIRED, "expired", by.EXPIRY))
-        log.info("call %s: expired waiting for the owner", call)
-        if recorded:
-            detail = f"no approval within {timeout:g} s"
-            await requester.final(Answer.denied(call, Reason.EXPIRED, detail))
-        else:
-            await requester.final(_audit_denied(call))
-    elif isinstance(command, StopCommand):
-        body = _approval(entry, outcome.WITHDRAWN, Reason.BROKER_STOPPING.value, by.BROKER)
-        recorded = await broker.record(body)
-        log.info("call %s: withdrawn, brokerd is stopping", call)
-        if recorded:
-            await requester.final(Answer.denied(call, Reason.BROKER_STOPPING, STOPPING_DETAIL))
-        else:
-            await requester.final(_audit_denied(call))
-    else:
-        body = _approval(entry, outcome.WITHDRAWN, Reason.REQUESTER_GONE.value, by.BROKER)
-        await broker.record(body)
-        log.info("call %s: withdrawn, the requester left", call)
-
-
-async def _approved(
-    broker: Broker,
-    requester: Requester,
-    request: ToolRequest,
-    entry: PendingEntry,
-    command: ApproveCommand,
-) -> None:
-    """Approve (spec §6.3): re-decide the original request against the current grants and
-    state, take the last look, record the one approval, tell the owner, then run."""
-    call = entry.call
-    with command.reply:
-        verdict, grants = await _evaluate(broker, request)
-        decision = verdict.decision
-        state = decision.state if decision.recordable else UNKNOWN
-        result = approval_outcome(verdict)
-        reason: Reason | None = decision.reason if result == "denied" else None
-        answer = ApprovedOutcome(result)
-        if answer is not ApprovedOutcome.DENIED and requester.gone():
-            answer, reason = ApprovedOutcome.WITHDRAWN, Reason.REQUESTER_GONE
-        body = _approval(
-            entry,
-            records.ApprovalOutcome(answer.value),
-            reason.value if reason is not None else None,
-            records.ApprovalBy.OWNER,
-            state,
-        )
-        recorded = await broker.record(body)
-        _report(
-            command.reply,
-            ApprovedReply(answer, reason) if recorded else NotRecorded(APPROVAL_UNRECORDED),
-        )
-    log.info(
-        "call %s: approved by the owner: outcome=%s reason=%s note=%r (recorded: %s)",
-        call,
-        answer,
-        reason,
-        command.note,
-        recorded,
-    )
-    if not recorded:
-        await requester.final(_audit_denied(call))
-    elif answer is ApprovedOutcome.DENIED:
-        await requester.final(_denied(decision))
-    elif answer is not ApprovedOutcome.WITHDRAWN:
-        # The last look was taken just before the approval record (spec §5.3 step 2).
-        await _run(
-            broker,
-            requester,
-            decision,
-            grants,
-            approved=answer is ApprovedOutcome.ASK,
-            look=False,
-        )
+def _answer(call: str, answer: machine.Answer) -> Answer:
+    if answer.outcome is machine.AnswerOutcome.OK:
+        assert answer.content is not None
+        assert answer.label is not None
+        return Answer.ok(call, answer.content, answer.label)
+    assert answer.reason is not None
+    if answer.outcome is machine.AnswerOutcome.DENIED:
+        return Answer.denied(call, answer.reason, answer.detail)
+    return Answer.failed(call, answer.reason, answer.detail)

@@ -114,7 +114,7 @@ from boxmaker.core.catalogue import (
     check_arguments,
     result_label,
 )
-from boxmaker.core.decide import Decision
+from boxmaker.core.decide import Ask, Decision, Run
 from boxmaker.core.grants import Grant, opened_refusal
 from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
@@ -226,6 +226,43 @@ class RunSpec:
         checked = check_arguments(decision.tool, decision.arguments, workspace=str(workspace))
         if isinstance(checked, ArgumentProblem):
             raise ValueError(f"call {decision.call}: {checked.detail}")  # noqa: TRY004
+        return cls._build(decision.call, checked, grant, workspace, runner, labels)
+
+    @classmethod
+    def for_verdict(
+        cls,
+        verdict: Run | Ask,
+        *,
+        workspace: Path,
+        runner: RunnerConfig,
+        labels: LabelRules,
+        approved: bool = False,
+    ) -> RunSpec:
+        """The RunSpec of a ``run`` verdict, or of an ``ask`` one the owner approved,
+        built from the verdict alone: it carries the grant that matched and the
+        arguments decide() checked, so nothing is looked up or checked a second time.
+        Raises ValueError for an ask not approved."""
+        if isinstance(verdict, Ask) and not approved:
+            raise ValueError(
+                f"call {verdict.decision.call}: an ask decision runs only once approved"
+            )
+        if not isinstance(verdict, Run | Ask):
+            raise ValueError(f"call {verdict.decision.call}: only a run or ask verdict runs")  # noqa: TRY004
+        call = verdict.decision.call
+        return cls._build(call, verdict.checked, verdict.grant, workspace, runner, labels)
+
+    @classmethod
+    def _build(
+        cls,
+        call: str,
+        checked: CheckedArguments,
+        grant: Grant,
+        workspace: Path,
+        runner: RunnerConfig,
+        labels: LabelRules,
+    ) -> RunSpec:
+        if grant.tool != checked.tool:
+            raise ValueError(f"call {call}: grant {grant.id} is not for {checked.tool}")
         label = result_label(checked, labels, grant.label_taint)
         value = checked.value
         time_limit: float | None = None
@@ -238,7 +275,7 @@ class RunSpec:
         elif isinstance(value, HttpGetArgs):
             time_limit = HTTP_TIMEOUT
         return cls(
-            decision.call,
+            call,
             checked,
             workspace,
             labels,

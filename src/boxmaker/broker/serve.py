@@ -1,11 +1,11 @@
 """``brokerd serve``: the broker daemon (docs/architecture.md, docs/protocol.md).
 
-One nursery holds the ledger writer, the grants watcher, the pending deadlines and the
-one-second look (one task each for every pending call: :meth:`Broker.run_expiry`,
-:meth:`Broker.look_all`), the signal task and the two listeners (broker.sock,
-admin.sock); each accepted connection runs in its own task of a connection nursery
-(broker calls and admin clients in separate ones, so shutdown can treat them
-differently). Readiness is ``task_status.started(broker)``, so tests start
+One nursery holds the ledger writer, the grants watcher, the signal task and the two
+listeners (broker.sock, admin.sock); each accepted connection runs in its own task of a
+connection nursery (broker calls and admin clients in separate ones, so shutdown can
+treat them differently). A pending call's deadline and its requester's look belong to
+its own connection's task (broker/pending.py), so there is no broker-wide timer.
+Readiness is ``task_status.started(broker)``, so tests start
 the real daemon with ``await nursery.start(serve_broker, home)``.
 
 Start: load config.toml (exit 2 on a problem), make the home private and ``run/`` 0700,
@@ -39,7 +39,7 @@ from cyclopts import App, Parameter
 
 from boxmaker import __version__
 from boxmaker.broker.admin import handle_admin_connection
-from boxmaker.broker.connection import LOOK_INTERVAL_S, handle_broker_connection
+from boxmaker.broker.connection import handle_broker_connection
 from boxmaker.broker.listeners import (
     ListenerError,
     UnixListener,
@@ -165,8 +165,6 @@ async def serve_broker(
             await broker.grants.current()
             nursery.start_soon(_watch_grants, broker)
             nursery.start_soon(_stop_when_refused, broker)
-            nursery.start_soon(_look, broker)
-            nursery.start_soon(broker.run_expiry)
             await nursery.start(broker.sandboxes.run)
             if handle_signals:
                 nursery.start_soon(_signals, broker)
@@ -243,16 +241,6 @@ async def _stop_when_refused(broker: Broker) -> None:
     """The workspace came to reach the home (HomeGuard): a clean stop, then exit 2."""
     await broker.guard.refused.wait()
     broker.request_stop()
-
-
-async def _look(broker: Broker) -> None:
-    """The one-second look (has the requester left?), for every pending call at once
-    (docs/decisions.md, "brokerd's hot path and memory")."""
-    while True:
-        await trio.sleep(LOOK_INTERVAL_S)
-        left = broker.look_all()
-        if left:
-            log.debug("the one-second look: %d requester(s) left", left)
 
 
 async def _signals(broker: Broker) -> None:

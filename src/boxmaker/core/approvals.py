@@ -1,4 +1,4 @@
-"""The approvals table (spec §6.3-6.5): pending asks, waiting for the owner. Pure data.
+"""The approvals table: pending asks, waiting for the owner (docs/protocol.md). Pure data.
 
 No I/O, no clock, no trio: ``now`` is passed in (the broker passes
 ``trio.current_time()``), so the boundary rules can be tested exactly. The boundary is
@@ -8,9 +8,10 @@ Whoever takes an entry out of the table owns its ending. :meth:`ApprovalsTable.t
 (approve, refuse) and :meth:`ApprovalsTable.take_own` (the waiting task's expiry or
 withdrawal) remove it in one step, so of two racing takers exactly one gets it and the
 other finds it gone (``no_such_approval``). The table does not wake anybody: the broker
-keeps one ``trio.Event`` (or channel) per approval id next to the table, and the admin
-handler that took an entry sets it with its outcome. Keeping the events out keeps the
-table a value that hypothesis and mutmut can drive.
+keeps a one-shot slot per approval id next to the table
+(:class:`boxmaker.broker.pending.PendingCalls`), and whoever took an entry delivers
+its ending there. Keeping that out keeps the table a
+value that hypothesis and mutmut can drive.
 
 >>> table = ApprovalsTable()
 >>> entry = PendingEntry.create(
@@ -30,12 +31,12 @@ Missing(approval='a-00000001')
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
+from boxmaker.core.call import due
 from boxmaker.core.labels import Taint
-from boxmaker.wire import ApprovalView, GrantRef
 
 __all__ = [
     "ApprovalsTable",
@@ -49,9 +50,19 @@ __all__ = [
 ]
 
 
+@attrs.frozen
+class GrantRef:
+    """The grant an ask matched, as the owner is shown it (admin.sock's ``approvals``
+    answer builds its frame from this)."""
+
+    id: str
+    mode: Literal["auto", "ask", "deny"]
+    note: str | None = None
+
+
 @attrs.frozen(kw_only=True)
 class PendingEntry:
-    """One ask waiting for the owner (spec §6.5). It carries both clocks (spec §2):
+    """One ask waiting for the owner. It carries both clocks (docs/decisions.md):
     ``deadline`` (monotonic, ``trio.current_time()``) decides; the wall times are for
     display and records."""
 
@@ -100,23 +111,8 @@ class PendingEntry:
         )
 
     def is_expired(self, now: float) -> bool:
-        """At or after the deadline (spec §6.5: ``>=`` everywhere)."""
-        return now >= self.deadline
-
-    def view(self) -> ApprovalView:
-        """The entry as an ``approvals`` answer lists it (spec §7)."""
-        return ApprovalView(
-            approval=self.approval,
-            call=self.call,
-            session=self.session,
-            tool=self.tool,
-            arguments=self.arguments,
-            grant=self.grant,
-            requested_at=self.requested_at,
-            expires_at=self.expires_at_wall,
-            taint=self.taint,
-            untrusted=self.untrusted,
-        )
+        """At or after the deadline (:func:`boxmaker.core.call.due`)."""
+        return due(self.deadline, now)
 
 
 @attrs.frozen
@@ -154,7 +150,7 @@ class DuplicateApproval(ValueError):
 class ApprovalsTable:
     """Pending entries by approval id, in request order (dicts keep insertion order).
 
-    Touched only from trio tasks of one thread (spec §2), so no lock: each method runs
+    Touched only from trio tasks of one thread, so no lock: each method runs
     to completion without a checkpoint, which is what makes a take atomic.
     """
 
@@ -189,7 +185,7 @@ class ApprovalsTable:
         return [entry for entry in self._entries.values() if entry.is_expired(now)]
 
     def take(self, approval: str, now: float) -> TakeResult:
-        """Take an entry for ``approve`` or ``refuse`` (spec §6.3, §6.4).
+        """Take an entry for ``approve`` or ``refuse``.
 
         :class:`Taken` before the deadline; :class:`Expired` at or after it (the admin
         answer is ``error expired`` and the expiry happens now); :class:`Missing` when
@@ -209,7 +205,7 @@ class ApprovalsTable:
         return self._entries.pop(approval, None)
 
     def withdraw_all(self) -> list[PendingEntry]:
-        """Empty the table for shutdown (spec §2: every pending entry ``withdrawn``,
+        """Empty the table for shutdown (every pending entry ``withdrawn``,
         reason ``broker_stopping``); returns the entries in request order."""
         taken = list(self._entries.values())
         self._entries.clear()

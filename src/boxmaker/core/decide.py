@@ -1,6 +1,7 @@
-"""Deciding a tool request (spec §3): the ordered pipeline and the pure ``decide()``.
+"""Deciding a tool request: the ordered pipeline and the pure ``decide()``.
 
-:func:`evaluate` is §3 steps 2-6 in order, each stopping at the first denial:
+:func:`evaluate` is the decision's steps 2-6 in order (docs/protocol.md), each stopping
+at the first denial:
 
 2. the ledger is usable (else ``audit_unavailable``; that denial alone is not
    recordable, ``Decision.recordable`` is False);
@@ -10,7 +11,7 @@
 5. the session state is readable (``state_unreadable``);
 6. :func:`decide`.
 
-Approve's re-decision (spec §6.3) is the same :func:`evaluate` on the original
+Approve's re-decision is the same :func:`evaluate` on the original
 :class:`ToolRequest` with the grants and state current at approval time, mapped by
 :func:`approval_outcome`: Ask → ``ask``, Run → ``allowed``, Deny → ``denied`` with the
 decision's reason.
@@ -39,7 +40,7 @@ _PRECEDENCE = (Mode.DENY, Mode.ASK, Mode.AUTO)
 
 @attrs.frozen
 class ToolRequest:
-    """A ``tool_request`` frame's content (spec §6.1); ``arguments`` as the model sent them."""
+    """A ``tool_request`` frame's content; ``arguments`` as the model sent them."""
 
     call: str
     session: str
@@ -49,7 +50,7 @@ class ToolRequest:
 
 @attrs.frozen
 class CheckedRequest:
-    """A tool request past §3 step 3: a known tool, arguments that fit, paths normalized."""
+    """A tool request past step 3: a known tool, arguments that fit, paths normalized."""
 
     call: str
     session: str
@@ -62,7 +63,7 @@ class CheckedRequest:
 
 @attrs.frozen
 class Decision:
-    """What was decided, and on what (the ``decision`` record of spec §5.2).
+    """What was decided, and on what (the ``decision`` record, docs/protocol.md).
 
     ``arguments`` are the checked, normalized arguments, or the raw ones when the
     denial came before they were checked. ``mode`` is the effective mode (an ``auto``
@@ -83,17 +84,36 @@ class Decision:
     note: str | None = None
     state: Label = UNKNOWN
     recordable: bool = True
-    """False only for ``audit_unavailable`` (spec §3 step 2: it cannot be recorded)."""
+    """False only for ``audit_unavailable`` (step 2: it cannot be recorded)."""
 
 
 @attrs.frozen
 class Run:
+    """Run the call: ``grant`` is the grant that let it, ``checked`` its checked
+    arguments, so what runs is built from the verdict alone."""
+
     decision: Decision
+    grant: Grant
+    checked: CheckedArguments
 
 
 @attrs.frozen
 class Ask:
+    """Ask the owner; ``grant`` and ``checked`` as for :class:`Run` (an approved ask
+    runs on them)."""
+
     decision: Decision
+    grant: Grant
+    checked: CheckedArguments
+
+    def too_many_pending(self, detail: str) -> Deny:
+        """This ask, denied ``too_many_pending`` (the pending caps are full): on the
+        grant it matched and the state it was decided on."""
+        return Deny(
+            attrs.evolve(
+                self.decision, verdict="deny", reason=Reason.TOO_MANY_PENDING, detail=detail
+            )
+        )
 
 
 @attrs.frozen
@@ -130,7 +150,7 @@ def _deny(
 
 
 def _pick(request: CheckedRequest, grants: GrantSet, now: dt.datetime) -> Grant | None:
-    """Spec §3 step 6 precedence: deny, then ask, then auto; file order within a mode."""
+    """Step 6's precedence: deny, then ask, then auto; file order within a mode."""
     arguments = request.arguments
     for mode in _PRECEDENCE:
         for grant in grants.for_tool_and_mode(arguments.tool, mode):
@@ -140,7 +160,7 @@ def _pick(request: CheckedRequest, grants: GrantSet, now: dt.datetime) -> Grant 
 
 
 def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.datetime) -> Verdict:
-    """The heart of the system (spec §3 step 6): pure, total, deterministic.
+    """The heart of the system (step 6): pure, total, deterministic.
 
     ``now`` must be an aware datetime. Only the grant picked by precedence is held to
     its conditions: when it denies, no lower grant is tried.
@@ -190,7 +210,9 @@ def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.date
         note=grant.note,
         state=state,
     )
-    return Ask(decision) if mode is Mode.ASK else Run(decision)
+    if mode is Mode.ASK:
+        return Ask(decision, grant, request.arguments)
+    return Run(decision, grant, request.arguments)
 
 
 def evaluate(
@@ -202,11 +224,11 @@ def evaluate(
     now: dt.datetime,
     workspace: str | None = None,
 ) -> Verdict:
-    """Spec §3 steps 2-6, in order; total (never raises for any request).
+    """Steps 2-6, in order; total (never raises for any request).
 
     ``workspace`` is the absolute workspace root (an absolute path inside it is accepted,
-    spec §4.2). The same call with the current grants and state is approve's re-decision
-    (spec §6.3).
+    docs/decisions.md). The same call with the current grants and state is approve's
+    re-decision.
     """
     seen = state if isinstance(state, Label) else UNKNOWN
 
@@ -242,7 +264,7 @@ ApprovalOutcome: TypeAlias = Literal["ask", "allowed", "denied"]
 
 
 def approval_outcome(verdict: Verdict) -> ApprovalOutcome:
-    """What approve's re-decision means (spec §6.3).
+    """What approve's re-decision means.
 
     >>> approval_outcome(Deny(Decision("c", "s", "shell", {}, "deny")))
     'denied'

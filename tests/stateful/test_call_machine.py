@@ -1,0 +1,454 @@
+"""The call's life as a state machine, without I/O: fast enough for thousands of examples.
+
+A hypothesis ``RuleBasedStateMachine`` drives the pure :class:`boxmaker.core.call.Call`
+of many calls at once, with the real approvals table and endings
+(:class:`boxmaker.broker.pending.PendingCalls`, used without a trio loop: nothing waits
+on a scope here) and an in-memory ledger, through requests, approvals, refusals, expiry
+(a number for a clock), requesters that leave, a ledger that stops and comes back, grant
+changes and a stop. A small synchronous driver carries out the effects as brokerd's
+does. After every step the invariants of the daemon-level machine
+(test_broker_machine.py) hold: one decision per call, nothing ran without a run verdict
+or an approval with outcome ``ask``/``allowed``, no entry outlives its deadline, every
+entry in the table is an asked call with no approval record yet, every call either waits
+or has ended, and every answer matches the records.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+from typing import Any, Final
+
+import attrs
+import pytest
+import trio
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from boxmaker.broker.pending import ApproveCommand, Command, PendingCalls, RefuseCommand
+from boxmaker.core import call as machine
+from boxmaker.core.approvals import GrantRef, PendingEntry
+from boxmaker.core.call import Call, IllegalEvent, Phase, due
+from boxmaker.core.decide import Ask, ToolRequest, Verdict, evaluate
+from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.labels import FRESH, Label, Taint
+from boxmaker.core.reasons import Reason
+
+TIMEOUT: Final = 300.0
+NOW: Final = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+SESSION: Final = "s-0000000000a1"
+PATHS: Final = ("notes.txt", ".env", "../outside")
+
+
+def _grants(mode: str | None) -> GrantSet:
+    text = "" if mode is None else f'[[grant]]\nid = "g"\ntool = "read_file"\nmode = "{mode}"\n'
+    grants = parse_grants(text)
+    assert isinstance(grants, GrantSet)
+    return grants
+
+
+GRANTS: Final = {mode: _grants(mode) for mode in ("auto", "ask", "deny", None)}
+_IDS = itertools.count()
+
+
+@attrs.define(eq=False)
+class Model:
+    """One call as the test sees it: the machine, the frames it sent, what the test set."""
+
+    call: Call
+    path: str
+    gone: bool = False
+    frames: list[machine.Frame] = attrs.Factory(list)
+    replies: list[machine.AdminReply] = attrs.Factory(list)
+    ran: int = 0
+    closed: bool = False
+    stopped_before: bool = False
+
+    @property
+    def finals(self) -> list[machine.Answer | machine.BadFrameError]:
+        return [f for f in self.frames if not isinstance(f, machine.PendingNotice)]
+
+    @property
+    def waiting(self) -> bool:
+        return self.call.phase is Phase.WAITING
+
+
+class CallMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.pending = PendingCalls()
+        self.ledger: list[dict[str, Any]] = []
+        self.ledger_up = True
+        self.grants = "ask"
+        self.state = FRESH
+        self.raise_ok = True
+        self.run_ok = True
+        self.stopping = False
+        self.calls: dict[str, Model] = {}
+
+    # -- the driver ------------------------------------------------------------------
+
+    def _verdict(self, model: Model) -> Verdict:
+        request = ToolRequest(model.call.call, SESSION, "read_file", {"path": model.path})
+        return evaluate(
+            request,
+            ledger_usable=self.ledger_up,
+            grants=GRANTS[None if self.grants == "none" else self.grants],
+            state=self.state,
+            now=NOW,
+            workspace="/w",
+        )
+
+    def _feed(self, model: Model, event: machine.Event) -> None:
+        """Feed the event and carry out every effect, until the call waits or is over."""
+        next_event: machine.Event | None = event
+        while next_event is not None:
+            effects = model.call.handle(next_event)
+            next_event = None
+            for effect in effects:
+                happened = self._carry_out(model, effect)
+                if happened is not None:
+                    next_event = happened
+        if model.call.phase is Phase.DONE and model.call.entry is not None:
+            self.pending.forget(model.call.entry.approval)
+
+    def _carry_out(self, model: Model, effect: machine.Effect) -> machine.Event | None:
+        assert not model.closed, f"{effect} after close"
+        if isinstance(effect, machine.Record):
+            if not self.ledger_up:
+                return machine.RecordFailed()
+            self.ledger.append(self._record(model, effect.body))
+            return machine.Recorded()
+        if isinstance(effect, machine.Send):
+            if not model.gone:
+                model.frames.append(effect.frame)
+            elif isinstance(effect.frame, machine.PendingNotice):
+                # The pending frame could not be sent: the entry ends so (driver).
+                self.pending.end(effect.frame.entry.approval, machine.RequesterGone())
+            return None
+        if isinstance(effect, machine.LastLook):
+            return machine.Looked(model.gone)
+        if isinstance(effect, machine.Enqueue):
+            entry = PendingEntry.create(
+                approval=self.pending.new_approval_id(),
+                call=model.call.call,
+                session=SESSION,
+                tool="read_file",
+                arguments=dict(effect.ask.decision.arguments),
+                grant=GrantRef(id=effect.ask.grant.id, mode="ask"),
+                taint=effect.ask.decision.state.taint,
+                untrusted=effect.ask.decision.state.untrusted,
+                requested_at=NOW,
+                now=self.now,
+                timeout=TIMEOUT,
+            )
+            return machine.Enqueued(entry, closed=not self.pending.add(entry))
+        if isinstance(effect, machine.AwaitOwner):
+            assert effect.deadline == self.now + TIMEOUT
+            entry = model.call.entry
+            assert entry is not None
+            command = self.pending.waiters[entry.approval].command
+            if command is not None:  # ended before the wait began
+                return self._event(model, command)
+            return None  # the call waits: a rule delivers its ending
+        if isinstance(effect, machine.RunVerdict):
+            assert not model.gone, "ran for a requester that left"
+            model.ran += 1
+            label = Label(Taint.INTERNAL, False)
+            if self.run_ok:
+                return machine.Ran(machine.RunOutcome(True, None, None, "hello\n", label))
+            return machine.Ran(machine.RunOutcome(False, Reason.NOT_FOUND, "no", "", label))
+        if isinstance(effect, machine.RaiseState):
+            if not self.raise_ok:
+                return machine.StateUnrecordable("disk full")
+            self.state = self.state.join(effect.label)
+            return machine.StateRaised(self.state)
+        if isinstance(effect, machine.ReplyAdmin):
+            model.replies.append(effect.reply)
+            return None
+        assert isinstance(effect, machine.Close)
+        model.closed = True
+        return None
+
+    def _record(self, model: Model, body: machine.Body) -> dict[str, Any]:
+        call = model.call.call
+        if isinstance(body, machine.ApprovalBody):
+            return {"kind": "approval", "call": call, "outcome": body.outcome.value}
+        if isinstance(body, machine.ResultBody):
+            return {"kind": "result", "call": call, "ok": body.ok, "reason": body.reason}
+        return {"kind": "decision", "call": call, "verdict": body.verdict}
+
+    def _event(self, model: Model, command: Command) -> machine.Event:
+        if isinstance(command, ApproveCommand):
+            return machine.OwnerApproved(self._verdict(model))
+        if isinstance(command, RefuseCommand):
+            return machine.OwnerRefused(command.reason)
+        return command
+
+    def _deliver(self, model: Model, command: Command) -> None:
+        """The waiting call's task, woken with its ending."""
+        self._feed(model, self._event(model, command))
+
+    def _end(self, model: Model, command: Command, *, now: float | None = None) -> bool:
+        entry = model.call.entry
+        assert entry is not None
+        ended = self.pending.end(entry.approval, command, now=now)
+        if ended is None:
+            return False
+        self._deliver(model, ended.command)
+        return True
+
+    def _expire_due(self) -> None:
+        """Each waiting call's own deadline (pending.wait: its scope's deadline, then the
+        table's boundary)."""
+        for model in list(self.calls.values()):
+            entry = model.call.entry
+            if model.waiting and entry is not None and entry.is_expired(self.now):
+                self._end(model, machine.Expired())
+
+    # -- rules -----------------------------------------------------------------------
+
+    @rule(
+        path=st.sampled_from(PATHS),
+        full=st.none() | st.just("10 asks already wait"),
+        gone_at_once=st.booleans(),
+    )
+    def request(self, path: str, full: str | None, gone_at_once: bool) -> None:
+        call_id = f"c-{next(_IDS):016x}"
+        model = self.calls[call_id] = Model(Call(call_id, SESSION, pending_timeout=TIMEOUT), path)
+        model.gone = gone_at_once
+        if self.stopping:
+            model.stopped_before = True
+            self._feed(model, machine.Stopping())
+            return
+        verdict = self._verdict(model)
+        self._feed(model, machine.Decided(verdict, full if isinstance(verdict, Ask) else None))
+
+    @precondition(lambda self: bool(self.calls))
+    @rule(data=st.data())
+    def reuse_a_call_id(self, data: st.DataObject) -> None:
+        call_id = data.draw(st.sampled_from(sorted(self.calls)))
+        twin = Model(Call(call_id, SESSION, pending_timeout=TIMEOUT), "notes.txt")
+        self._feed(twin, machine.Reused())
+        assert twin.frames == [machine.BadFrameError(machine.CALL_ID_USED)]
+        assert twin.closed
+
+    def _waiting(self) -> list[Model]:
+        return [model for model in self.calls.values() if model.waiting]
+
+    @precondition(lambda self: bool(self._waiting()))
+    @rule(data=st.data(), approve=st.booleans(), reason=st.text(max_size=5))
+    def answer(self, data: st.DataObject, approve: bool, reason: str) -> None:
+        model = data.draw(st.sampled_from(self._waiting()))
+        entry = model.call.entry
+        assert entry is not None
+        send, receive = trio.open_memory_channel[machine.AdminReply](1)
+        command: Command = (
+            ApproveCommand(None, send) if approve else RefuseCommand(f"no: {reason}", send)
+        )
+        records_before = len(self.ledger)
+        assert self._end(model, command, now=self.now)
+        assert len(self.ledger) >= records_before
+        assert len(model.replies) == 1, model.replies
+        reply = model.replies[0]
+        if approve:
+            assert isinstance(reply, machine.ApprovedReply | machine.NotRecorded)
+        else:
+            assert isinstance(reply, machine.RefusedReply | machine.NotRecorded)
+        assert isinstance(reply, machine.NotRecorded) != self.ledger_up
+        receive.close()
+
+    @precondition(lambda self: bool(self._waiting()))
+    @rule(data=st.data())
+    def answer_at_the_deadline(self, data: st.DataObject) -> None:
+        """An owner's answer at expires_at is the expiry (the boundary is ``>=``)."""
+        model = data.draw(st.sampled_from(self._waiting()))
+        entry = model.call.entry
+        assert entry is not None
+        send, receive = trio.open_memory_channel[machine.AdminReply](1)
+        ended = self.pending.end(entry.approval, ApproveCommand(None, send), now=entry.deadline)
+        assert ended is not None
+        assert isinstance(ended.command, machine.Expired)
+        assert self.pending.was_expired(entry.approval)
+        self._deliver(model, ended.command)
+        assert model.replies == []
+        # A late approve hears ``expired``; one that never was hears ``no_such_approval``.
+        assert self.pending.end(entry.approval, ApproveCommand(None, send), now=0.0) is None
+        assert machine.late_owner_answer(entry.approval, expired=True)[0] == "expired"
+        send.close()
+        receive.close()
+
+    @precondition(lambda self: bool(self._waiting()))
+    @rule(data=st.data())
+    def requester_leaves(self, data: st.DataObject) -> None:
+        model = data.draw(st.sampled_from(self._waiting()))
+        model.gone = True
+        assert self._end(model, machine.RequesterGone())
+
+    @rule(
+        seconds=st.sampled_from([1.0, TIMEOUT - 0.001, TIMEOUT, TIMEOUT + 0.001])
+        | st.floats(0, 400)
+    )
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self._expire_due()
+
+    @rule(mode=st.sampled_from(["auto", "ask", "deny", "none"]))
+    def change_grants(self, mode: str) -> None:
+        self.grants = mode
+
+    @rule(up=st.booleans())
+    def ledger(self, up: bool) -> None:
+        self.ledger_up = up
+
+    @rule(raise_ok=st.booleans(), run_ok=st.booleans())
+    def runs(self, raise_ok: bool, run_ok: bool) -> None:
+        self.raise_ok = raise_ok
+        self.run_ok = run_ok
+
+    @rule(taint=st.sampled_from(list(Taint)), untrusted=st.booleans())
+    def state_rises(self, taint: Taint, untrusted: bool) -> None:
+        self.state = self.state.join(Label(taint, untrusted))
+
+    @precondition(lambda self: not self.stopping)
+    @rule()
+    def stop(self) -> None:
+        self.stopping = True
+        waiting = self._waiting()
+        assert self.pending.withdraw_all() == len(waiting)
+        for model in waiting:
+            entry = model.call.entry
+            assert entry is not None
+            command = self.pending.waiters[entry.approval].command
+            assert isinstance(command, machine.Stopping)
+            self._deliver(model, command)
+
+    # -- invariants ------------------------------------------------------------------
+
+    def _of(self, call: str, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.ledger if r["kind"] == kind and r["call"] == call]
+
+    @invariant()
+    def every_call_has_at_most_one_decision(self) -> None:
+        for call, model in self.calls.items():
+            decisions = self._of(call, "decision")
+            assert len(decisions) <= 1
+            if decisions == [] and not model.stopped_before:
+                # Unrecorded: the ledger was down, and the call was denied so.
+                final = model.finals
+                assert model.gone or [f.reason for f in final] == [  # type: ignore[union-attr]
+                    Reason.AUDIT_UNAVAILABLE
+                ], final
+
+    @invariant()
+    def nothing_ran_without_a_run_verdict_or_an_approval(self) -> None:
+        for call, model in self.calls.items():
+            results = self._of(call, "result")
+            ran_results = [r for r in results if r["reason"] != Reason.REQUESTER_GONE]
+            assert len(results) <= 1
+            if model.ran == 0:
+                assert ran_results == []
+                continue
+            assert model.ran == 1
+            [decision] = self._of(call, "decision")
+            outcomes = [r["outcome"] for r in self._of(call, "approval")]
+            assert decision["verdict"] == "run" or (
+                decision["verdict"] == "ask" and outcomes in (["ask"], ["allowed"])
+            ), (decision, outcomes)
+
+    @invariant()
+    def no_entry_outlives_its_deadline(self) -> None:
+        for entry in self.pending.table.entries():
+            assert not due(entry.deadline, self.now)
+            assert entry.deadline <= self.now + TIMEOUT
+
+    @invariant()
+    def every_entry_is_an_asked_call_with_no_approval_yet(self) -> None:
+        entries = self.pending.table.entries()
+        assert set(self.pending.waiters) == {entry.approval for entry in entries}
+        for entry in entries:
+            model = self.calls[entry.call]
+            assert model.waiting
+            assert [r["verdict"] for r in self._of(entry.call, "decision")] == ["ask"]
+            assert self._of(entry.call, "approval") == []
+
+    @invariant()
+    def every_call_waits_or_has_ended(self) -> None:
+        for call, model in self.calls.items():
+            assert model.call.phase in (Phase.WAITING, Phase.DONE), (call, model.call.phase)
+            assert model.closed == (model.call.phase is Phase.DONE)
+            finals = model.finals
+            assert len(finals) <= 1, finals
+            if model.waiting:
+                assert finals == []
+                assert [type(f) for f in model.frames] == [machine.PendingNotice]
+            elif not model.gone:
+                assert len(finals) == 1, (call, model.frames)
+            asked = [r for r in self._of(call, "decision") if r["verdict"] == "ask"]
+            if asked and not model.waiting:
+                assert len(self._of(call, "approval")) <= 1
+                if self.ledger_up and model.call.entry is not None:
+                    pass
+
+    @invariant()
+    def answers_match_the_records(self) -> None:
+        for call, model in self.calls.items():
+            for final in model.finals:
+                if not isinstance(final, machine.Answer):
+                    continue
+                approvals = [r["outcome"] for r in self._of(call, "approval")]
+                results = self._of(call, "result")
+                if final.outcome is machine.AnswerOutcome.OK:
+                    assert [r["ok"] for r in results] == [True]
+                    assert final.content == "hello\n"
+                elif final.outcome is machine.AnswerOutcome.DENIED:
+                    assert results == []
+                    if final.reason in (Reason.REFUSED, Reason.EXPIRED):
+                        assert approvals == [final.reason.value], (final, approvals)
+                elif final.reason in (Reason.RESULT_UNRECORDED, Reason.AUDIT_UNAVAILABLE):
+                    assert results == [], (final, results)
+                else:
+                    assert [r["ok"] for r in results] == [False], (final, results)
+
+    def teardown(self) -> None:
+        """A stop ends every waiting call ``withdrawn``/``broker_stopping``."""
+        if not self.stopping:
+            self.stop()
+        assert len(self.pending.table) == 0
+        assert self.pending.waiters == {}
+        for call, model in self.calls.items():
+            assert model.call.phase is Phase.DONE, call
+            asked = [r for r in self._of(call, "decision") if r["verdict"] == "ask"]
+            if asked and self.ledger_up:
+                assert len(self._of(call, "approval")) <= 1
+
+
+CallMachine.TestCase.settings = settings(
+    # Under mutmut each mutant runs it again: fewer examples there (the table's rows are
+    # pinned one by one in tests/core/test_call.py).
+    max_examples=100 if os.environ.get("MUTANT_UNDER_TEST") else 1000,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestCallMachine = CallMachine.TestCase
+
+
+def test_an_event_out_of_order_raises() -> None:
+    call = Call("c-0000000000000001", SESSION, pending_timeout=TIMEOUT)
+    with pytest.raises(IllegalEvent, match="Recorded is not expected in phase IDLE"):
+        call.handle(machine.Recorded())
+    call.handle(machine.Stopping())
+    assert call.phase is Phase.DONE
+    for event in (machine.Stopping(), machine.Expired(), machine.RecordFailed()):
+        with pytest.raises(IllegalEvent):
+            call.handle(event)
+
+
+def test_the_boundary_is_at_or_after_the_deadline() -> None:
+    assert not due(400.0, 399.999)
+    assert due(400.0, 400.0)
+    assert due(400.0, 400.001)
