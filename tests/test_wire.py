@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from boxmaker import convert
 from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID, converter
+from boxmaker.core.call import APPROVE_OUTCOMES, ApprovalOutcome
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.wire import (
@@ -25,7 +26,6 @@ from boxmaker.wire import (
     ApprovalView,
     Approve,
     Approved,
-    ApprovedOutcome,
     BadFrame,
     CatalogueAnswer,
     CatalogueRequest,
@@ -128,7 +128,7 @@ admin_answers = (
     st.builds(ApprovalsAnswer, entries=st.lists(views, max_size=3))
     | st.builds(
         Approved,
-        outcome=st.sampled_from(ApprovedOutcome),
+        outcome=st.sampled_from(sorted(APPROVE_OUTCOMES)),
         call=call_ids,
         reason=st.none() | denial_reasons,
     )
@@ -210,7 +210,15 @@ def test_spec_examples_decode() -> None:
     approved = decode_admin_answer(
         b'{"kind":"approved","outcome":"ask","call":"c-0123456789abcdef","reason":null}'
     )
-    assert approved == Approved(outcome=ApprovedOutcome.ASK, call=CALL, reason=None)
+    assert approved == Approved(outcome=ApprovalOutcome.ASK, call=CALL, reason=None)
+
+
+@pytest.mark.parametrize("outcome", ["refused", "expired"])
+def test_an_approved_answer_says_only_what_an_approve_can_end_in(outcome: str) -> None:
+    # One enum for the approval outcome; the approved frame takes its approve subset.
+    line = b'{"kind":"approved","outcome":"%s","call":"c-0123456789abcdef","reason":null}'
+    with pytest.raises(BadFrame, match="outcome"):
+        decode_admin_answer(line % outcome.encode())
 
 
 def test_optional_fields_are_left_out_and_required_nulls_kept() -> None:
@@ -225,7 +233,7 @@ def test_optional_fields_are_left_out_and_required_nulls_kept() -> None:
     assert (
         encode_frame(Approve(approval=APPROVAL)) == b'{"kind":"approve","approval":"a-1f2e3d4c"}\n'
     )
-    approved = Approved(outcome=ApprovedOutcome.ALLOWED, call=CALL, reason=None)
+    approved = Approved(outcome=ApprovalOutcome.ALLOWED, call=CALL, reason=None)
     assert b'"reason":null' in encode_frame(approved)
 
 

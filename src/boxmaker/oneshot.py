@@ -1,7 +1,7 @@
 """One value handed from one trio task to another, once.
 
 The waiting task parks itself (``trio.lowlevel``) instead of on a memory channel pair
-or a ``trio.Event``: brokerd makes one per ledger append and one per pending call, and a
+or a ``trio.Event``: brokerd makes one per ledger append (thousands a second), and a
 channel pair (or an Event with its parking lot) costs several objects and hundreds of
 bytes where one task reference does the same for one waiter.
 """

@@ -39,6 +39,7 @@ from boxmaker.convert import (
     problems,
 )
 from boxmaker.core import labels
+from boxmaker.core.call import APPROVE_OUTCOMES, AnswerOutcome, ApprovalOutcome
 from boxmaker.core.reasons import Reason
 
 MAX_REFUSE_REASON: Final = 500
@@ -101,23 +102,6 @@ def to_ms(moment: dt.datetime) -> dt.datetime:
 # The frames of broker.sock (docs/protocol.md)
 
 
-class Outcome(enum.StrEnum):
-    """The outcome of a final ``answer`` frame."""
-
-    OK = "ok"
-    DENIED = "denied"
-    FAILED = "failed"
-
-
-class ApprovedOutcome(enum.StrEnum):
-    """The outcome an ``approved`` admin answer reports."""
-
-    ASK = "ask"
-    ALLOWED = "allowed"
-    DENIED = "denied"
-    WITHDRAWN = "withdrawn"
-
-
 class ErrorCode(enum.StrEnum):
     """Codes of an ``error`` frame (docs/protocol.md lists them)."""
 
@@ -170,8 +154,8 @@ class Pending:
 
 def _answer_consistent(answer: Answer, _: attrs.Attribute[Any], reason: Reason | None) -> None:
     # ok carries no reason; denied and failed always say why.
-    if (answer.outcome is Outcome.OK) != (reason is None):
-        words = "must be absent when ok" if answer.outcome is Outcome.OK else "required"
+    if (answer.outcome is AnswerOutcome.OK) != (reason is None):
+        words = "must be absent when ok" if answer.outcome is AnswerOutcome.OK else "required"
         raise InvalidField("reason", words)
 
 
@@ -182,7 +166,7 @@ class Answer:
     KIND: ClassVar[str] = "answer"
     final: Literal[True] = True
     call: str = attrs.field(validator=_call_id)
-    outcome: Outcome
+    outcome: AnswerOutcome
     content: str | None = None
     label: labels.Label | None = None
     reason: Reason | None = attrs.field(default=None, validator=_answer_consistent)
@@ -190,15 +174,15 @@ class Answer:
 
     @classmethod
     def ok(cls, call: str, content: str, label: labels.Label) -> Answer:
-        return cls(call=call, outcome=Outcome.OK, content=content, label=label)
+        return cls(call=call, outcome=AnswerOutcome.OK, content=content, label=label)
 
     @classmethod
     def denied(cls, call: str, reason: Reason, detail: str | None = None) -> Answer:
-        return cls(call=call, outcome=Outcome.DENIED, reason=reason, detail=detail)
+        return cls(call=call, outcome=AnswerOutcome.DENIED, reason=reason, detail=detail)
 
     @classmethod
     def failed(cls, call: str, reason: Reason, detail: str | None = None) -> Answer:
-        return cls(call=call, outcome=Outcome.FAILED, reason=reason, detail=detail)
+        return cls(call=call, outcome=AnswerOutcome.FAILED, reason=reason, detail=detail)
 
 
 @attrs.frozen(kw_only=True)
@@ -288,7 +272,7 @@ class Approved:
     """``approved``: the outcome of the re-decision and the last look."""
 
     KIND: ClassVar[str] = "approved"
-    outcome: ApprovedOutcome
+    outcome: ApprovalOutcome = attrs.field(validator=attrs.validators.in_(APPROVE_OUTCOMES))
     call: str = attrs.field(validator=_call_id)
     reason: Reason | None
 
@@ -385,7 +369,7 @@ class ToolResultEvent:
 
     KIND: ClassVar[str] = "tool_result"
     call: str = attrs.field(validator=_call_id)
-    outcome: Outcome
+    outcome: AnswerOutcome
     reason: str | None = None
 
 

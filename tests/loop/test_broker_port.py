@@ -17,9 +17,10 @@ from tests.harness.homes import grant, write_config, write_grants
 from boxmaker.broker.listeners import open_unix_listener
 from boxmaker.clock import utc_now
 from boxmaker.convert import new_call_id
+from boxmaker.core.call import AnswerOutcome
 from boxmaker.home import Home
 from boxmaker.loop.broker_port import BROKER_TIMEOUT, BROKER_UNREACHABLE, BrokerPort, PortAnswer
-from boxmaker.wire import Outcome, Pending, ToolRequest, encode_frame
+from boxmaker.wire import Pending, ToolRequest, encode_frame
 
 GUARD = 20.0
 
@@ -40,14 +41,14 @@ async def test_an_auto_grant_answers_with_the_content(home: Home, brokerd: Broke
     await brokerd.start()
     answer = await port_of(home).call(request())
     await brokerd.stop()
-    assert answer == PortAnswer(Outcome.OK, content="milk\n")
+    assert answer == PortAnswer(AnswerOutcome.OK, content="milk\n")
 
 
 async def test_a_denial_comes_back_with_its_reason(home: Home, brokerd: Brokerd) -> None:
     await brokerd.start()
     answer = await port_of(home).call(request())
     await brokerd.stop()
-    assert (answer.outcome, answer.reason) == (Outcome.DENIED, "no_grant")
+    assert (answer.outcome, answer.reason) == (AnswerOutcome.DENIED, "no_grant")
     assert answer.detail
 
 
@@ -67,13 +68,13 @@ async def test_a_pending_call_is_reported_and_then_answered_once_approved(
     call = request()
     answer = await port_of(home).call(call, approve)
     await brokerd.stop()
-    assert answer == PortAnswer(Outcome.OK, content="milk\n")
+    assert answer == PortAnswer(AnswerOutcome.OK, content="milk\n")
     assert [(p.call, p.grant) for p in seen] == [(call.call, "notes")]
 
 
 async def test_a_broker_that_is_not_running_is_unreachable(home: Home) -> None:
     answer = await port_of(home).call(request())
-    assert (answer.outcome, answer.reason) == (Outcome.DENIED, BROKER_UNREACHABLE)
+    assert (answer.outcome, answer.reason) == (AnswerOutcome.DENIED, BROKER_UNREACHABLE)
     assert answer.detail is not None
     assert answer.detail.startswith("brokerd is not running (")
     assert "brokerd serve" in answer.detail
@@ -145,14 +146,14 @@ async def timed_call(
 
 async def test_a_silent_broker_times_out_after_reply_timeout(home: Home) -> None:
     answer, took = await timed_call(home, silent, 0.3)
-    assert (answer.outcome, answer.reason) == (Outcome.DENIED, BROKER_TIMEOUT)
+    assert (answer.outcome, answer.reason) == (AnswerOutcome.DENIED, BROKER_TIMEOUT)
     assert answer.detail == "brokerd gave no answer within 0.3 s"
     assert 0.25 <= took <= 1.1, took
 
 
 async def test_a_pending_call_waits_until_its_expiry_plus_the_grace(home: Home) -> None:
     answer, took = await timed_call(home, pending_then_silent(0.5), 0.3)
-    assert (answer.outcome, answer.reason) == (Outcome.DENIED, BROKER_TIMEOUT)
+    assert (answer.outcome, answer.reason) == (AnswerOutcome.DENIED, BROKER_TIMEOUT)
     assert answer.detail == "brokerd gave no answer by the approval's expiry (plus 1 s)"
     # expires_at 0.5 s ahead, plus 1 s of grace; the 0.3 s reply timeout no longer counts.
     assert 1.4 <= took <= 2.7, took
@@ -168,7 +169,7 @@ async def test_an_unanswered_pending_call_ends_expired_within_the_bounds(
     answer = await port_of(home, 0.3).call(request())
     took = time.monotonic() - start
     await brokerd.stop()
-    assert (answer.outcome, answer.reason) == (Outcome.DENIED, "expired")
+    assert (answer.outcome, answer.reason) == (AnswerOutcome.DENIED, "expired")
     # Never before the expiry; docs/testing.md gives 0.55-1.7 s, and brokerd's answer comes at
     # expires_at itself, so the lower bound here is the pending timeout (decisions.md).
     assert 0.5 <= took <= 1.7, took
@@ -182,6 +183,6 @@ async def test_a_broker_that_hangs_up_or_garbles_is_unreachable(
     home: Home, behaviour: Behaviour, words: str
 ) -> None:
     answer, _ = await timed_call(home, behaviour, 5.0)
-    assert (answer.outcome, answer.reason) == (Outcome.DENIED, BROKER_UNREACHABLE)
+    assert (answer.outcome, answer.reason) == (AnswerOutcome.DENIED, BROKER_UNREACHABLE)
     assert answer.detail is not None
     assert words in answer.detail

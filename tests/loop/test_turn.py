@@ -10,6 +10,7 @@ import attrs
 import orjson
 import pytest
 
+from boxmaker.core.call import AnswerOutcome
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
 from boxmaker.loop.model_client import ModelFailure
@@ -29,7 +30,6 @@ from boxmaker.wire import (
     ErrorFrame,
     LoopEvent,
     ModelEvent,
-    Outcome,
     Pending,
     ReplyEvent,
     ToolCallEvent,
@@ -115,7 +115,7 @@ async def turn(
     return events, added
 
 
-OK_NOTES = PortAnswer(Outcome.OK, content="Buy milk.\n")
+OK_NOTES = PortAnswer(AnswerOutcome.OK, content="Buy milk.\n")
 
 
 async def test_a_tool_call_goes_to_the_broker_and_its_answer_to_the_model() -> None:
@@ -138,7 +138,7 @@ async def test_a_tool_call_goes_to_the_broker_and_its_answer_to_the_model() -> N
     assert events[1] == ToolCallEvent(
         call=request.call, tool="read_file", arguments={"path": "notes.txt"}
     )
-    assert events[2] == ToolResultEvent(call=request.call, outcome=Outcome.OK)
+    assert events[2] == ToolResultEvent(call=request.call, outcome=AnswerOutcome.OK)
     assert events[-1] == ReplyEvent(text="Buy milk.")
     first, second = model.payloads
     assert first["messages"] == [
@@ -169,14 +169,14 @@ async def test_a_tool_call_goes_to_the_broker_and_its_answer_to_the_model() -> N
 
 
 async def test_a_denied_call_tells_the_model_why() -> None:
-    denied = PortAnswer(Outcome.DENIED, reason="no_grant", detail="no grant for read_file")
+    denied = PortAnswer(AnswerOutcome.DENIED, reason="no_grant", detail="no grant for read_file")
     model = ScriptedModel([calls(("read_file", {"path": "x"})), text("I may not.")])
     events, _ = await turn(model, ScriptedBroker({"read_file": denied}))
     assert model.payloads[1]["messages"][-1]["content"] == (
         "denied: no_grant — no grant for read_file"
     )
     result = next(e for e in events if isinstance(e, ToolResultEvent))
-    assert (result.outcome, result.reason) == (Outcome.DENIED, "no_grant")
+    assert (result.outcome, result.reason) == (AnswerOutcome.DENIED, "no_grant")
 
 
 async def test_a_waiting_call_is_reported_with_its_approval() -> None:
@@ -223,7 +223,7 @@ async def test_a_call_with_unreadable_arguments_is_answered_and_never_sent() -> 
     events, _ = await turn(model, broker)
     assert broker.requests == []
     result = next(e for e in events if isinstance(e, ToolResultEvent))
-    assert (result.outcome, result.reason) == (Outcome.DENIED, "invalid_arguments")
+    assert (result.outcome, result.reason) == (AnswerOutcome.DENIED, "invalid_arguments")
     assert model.payloads[1]["messages"][-1] == {
         "role": "tool",
         "tool_call_id": "id-0",
@@ -233,7 +233,7 @@ async def test_a_call_with_unreadable_arguments_is_answered_and_never_sent() -> 
 
 async def test_first_step_tool_asks_for_a_tool_with_a_prefill_on_the_first_call_only() -> None:
     model = ScriptedModel([calls(("list_dir", {"path": "."})), text("two files")])
-    broker = ScriptedBroker({"list_dir": PortAnswer(Outcome.OK, content="a\nb\n")})
+    broker = ScriptedBroker({"list_dir": PortAnswer(AnswerOutcome.OK, content="a\nb\n")})
     _, added = await turn(model, broker, config=LoopConfig(first_step="tool"))
     first, second = model.payloads
     assert first["tool_choice"] == "required"
@@ -244,7 +244,7 @@ async def test_first_step_tool_asks_for_a_tool_with_a_prefill_on_the_first_call_
 
 async def test_the_turn_stops_at_max_steps() -> None:
     model = ScriptedModel([calls(("list_dir", {"path": "."}))] * 3)
-    broker = ScriptedBroker({"list_dir": PortAnswer(Outcome.OK, content="")})
+    broker = ScriptedBroker({"list_dir": PortAnswer(AnswerOutcome.OK, content="")})
     events, _ = await turn(model, broker, config=LoopConfig(max_steps=3))
     assert len(model.payloads) == 3
     assert events[-1] == ErrorFrame(
@@ -324,12 +324,12 @@ def test_the_kept_assistant_message_is_in_openais_shape() -> None:
 
 
 def test_an_ok_answer_without_content_is_an_empty_tool_message() -> None:
-    assert tool_message("t", PortAnswer(Outcome.OK)) == {
+    assert tool_message("t", PortAnswer(AnswerOutcome.OK)) == {
         "role": "tool",
         "tool_call_id": "t",
         "content": "",
     }
-    assert tool_message("t", PortAnswer(Outcome.DENIED, reason="expired"))["content"] == (
+    assert tool_message("t", PortAnswer(AnswerOutcome.DENIED, reason="expired"))["content"] == (
         "denied: expired"
     )
 

@@ -28,7 +28,12 @@ from boxmaker.broker.listeners import check_peer
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
-from boxmaker.core.call import AdminReply, ApprovedReply, NotRecorded, late_owner_answer
+from boxmaker.core.call import (
+    AdminReply,
+    ApprovedReply,
+    NotRecorded,
+    late_owner_answer,
+)
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
 from boxmaker.core.state import StateUnreadable
@@ -42,7 +47,6 @@ from boxmaker.wire import (
     ApprovalView,
     Approve,
     Approved,
-    ApprovedOutcome,
     BadFrame,
     ErrorCode,
     ErrorFrame,
@@ -172,9 +176,7 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
     if isinstance(reply, NotRecorded):
         return _error(ErrorCode.INTERNAL, reply.detail)
     if isinstance(reply, ApprovedReply):
-        return Approved(
-            outcome=ApprovedOutcome(reply.outcome.value), call=call, reason=reply.reason
-        )
+        return Approved(outcome=reply.outcome, call=call, reason=reply.reason)
     return Refused(call=call)
 
 

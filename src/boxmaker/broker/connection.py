@@ -463,7 +463,7 @@ class _Driver:
                 session=body.session,
                 tool=body.tool,
                 arguments=dict(body.arguments),
-                verdict=records.VerdictCode(body.verdict),
+                verdict=body.verdict,
                 reason=body.reason,
                 grant=body.grant,
                 taint=body.state.taint,
@@ -482,9 +482,9 @@ class _Driver:
             return records.Approval(
                 call=call,
                 approval=body.approval,
-                outcome=records.ApprovalOutcome(body.outcome.value),
+                outcome=body.outcome,
                 reason=body.reason,
-                by=records.ApprovalBy(body.by.value),
+                by=body.by,
                 taint=body.state.taint,
                 untrusted=body.state.untrusted,
             )

@@ -133,6 +133,18 @@ class ApprovalOutcome(enum.StrEnum):
     EXPIRED = "expired"
 
 
+APPROVE_OUTCOMES: Final = frozenset(
+    {
+        ApprovalOutcome.ASK,
+        ApprovalOutcome.ALLOWED,
+        ApprovalOutcome.DENIED,
+        ApprovalOutcome.WITHDRAWN,
+    }
+)
+"""What an owner's approve can end in (the ``approved`` admin answer says one of them):
+refused and expired end a call another way."""
+
+
 class ApprovalBy(enum.StrEnum):
     OWNER = "owner"
     EXPIRY = "expiry"

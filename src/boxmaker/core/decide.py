@@ -22,6 +22,7 @@ Every function here is pure and total: no clock (``now`` is an aware datetime), 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
 
@@ -33,7 +34,14 @@ from boxmaker.core.labels import UNKNOWN, Label
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 
-VerdictKind: TypeAlias = Literal["run", "ask", "deny"]
+
+class VerdictCode(enum.StrEnum):
+    """What a decision says: the one verdict enum of decisions, records and displays."""
+
+    RUN = "run"
+    ASK = "ask"
+    DENY = "deny"
+
 
 _PRECEDENCE = (Mode.DENY, Mode.ASK, Mode.AUTO)
 
@@ -76,7 +84,7 @@ class Decision:
     session: str
     tool: str
     arguments: Mapping[str, Any]
-    verdict: VerdictKind
+    verdict: VerdictCode
     reason: Reason | None = None
     detail: str | None = None
     grant: str | None = None
@@ -111,7 +119,10 @@ class Ask:
         grant it matched and the state it was decided on."""
         return Deny(
             attrs.evolve(
-                self.decision, verdict="deny", reason=Reason.TOO_MANY_PENDING, detail=detail
+                self.decision,
+                verdict=VerdictCode.DENY,
+                reason=Reason.TOO_MANY_PENDING,
+                detail=detail,
             )
         )
 
@@ -138,7 +149,7 @@ def _deny(
             session=request.session,
             tool=request.tool,
             arguments=request.arguments.to_json(),
-            verdict="deny",
+            verdict=VerdictCode.DENY,
             reason=reason,
             detail=detail,
             grant=grant.id if grant else None,
@@ -203,7 +214,7 @@ def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.date
         session=request.session,
         tool=request.tool,
         arguments=request.arguments.to_json(),
-        verdict="ask" if mode is Mode.ASK else "run",
+        verdict=VerdictCode.ASK if mode is Mode.ASK else VerdictCode.RUN,
         detail=why,
         grant=grant.id,
         mode=mode,
@@ -239,7 +250,7 @@ def evaluate(
                 session=request.session,
                 tool=request.tool,
                 arguments=arguments,
-                verdict="deny",
+                verdict=VerdictCode.DENY,
                 reason=reason,
                 detail=detail,
                 state=seen,

@@ -8,10 +8,10 @@ writer, verification.
 
 from __future__ import annotations
 
+from boxmaker.core.call import ApprovalBy, ApprovalOutcome
+from boxmaker.core.decide import VerdictCode
 from boxmaker.ledger.records import (
     Approval,
-    ApprovalBy,
-    ApprovalOutcome,
     BadRecord,
     Body,
     Decision,
@@ -23,7 +23,6 @@ from boxmaker.ledger.records import (
     ResultStatus,
     Start,
     Stop,
-    VerdictCode,
     decode_line,
     encode_line,
     format_head,

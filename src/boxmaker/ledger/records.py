@@ -25,6 +25,8 @@ import cattrs
 import orjson
 
 from boxmaker.convert import converter
+from boxmaker.core.call import ApprovalBy, ApprovalOutcome
+from boxmaker.core.decide import VerdictCode
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 
@@ -43,31 +45,6 @@ class Kind(enum.StrEnum):
     DECISION = "decision"
     APPROVAL = "approval"
     RESULT = "result"
-
-
-class VerdictCode(enum.StrEnum):
-    """What decide() (or a denial of the pipeline's steps 3-5) decided."""
-
-    RUN = "run"
-    ASK = "ask"
-    DENY = "deny"
-
-
-class ApprovalOutcome(enum.StrEnum):
-    """How an ask ended (docs/protocol.md). Only ``ask`` and ``allowed`` let the call run."""
-
-    ASK = "ask"
-    ALLOWED = "allowed"
-    DENIED = "denied"
-    REFUSED = "refused"
-    EXPIRED = "expired"
-    WITHDRAWN = "withdrawn"
-
-
-class ApprovalBy(enum.StrEnum):
-    OWNER = "owner"
-    EXPIRY = "expiry"
-    BROKER = "broker"
 
 
 class ResultStatus(enum.StrEnum):

@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from boxmaker.clock import utc_now
+from boxmaker.core.call import AnswerOutcome
 from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.wire import (
     Answer,
@@ -29,7 +30,6 @@ from boxmaker.wire import (
     CatalogueAnswer,
     CatalogueRequest,
     ErrorFrame,
-    Outcome,
     Pending,
     ToolRequest,
     decode_broker_answer,
@@ -48,18 +48,18 @@ START_BROKERD: Final = "start it with `brokerd serve` (or `bxctl up`)"
 class PortAnswer:
     """What loopd learnt of a call: the broker's answer, or why there is none."""
 
-    outcome: Outcome
+    outcome: AnswerOutcome
     content: str | None = None
     reason: str | None = None
     detail: str | None = None
 
     @classmethod
     def unreachable(cls, detail: str) -> PortAnswer:
-        return cls(Outcome.DENIED, reason=BROKER_UNREACHABLE, detail=detail)
+        return cls(AnswerOutcome.DENIED, reason=BROKER_UNREACHABLE, detail=detail)
 
     @classmethod
     def timed_out(cls, detail: str) -> PortAnswer:
-        return cls(Outcome.DENIED, reason=BROKER_TIMEOUT, detail=detail)
+        return cls(AnswerOutcome.DENIED, reason=BROKER_TIMEOUT, detail=detail)
 
     @classmethod
     def of(cls, answer: Answer) -> PortAnswer:
@@ -101,7 +101,7 @@ class BrokerPort:
             return PortAnswer.of(frame)
         if isinstance(frame, ErrorFrame):
             detail = f"brokerd refused the request: {frame.code}: {frame.detail}"
-            return PortAnswer(Outcome.DENIED, reason=str(frame.code), detail=detail)
+            return PortAnswer(AnswerOutcome.DENIED, reason=str(frame.code), detail=detail)
         return PortAnswer.unreachable(f"brokerd sent {type(frame).__name__} where an answer goes")
 
     async def catalogue(self) -> list[dict[str, Any]] | PortAnswer:

@@ -20,6 +20,7 @@ import attrs
 import orjson
 
 from boxmaker.convert import new_call_id
+from boxmaker.core.call import AnswerOutcome
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
@@ -29,7 +30,6 @@ from boxmaker.wire import (
     ErrorFrame,
     LoopEvent,
     ModelEvent,
-    Outcome,
     Pending,
     ReplyEvent,
     ToolCallEvent,
@@ -180,10 +180,10 @@ def assistant_message(
 def tool_message(call_id: str, answer: PortAnswer) -> dict[str, Any]:
     """The tool message for the model: the content, or ``<outcome>: reason — detail``.
 
-    >>> tool_message("a", PortAnswer(Outcome.DENIED, reason="no_grant", detail="none"))
+    >>> tool_message("a", PortAnswer(AnswerOutcome.DENIED, reason="no_grant", detail="none"))
     {'role': 'tool', 'tool_call_id': 'a', 'content': 'denied: no_grant — none'}
     """
-    if answer.outcome is Outcome.OK:
+    if answer.outcome is AnswerOutcome.OK:
         content = answer.content or ""
     else:
         content = f"{answer.outcome}: {answer.reason}"
@@ -247,7 +247,7 @@ async def _tool(
 ) -> dict[str, Any]:
     call_id = new_call_id()
     if isinstance(call, BadToolCall):
-        answer = PortAnswer(Outcome.DENIED, reason=INVALID_ARGUMENTS, detail=call.problem)
+        answer = PortAnswer(AnswerOutcome.DENIED, reason=INVALID_ARGUMENTS, detail=call.problem)
         await emit(ToolCallEvent(call=call_id, tool=call.name, arguments={}))
     else:
         await emit(ToolCallEvent(call=call_id, tool=call.name, arguments=call.arguments))
