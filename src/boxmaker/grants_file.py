@@ -1,15 +1,35 @@
-"""Reading grants.toml from disk (docs/runbook.md#grants). The parsing itself is pure
-(core.grants)."""
+"""Reading grants.toml from disk (docs/runbook.md#grants), for brokerd and for
+``bxctl grants check`` alike. The parsing itself is pure (core.grants)."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from pathlib import Path
+
+import attrs
 
 from boxmaker.core.grants import GrantSet, GrantsProblem, parse_grants
 from boxmaker.regular_file import NotRegularFile, read_regular_file
 
+GrantsReader = Callable[[Path], bytes]
+"""How grants.toml's bytes are read: :func:`read_regular_file`, or a test's."""
 
-def load_grants(path: Path) -> GrantSet | GrantsProblem:
+
+@attrs.frozen
+class GrantsRead:
+    """One read of grants.toml: what it says, and what brokerd may cache of it."""
+
+    value: GrantSet | GrantsProblem
+    digest: str
+    """Tells one content from another, so each broken content is logged once."""
+    cacheable: bool
+    """False when the bytes could not be read: a transient error (EMFILE, EIO) must not
+    stay the answer until the file's stat moves, which it never does for such an error.
+    What was read (valid or not) and a missing file are kept until the stat moves."""
+
+
+def read_grants(path: Path, read: GrantsReader = read_regular_file) -> GrantsRead:
     """The grant set in ``path``, or the one problem that makes it invalid; never raises.
 
     A missing or unreadable file is a problem too: the owner meant some grants to be
@@ -17,15 +37,24 @@ def load_grants(path: Path) -> GrantSet | GrantsProblem:
     anything but a regular file (a FIFO, a symlink: see boxmaker.regular_file).
     """
     try:
-        data = read_regular_file(path)
+        data = read(path)
     except FileNotFoundError:
-        return GrantsProblem(str(path), None, None, "no such file (`bxctl init` creates it)")
+        problem = GrantsProblem(str(path), None, None, "no such file (`bxctl init` creates it)")
+        return GrantsRead(problem, "missing", cacheable=True)
     except NotRegularFile as exc:
-        return GrantsProblem(str(path), None, None, str(exc.strerror))
+        problem = GrantsProblem(str(path), None, None, str(exc.strerror))
+        return GrantsRead(problem, "not regular", cacheable=False)
     except OSError as exc:
-        return GrantsProblem(str(path), None, None, f"cannot read it ({exc.strerror})")
+        problem = GrantsProblem(str(path), None, None, f"cannot read it ({exc.strerror})")
+        return GrantsRead(problem, f"unreadable {exc.errno}", cacheable=False)
+    digest = hashlib.sha256(data).hexdigest()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return GrantsProblem(str(path), None, None, "not UTF-8")
-    return parse_grants(text, str(path))
+        return GrantsRead(GrantsProblem(str(path), None, None, "not UTF-8"), digest, True)
+    return GrantsRead(parse_grants(text, str(path)), digest, cacheable=True)
+
+
+def load_grants(path: Path) -> GrantSet | GrantsProblem:
+    """What grants.toml says now (:func:`read_grants`' value)."""
+    return read_grants(path).value

@@ -46,8 +46,9 @@ from boxmaker.broker.listeners import (
     open_unix_listener,
     serve_capped,
 )
-from boxmaker.broker.state import Broker, GrantsReader, GrantsWatcher, HomeGuard
+from boxmaker.broker.state import Broker, GrantsWatcher, HomeGuard
 from boxmaker.daemon import run_daemon, setup_logging
+from boxmaker.grants_file import GrantsReader
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
 from boxmaker.ledger.verify import verify_file

@@ -9,11 +9,8 @@ the order :mod:`boxmaker.core.call` gives, so no record can be written twice.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeAlias
 
 import attrs
 import trio
@@ -22,14 +19,16 @@ from boxmaker.broker.limits import Capacity
 from boxmaker.broker.pending import PendingCalls
 from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.approvals import ApprovalsTable
-from boxmaker.core.grants import GrantSet, GrantsProblem, parse_grants
+from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.daemon import CONFIG_ANCHOR
+from boxmaker.file_ops import StatKey, stat_key
+from boxmaker.grants_file import GrantsRead, GrantsReader, read_grants
 from boxmaker.home import Config, Home, workspace_problem
 from boxmaker.ledger.records import Body
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
-from boxmaker.regular_file import NotRegularFile, read_regular_file
+from boxmaker.regular_file import read_regular_file
 from boxmaker.state_files import StateKey, read_state_keyed, state_key
 
 log = logging.getLogger("boxmaker.brokerd")
@@ -38,61 +37,16 @@ log = logging.getLogger("boxmaker.brokerd")
 # ---------------------------------------------------------------------------------------
 # grants.toml, watched
 
-_StatKey: TypeAlias = tuple[int, ...] | None
 
-GrantsReader: TypeAlias = Callable[[Path], bytes]
-"""How grants.toml's bytes are read (a seam: tests inject a read that fails)."""
-
-
-def _stat_key(path: Path) -> _StatKey:
-    """What "the file changed" means (mtime, size, inode; ctime too, since a
-    rewrite within one mtime tick still moves it). ``None``: no such file. An ``lstat``:
-    a symlink there is refused (not followed), so its own stat is the one that counts."""
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return (-1, exc.errno or 0)
-    return (info.st_mtime_ns, info.st_size, info.st_ino, info.st_dev, info.st_ctime_ns)
-
-
-@attrs.frozen
-class _Loaded:
-    key: _StatKey
-    digest: str
-    """Tells one content from another, so each broken content is logged once."""
-    value: GrantSet | GrantsProblem
-    cacheable: bool
-    """False when the bytes could not be read: a transient error (EMFILE, EIO) must not
-    stay the answer until the file's stat moves, which it never does for such an error.
-    What was read (valid or not) and a missing file are kept until the stat moves."""
-
-
-def _load(path: Path, read: GrantsReader) -> _Loaded:
-    """Read and parse grants.toml.
+def _load(path: Path, read: GrantsReader) -> tuple[StatKey, GrantsRead]:
+    """Read and parse grants.toml (the same reading as ``bxctl grants check``), with the
+    stat key it was read under.
 
     The stat comes first: if the file changes after it, the next check sees a new key
     and reads again; the other order could keep old content under a new key.
     """
-    key = _stat_key(path)
-    try:
-        data = read(path)
-    except FileNotFoundError:
-        problem = GrantsProblem(str(path), None, None, "no such file (`bxctl init` creates it)")
-        return _Loaded(key, "missing", problem, cacheable=True)
-    except NotRegularFile as exc:
-        problem = GrantsProblem(str(path), None, None, str(exc.strerror))
-        return _Loaded(key, "not regular", problem, cacheable=False)
-    except OSError as exc:
-        problem = GrantsProblem(str(path), None, None, f"cannot read it ({exc.strerror})")
-        return _Loaded(key, f"unreadable {exc.errno}", problem, cacheable=False)
-    digest = hashlib.sha256(data).hexdigest()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return _Loaded(key, digest, GrantsProblem(str(path), None, None, "not UTF-8"), True)
-    return _Loaded(key, digest, parse_grants(text, str(path)), cacheable=True)
+    key = stat_key(path)
+    return key, read_grants(path, read)
 
 
 class GrantsWatcher:
@@ -114,7 +68,7 @@ class GrantsWatcher:
         self.path = path
         self._read = read
         self._guard = guard
-        self._key: _StatKey | str = "never read"
+        self._key: StatKey | str = "never read"
         self._value: GrantSet | GrantsProblem = GrantsProblem(str(path), None, None, "not read")
         self._logged: set[str] = set()
         # Two decisions may both see a changed stat; one reload is enough, and two
@@ -132,14 +86,14 @@ class GrantsWatcher:
             return self._guard.refused_grants(self.path)
         # The stat is inline: metadata only, no data read (the re-read goes through a
         # worker thread). Unchanged, the common case, costs no thread hop and no lock.
-        if not force and _stat_key(self.path) == self._key:
+        if not force and stat_key(self.path) == self._key:
             return self._value
         async with self._lock:
-            if not force and _stat_key(self.path) == self._key:
+            if not force and stat_key(self.path) == self._key:
                 return self._value
             # abandon_on_cancel: a read only, safe to leave behind, so a stuck file
             # system can never hold brokerd's stop.
-            loaded = await trio.to_thread.run_sync(
+            key, loaded = await trio.to_thread.run_sync(
                 _load, self.path, self._read, abandon_on_cancel=True
             )
             value = loaded.value
@@ -148,7 +102,7 @@ class GrantsWatcher:
             if self._guard is not None and await self._guard.look():
                 value = self._guard.refused_grants(self.path)
                 loaded = attrs.evolve(loaded, cacheable=False)
-            self._key = loaded.key if loaded.cacheable else "not cached"
+            self._key = key if loaded.cacheable else "not cached"
             self._note(loaded.digest, value)
             self._value = value
             return value
