@@ -27,12 +27,12 @@ from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker import __version__
 from boxmaker.broker import connection, runner
-from boxmaker.broker.listeners import ListenerError
 from boxmaker.broker.serve import app, serve_broker
 from boxmaker.broker.state import Broker
 from boxmaker.home import ConfigError, Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerTorn
+from boxmaker.unix_sockets import ListenerError
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

@@ -23,8 +23,6 @@ from typing import Final
 
 import trio
 
-from boxmaker.broker.connection import DISCONNECTS
-from boxmaker.broker.listeners import check_peer
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
@@ -39,6 +37,7 @@ from boxmaker.core.labels import UNKNOWN
 from boxmaker.core.state import StateUnreadable
 from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
 from boxmaker.state_files import read_state
+from boxmaker.unix_sockets import DISCONNECTS, check_peer
 from boxmaker.wire import (
     AdminAnswer,
     AdminRequest,

@@ -28,7 +28,6 @@ from typing import Final
 
 import trio
 
-from boxmaker.broker.listeners import check_peer
 from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
 from boxmaker.broker.runner import RunSpec, execute
 from boxmaker.broker.state import Broker
@@ -50,6 +49,7 @@ from boxmaker.core.state import StateUnreadable
 from boxmaker.ledger import records
 from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
 from boxmaker.state_files import raise_state
+from boxmaker.unix_sockets import DISCONNECTS, check_peer
 from boxmaker.wire import (
     Answer,
     BadFrame,
@@ -67,7 +67,6 @@ from boxmaker.wire import (
 __all__ = [
     "APPROVAL_UNRECORDED",
     "CALL_ID_USED",
-    "DISCONNECTS",
     "LOOK_INTERVAL_S",
     "REFUSAL_UNRECORDED",
     "RESULT_UNRECORDED_DETAIL",
@@ -90,7 +89,6 @@ DRAIN: Final = 65536
 after its request: they can mean nothing (one call per connection), and left unread
 they would keep the socket readable."""
 
-DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
 """A peer that left or stalled: a normal end of a connection, not a crash (STYLE)."""
 
 

@@ -38,14 +38,9 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
+from boxmaker.broker.accept import serve_capped
 from boxmaker.broker.admin import handle_admin_connection
 from boxmaker.broker.connection import handle_broker_connection
-from boxmaker.broker.listeners import (
-    ListenerError,
-    UnixListener,
-    open_unix_listener,
-    serve_capped,
-)
 from boxmaker.broker.state import Broker, GrantsWatcher, HomeGuard
 from boxmaker.daemon import run_daemon, setup_logging
 from boxmaker.grants_file import GrantsReader
@@ -62,6 +57,7 @@ from boxmaker.ledger.writer import (
     repair,
 )
 from boxmaker.regular_file import read_regular_file
+from boxmaker.unix_sockets import ListenerError, UnixListener, open_unix_listener
 
 log = logging.getLogger("boxmaker.brokerd")
 

@@ -23,7 +23,6 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
-from boxmaker.broker.listeners import ListenerError, check_peer, open_unix_listener
 from boxmaker.convert import new_session_id
 from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
@@ -32,6 +31,7 @@ from boxmaker.loop.conversations import append_history, load_history
 from boxmaker.loop.model_client import ModelClient
 from boxmaker.loop.turn import Broker, Model, run_turn
 from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
+from boxmaker.unix_sockets import DISCONNECTS, ListenerError, check_peer, open_unix_listener
 from boxmaker.wire import (
     BadFrame,
     ErrorCode,
@@ -47,7 +47,6 @@ log = logging.getLogger("boxmaker.loopd")
 FIRST_FRAME_S: Final = 5.0
 GRACE_S: Final = 5.0
 """Turns still running at a stop get this long before they are cancelled."""
-DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
 RUNBOOK_STATE: Final = "docs/runbook.md#state"
 
 

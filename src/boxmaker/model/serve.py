@@ -38,10 +38,10 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
-from boxmaker.broker.listeners import ListenerError, remove_stale_socket
 from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.file_ops import write_atomically
 from boxmaker.home import Home, HomeError, resolve_home
+from boxmaker.unix_sockets import ListenerError, remove_stale_socket
 
 log = logging.getLogger("boxmaker.model")
 

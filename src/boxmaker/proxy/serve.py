@@ -37,10 +37,10 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
-from boxmaker.broker.listeners import ListenerError, bind_unix_socket, remove_socket_path
 from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
 from boxmaker.proxy.app import InferProxy, ProxySettings, unix_socket_of
+from boxmaker.unix_sockets import ListenerError, bind_unix_socket, remove_socket_path
 
 log = logging.getLogger("boxmaker.inferproxy")
 

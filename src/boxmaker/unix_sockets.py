@@ -1,18 +1,15 @@
-"""Unix listeners and peer checks for broker.sock and admin.sock (docs/protocol.md).
+"""Unix sockets of the daemons (docs/protocol.md): listeners, stale socket files, the
+peer check, and what counts as a peer gone. brokerd, loopd, inferproxy and the built-in
+model all serve on sockets in ``run/``.
 
-trio has no Unix-socket listener helper (STYLE): the socket is made with
-``trio.socket``, bound, chmod 0600, listened on and wrapped in
-:class:`trio.SocketListener`. The sockets live in ``run/`` (0700, see
-:meth:`boxmaker.home.Home.ensure_run_dir`), so the short window between bind and chmod
-is not visible to other users.
+trio has no Unix-socket listener helper: the socket is made with ``trio.socket``, bound,
+chmod 0600, listened on and wrapped in :class:`trio.SocketListener`. The sockets live in
+``run/`` (0700, see :meth:`boxmaker.home.Home.ensure_run_dir`), so the short window
+between bind and chmod is not visible to other users.
 
 A path already there is removed only if it *is* a socket and nobody answers on it: a
-live socket means another brokerd serves this home, and removing it would silently
-take its clients away. Anything else (a file, a directory) is refused.
-
-broker.sock is served by :func:`serve_capped` rather than ``trio.serve_listeners``: a
-connection beyond brokerd's caps (limits.py) is answered ``error busy`` and closed the
-moment it is accepted.
+live socket means another daemon serves this home, and removing it would silently take
+its clients away. Anything else (a file, a directory) is refused.
 """
 
 from __future__ import annotations
@@ -23,27 +20,23 @@ import logging
 import socket
 import stat
 import struct
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import attrs
 import trio
 
 from boxmaker.wire import ErrorCode, ErrorFrame, encode_frame
 
-if TYPE_CHECKING:
-    from boxmaker.broker.limits import Capacity
-
-log = logging.getLogger("boxmaker.brokerd")
+log = logging.getLogger("boxmaker.sockets")
 
 SOCKET_MODE: Final = 0o600
 BACKLOG: Final = 128
 _UCRED: Final = struct.Struct("3i")
 """``struct ucred``: pid, uid, gid (Linux SO_PEERCRED)."""
 REFUSE_SEND_S: Final = 1.0
-ACCEPT_CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-ACCEPT_RETRY_S: Final = 0.1
+DISCONNECTS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+"""A peer gone, or too slow to read: a normal end of a connection, not a crash."""
 
 
 class ListenerError(Exception):
@@ -150,70 +143,3 @@ async def check_peer(stream: trio.SocketStream, *, allowed: int, name: str) -> b
     with trio.move_on_after(REFUSE_SEND_S), contextlib.suppress(trio.BrokenResourceError):
         await stream.send_all(encode_frame(frame))
     return False
-
-
-async def serve_capped(
-    listener: trio.SocketListener,
-    handler: Callable[[trio.SocketStream], Awaitable[None]],
-    handler_nursery: trio.Nursery,
-    capacity: Capacity,
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """``trio.serve_listeners`` for one listener, within ``capacity``'s caps: each
-    connection runs ``handler`` in ``handler_nursery`` and is counted until it ends; one
-    beyond the caps is answered ``error busy`` and closed at once, unread. Closes the
-    listener when cancelled."""
-    async with listener:
-        task_status.started()
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
-                    raise
-                # Out of descriptors despite the reserve (sandboxes, threads): wait for
-                # some to be closed, as trio.serve_listeners does.
-                log.error(  # noqa: TRY400 - an expected state, not a crash
-                    "broker.sock: accept failed (%s); retrying", os_error_name(exc)
-                )
-                await trio.sleep(ACCEPT_RETRY_S)
-                continue
-            refusal = capacity.refusal(stream.socket.fileno())
-            if refusal is not None:
-                refuse_at_once(stream, ErrorFrame(code=ErrorCode.BUSY, detail=refusal))
-                continue
-            capacity.opened()
-            handler_nursery.start_soon(_run_counted, handler, stream, capacity)
-
-
-async def _run_counted(
-    handler: Callable[[trio.SocketStream], Awaitable[None]],
-    stream: trio.SocketStream,
-    capacity: Capacity,
-) -> None:
-    try:
-        await handler(stream)
-    finally:
-        try:
-            await trio.aclose_forcefully(stream)
-        finally:
-            capacity.closed()
-
-
-def refuse_at_once(stream: trio.SocketStream, frame: ErrorFrame) -> None:
-    """Send ``frame`` without waiting (a fresh connection's buffer holds one small frame;
-    if it does not, the peer just sees the close) and close the connection. Nothing is
-    read and no task is started, so a flood of refused connections costs nothing held."""
-    sock = stream.socket
-    with contextlib.suppress(OSError):
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=sock.fileno())
-        try:
-            raw.send(encode_frame(frame), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-        finally:
-            raw.detach()
-    sock.close()
-
-
-def os_error_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
