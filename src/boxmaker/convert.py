@@ -1,7 +1,7 @@
 """The one cattrs converter, the id formats, and readable structuring errors.
 
 The bottom of boxmaker's imports: it imports nothing of boxmaker but the clock's time
-format, so the core, the ledger and the frames (boxmaker/wire.py) all build on it.
+format, so the core, the ledger and the frames (boxmaker/wire/) all build on it.
 Every JSON or TOML document that enters or leaves boxmaker goes through ``converter``:
 frames, config.toml, grants.toml, state files, ledger records.
 

@@ -1,0 +1,129 @@
+"""Frames on the sockets (docs/protocol.md), built on the one converter of
+:mod:`boxmaker.convert` (which also holds the id formats; they are re-exported here).
+
+A frame is a frozen attrs class; the unions (broker requests, broker answers, admin
+requests, admin answers, loop events) are tagged on ``"kind"``. One module a concern:
+:mod:`~boxmaker.wire.broker`, :mod:`~boxmaker.wire.admin` and :mod:`~boxmaker.wire.loop`
+hold each socket's frames and unions, :mod:`~boxmaker.wire.common` what they share (the
+``error`` frame, the field validators), :mod:`~boxmaker.wire.codec` the bytes (decoding,
+encoding, :class:`BadFrame`). Import from here: ``from boxmaker.wire import Answer``.
+
+>>> frame = decode_broker_request(b'{"kind":"catalogue","v":1}')
+>>> frame
+CatalogueRequest(v=1)
+>>> encode_frame(frame)
+b'{"kind":"catalogue","v":1}\\n'
+>>> decode_broker_request(b'{"kind":"approve","approval":"a-00000000"}')
+Traceback (most recent call last):
+...
+boxmaker.wire.codec.ForbiddenKind: kind 'approve' is not accepted here
+"""
+
+from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID
+from boxmaker.wire.admin import (
+    MAX_NOTE,
+    MAX_REFUSE_REASON,
+    AdminAnswer,
+    AdminRequest,
+    ApprovalsAnswer,
+    ApprovalsRequest,
+    ApprovalView,
+    Approve,
+    Approved,
+    GrantRef,
+    Refuse,
+    Refused,
+    SessionsAnswer,
+    SessionsRequest,
+    SessionView,
+    StatusAnswer,
+    StatusRequest,
+)
+from boxmaker.wire.broker import (
+    Answer,
+    BrokerAnswer,
+    BrokerRequest,
+    CatalogueAnswer,
+    CatalogueRequest,
+    Pending,
+    ToolRequest,
+)
+from boxmaker.wire.codec import (
+    BadFrame,
+    ForbiddenKind,
+    Frame,
+    decode_admin_answer,
+    decode_admin_request,
+    decode_broker_answer,
+    decode_broker_request,
+    decode_loop_event,
+    decode_loop_request,
+    encode_frame,
+)
+from boxmaker.wire.common import ErrorCode, ErrorFrame, id_of, to_ms
+from boxmaker.wire.loop import (
+    MAX_SAY,
+    LoopEvent,
+    LoopRequest,
+    ModelEvent,
+    ReplyEvent,
+    Say,
+    SessionEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+    WaitingEvent,
+)
+
+__all__ = [
+    "APPROVAL_ID",
+    "CALL_ID",
+    "MAX_NOTE",
+    "MAX_REFUSE_REASON",
+    "MAX_SAY",
+    "SESSION_ID",
+    "AdminAnswer",
+    "AdminRequest",
+    "Answer",
+    "ApprovalView",
+    "ApprovalsAnswer",
+    "ApprovalsRequest",
+    "Approve",
+    "Approved",
+    "BadFrame",
+    "BrokerAnswer",
+    "BrokerRequest",
+    "CatalogueAnswer",
+    "CatalogueRequest",
+    "ErrorCode",
+    "ErrorFrame",
+    "ForbiddenKind",
+    "Frame",
+    "GrantRef",
+    "LoopEvent",
+    "LoopRequest",
+    "ModelEvent",
+    "Pending",
+    "Refuse",
+    "Refused",
+    "ReplyEvent",
+    "Say",
+    "SessionEvent",
+    "SessionView",
+    "SessionsAnswer",
+    "SessionsRequest",
+    "StatusAnswer",
+    "StatusRequest",
+    "ToolCallEvent",
+    "ToolRequest",
+    "ToolResultEvent",
+    "WaitingEvent",
+    "decode_admin_answer",
+    "decode_admin_request",
+    "decode_broker_answer",
+    "decode_broker_request",
+    "decode_loop_event",
+    "decode_loop_request",
+    "encode_frame",
+    "id_of",
+    "to_ms",
+]

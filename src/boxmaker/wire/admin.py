@@ -1,0 +1,140 @@
+"""The frames of admin.sock (docs/protocol.md): the owner's requests (bxctl) and
+brokerd's answers."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, ClassVar, Final, Literal, TypeAlias
+
+import attrs
+
+from boxmaker.core import labels
+from boxmaker.core.call import APPROVE_OUTCOMES, ApprovalOutcome
+from boxmaker.core.reasons import Reason
+from boxmaker.wire.common import (
+    ErrorFrame,
+    non_negative,
+    text_between,
+    to_ms,
+    valid_approval_id,
+    valid_call_id,
+    valid_session_id,
+)
+
+MAX_REFUSE_REASON: Final = 500
+"""The owner's refusal reason is 1 to 500 characters."""
+MAX_NOTE: Final = 500
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalsRequest:
+    KIND: ClassVar[str] = "approvals"
+
+
+@attrs.frozen(kw_only=True)
+class Approve:
+    KIND: ClassVar[str] = "approve"
+    approval: str = attrs.field(validator=valid_approval_id)
+    note: str | None = attrs.field(default=None, validator=text_between(0, MAX_NOTE))
+
+
+@attrs.frozen(kw_only=True)
+class Refuse:
+    """``refuse``: the reason (1 to 500 characters, not blank) goes to the model."""
+
+    KIND: ClassVar[str] = "refuse"
+    approval: str = attrs.field(validator=valid_approval_id)
+    reason: str = attrs.field(validator=text_between(1, MAX_REFUSE_REASON))
+
+
+@attrs.frozen(kw_only=True)
+class StatusRequest:
+    KIND: ClassVar[str] = "status"
+
+
+@attrs.frozen(kw_only=True)
+class SessionsRequest:
+    KIND: ClassVar[str] = "sessions"
+
+
+@attrs.frozen(kw_only=True)
+class GrantRef:
+    """The grant an ask matched, as approvals show it."""
+
+    id: str
+    mode: Literal["auto", "ask", "deny"]
+    note: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalView:
+    """One pending entry in an ``approvals`` answer."""
+
+    approval: str = attrs.field(validator=valid_approval_id)
+    call: str = attrs.field(validator=valid_call_id)
+    session: str = attrs.field(validator=valid_session_id)
+    tool: str
+    arguments: dict[str, Any]
+    grant: GrantRef
+    requested_at: dt.datetime = attrs.field(converter=to_ms)
+    expires_at: dt.datetime = attrs.field(converter=to_ms)
+    taint: labels.Taint
+    untrusted: bool
+
+
+@attrs.frozen(kw_only=True)
+class ApprovalsAnswer:
+    KIND: ClassVar[str] = "approvals"
+    entries: list[ApprovalView]
+
+
+@attrs.frozen(kw_only=True)
+class Approved:
+    """``approved``: the outcome of the re-decision and the last look."""
+
+    KIND: ClassVar[str] = "approved"
+    outcome: ApprovalOutcome = attrs.field(validator=attrs.validators.in_(APPROVE_OUTCOMES))
+    call: str = attrs.field(validator=valid_call_id)
+    reason: Reason | None
+
+
+@attrs.frozen(kw_only=True)
+class Refused:
+    KIND: ClassVar[str] = "refused"
+    call: str = attrs.field(validator=valid_call_id)
+
+
+@attrs.frozen(kw_only=True)
+class StatusAnswer:
+    KIND: ClassVar[str] = "status"
+    version: str
+    boot: str
+    head: str
+    ledger_usable: bool
+    grants_valid: bool
+    grants_problem: str | None
+    pending: int = attrs.field(validator=non_negative)
+    sessions: int = attrs.field(validator=non_negative)
+    uptime_s: float = attrs.field(validator=non_negative)
+
+
+@attrs.frozen(kw_only=True)
+class SessionView:
+    session: str = attrs.field(validator=valid_session_id)
+    taint: labels.Taint
+    untrusted: bool
+    calls: int = attrs.field(validator=non_negative)
+
+
+@attrs.frozen(kw_only=True)
+class SessionsAnswer:
+    KIND: ClassVar[str] = "sessions"
+    sessions: list[SessionView]
+
+
+AdminRequest: TypeAlias = ApprovalsRequest | Approve | Refuse | StatusRequest | SessionsRequest
+"""What bxctl may send on admin.sock."""
+AdminAnswer: TypeAlias = (
+    ApprovalsAnswer | Approved | Refused | StatusAnswer | SessionsAnswer | ErrorFrame
+)
+"""What brokerd sends back on admin.sock."""
