@@ -121,6 +121,7 @@ from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.paths import ROOT
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
+from boxmaker.threads import WORKER_THREAD, ToThread
 
 if TYPE_CHECKING:
     import httpx
@@ -357,13 +358,18 @@ class _Failed(Exception):
 
 
 async def execute(
-    spec: RunSpec, sandboxes: SandboxPool | None = None, *, host: Host | None = None
+    spec: RunSpec,
+    sandboxes: SandboxPool | None = None,
+    *,
+    host: Host | None = None,
+    to_thread: ToThread = WORKER_THREAD,
 ) -> RunResult:
     """Run ``spec``. Never raises for a tool failure; lets Cancelled through.
 
     ``sandboxes``: brokerd's pool, whose sandbox set up ahead a shell call may use;
     without it a shell call sets up its own. ``host``: what the tools ask of the
-    machine (:data:`REAL_HOST` unless a test passes its own)."""
+    machine (:data:`REAL_HOST` unless a test passes its own). ``to_thread``: where the
+    file tools' blocking work runs (brokerd passes its own, :class:`ToThread`)."""
     value = spec.arguments.value
     host = host or REAL_HOST
     try:
@@ -371,11 +377,11 @@ async def execute(
             cached = _read_file_cached(spec, value, host.read_cached)
             if cached is not None:
                 return cached
-            return await trio.to_thread.run_sync(_read_file, spec, value, host)
+            return await to_thread(_read_file, spec, value, host)
         if isinstance(value, ListDirArgs):
-            return await trio.to_thread.run_sync(_list_dir, spec, value, host)
+            return await to_thread(_list_dir, spec, value, host)
         if isinstance(value, WriteFileArgs):
-            return await trio.to_thread.run_sync(_write_file, spec, value, host)
+            return await to_thread(_write_file, spec, value, host)
         if isinstance(value, ShellArgs):
             return await _shell(spec, value.command, sandboxes)
         return await _http_get(spec, value, host)
