@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.broker.test_runner import spec_for
+from tests.harness.runner import spec_for
 
 from boxmaker.broker import nowait, runner
 from boxmaker.broker.runner import CACHED_READ_MAX, RunResult, execute
