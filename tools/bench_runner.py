@@ -27,7 +27,7 @@ import trio
 
 from boxmaker.broker.runner import RunResult, RunSpec, execute
 from boxmaker.broker.sandbox import SandboxPool
-from boxmaker.core.decide import ToolRequest, evaluate
+from boxmaker.core.decide import Run, ToolRequest, evaluate
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, LabelRules
 from boxmaker.home import RunnerConfig
@@ -51,12 +51,9 @@ def shell_spec(workspace: Path) -> RunSpec:
         now=dt.datetime.now(dt.UTC),
         workspace=str(workspace),
     )
-    return RunSpec.for_call(
-        verdict.decision,
-        grant=grants.grants[0],
-        workspace=workspace,
-        runner=RunnerConfig(),
-        labels=LabelRules(),
+    assert isinstance(verdict, Run), verdict.decision
+    return RunSpec.for_verdict(
+        verdict, workspace=workspace, runner=RunnerConfig(), labels=LabelRules()
     )
 
 

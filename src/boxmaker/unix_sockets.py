@@ -26,6 +26,7 @@ from typing import Final
 import attrs
 import trio
 
+from boxmaker.threads import WORKER_THREAD, ToThread
 from boxmaker.wire import ErrorCode, ErrorFrame, encode_frame
 
 log = logging.getLogger("boxmaker.sockets")
@@ -114,9 +115,10 @@ def bind_unix_socket(path: Path) -> tuple[socket.socket, int]:
     return sock, inode
 
 
-async def open_unix_listener(path: Path) -> UnixListener:
-    """Bind ``path`` (mode 0600) and listen (docs/protocol.md). Raises :class:`ListenerError`."""
-    sock, inode = await trio.to_thread.run_sync(bind_unix_socket, path)
+async def open_unix_listener(path: Path, *, to_thread: ToThread = WORKER_THREAD) -> UnixListener:
+    """Bind ``path`` (mode 0600) and listen (docs/protocol.md), the bind in ``to_thread``.
+    Raises :class:`ListenerError`."""
+    sock, inode = await to_thread(bind_unix_socket, path)
     return UnixListener(path, trio.SocketListener(trio.socket.from_stdlib_socket(sock)), inode)
 
 

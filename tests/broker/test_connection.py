@@ -30,7 +30,6 @@ from tests.harness.broker import (
 )
 from tests.harness.homes import grant, read_state_file, write_grants, write_state
 
-from boxmaker.broker import connection
 from boxmaker.broker.connection import (
     APPROVAL_UNRECORDED,
     CALL_ID_USED,
@@ -340,12 +339,11 @@ async def test_auto_last_look_requester_gone_runs_nothing(
 
 
 async def test_state_that_cannot_be_raised_answers_result_unrecorded(
-    home: Home, brokerd: Brokerd, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     write_grants(home, grant("read-all", "read_file", "auto"))
     notes(home)
-    monkeypatch.setattr(connection, "raise_state", lambda *_: StateUnreadable("disk full"))
-    await brokerd.start()
+    await brokerd.start(raise_state=lambda *_: StateUnreadable("disk full"))
     frame = tool_request("read_file", {"path": "notes.txt"})
     frames = await call(home, frame)
     await brokerd.stop()

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
-from tests.broker.test_runner import spec_for
+from tests.harness.runner import spec_for
 
 from boxmaker.broker import nowait, runner
 from boxmaker.broker.runner import CACHED_READ_MAX, RunResult, execute
@@ -176,18 +175,17 @@ def test_the_cached_read_gives_what_the_thread_gives(
     assert served == fits
 
 
-async def test_the_runner_reads_a_cached_file_without_a_thread(
-    tree: Path, supported: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def no_thread(*_: object, **__: object) -> None:
+async def test_the_runner_reads_a_cached_file_without_a_thread(tree: Path, supported: None) -> None:
+    async def no_thread(*_: object, **__: object) -> None:
         raise AssertionError("a worker thread was used")
 
-    monkeypatch.setattr(trio.to_thread, "run_sync", no_thread)
-    result = await execute(spec_for("read_file", {"path": "secret-link"}, tree))
+    result = await execute(
+        spec_for("read_file", {"path": "secret-link"}, tree), to_thread=no_thread
+    )
     assert (result.ok, result.content, result.label) == (True, "TOKEN=1\n", SECRET)
     # The control: a file over the limit does go to a thread (and execute() reports the
     # failure it met there as the tool's).
-    big = await execute(spec_for("read_file", {"path": "big.txt"}, tree))
+    big = await execute(spec_for("read_file", {"path": "big.txt"}, tree), to_thread=no_thread)
     assert big.reason is Reason.TOOL_ERROR
     assert big.detail is not None
     assert "a worker thread was used" in big.detail

@@ -20,6 +20,7 @@ from tests.harness.broker import (
     PENDING_TIMEOUT,
     Client,
     eventually,
+    inline,
     records_of,
     running,
     tool_request,
@@ -226,7 +227,7 @@ async def test_bytes_after_the_request_do_not_end_the_wait_and_a_close_ends_it_a
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     with trio.fail_after(GUARD):
-        async with running(home) as broker:
+        async with running(home, to_thread=inline) as broker:
             frame = tool_request("read_file", {"path": "notes.txt"})
             c = frame["call"]
             client, pending = await ask_call(home, frame)
@@ -263,7 +264,7 @@ async def test_a_waiting_call_is_not_woken_while_nothing_happens(
     socket, its ending or its deadline wakes it."""
     write_grants(home, grant("notes", "read_file", "ask"))
     with trio.fail_after(GUARD):
-        async with running(home) as broker:
+        async with running(home, to_thread=inline) as broker:
             clients = [
                 (await ask_call(home, tool_request("read_file", {"path": "notes.txt"})))[0]
                 for _ in range(3)

@@ -4,7 +4,6 @@ reason code. RunSpecs come from real decisions (core.decide.evaluate on parsed g
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import shutil
 import socket
@@ -19,102 +18,31 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from tests.harness.runner import (
+    GRANTS,
+    GRANTS_TEXT,
+    grant_set,
+    spec_for,
+    spec_for_verdict,
+    verdict_for,
+)
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
 from boxmaker.broker import runner, sandbox
 from boxmaker.broker.runner import NO_BWRAP_DETAIL, REAL_HOST, Host, RunResult, RunSpec, execute
-from boxmaker.core.catalogue import MAX_BYTES
-from boxmaker.core.decide import Decision, ToolRequest, evaluate
-from boxmaker.core.grants import Grant, GrantSet, parse_grants
-from boxmaker.core.labels import FRESH, HTTP_GET_LABEL, WRITE_FILE_LABEL, Label, LabelRules, Taint
+from boxmaker.core.catalogue import MAX_BYTES, CheckedArguments, ReadFileArgs
+from boxmaker.core.decide import Run, Verdict
+from boxmaker.core.grants import GrantSet
+from boxmaker.core.labels import HTTP_GET_LABEL, WRITE_FILE_LABEL, Label, LabelRules, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
 
-NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 INTERNAL = Label(Taint.INTERNAL, False)
 SECRET = Label(Taint.SECRET, False)
-GRANTS_TEXT = """
-[[grant]]
-id = "read"
-tool = "read_file"
-mode = "auto"
-
-[[grant]]
-id = "list"
-tool = "list_dir"
-mode = "auto"
-
-[[grant]]
-id = "write"
-tool = "write_file"
-mode = "auto"
-
-[[grant]]
-id = "sh"
-tool = "shell"
-mode = "auto"
-
-[[grant]]
-id = "sh-secret"
-tool = "shell"
-mode = "auto"
-commands = ["cat secrets/*"]
-label_taint = "secret"
-
-[[grant]]
-id = "web"
-tool = "http_get"
-mode = "auto"
-hosts = ["127.0.0.1"]
-"""
 ASK_TEXT = '[[grant]]\nid = "ask-read"\ntool = "read_file"\nmode = "ask"\n'
 needs_bwrap = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed"
 )
-
-
-def grant_set(text: str) -> GrantSet:
-    grants = parse_grants(text)
-    assert isinstance(grants, GrantSet), grants
-    return grants
-
-
-GRANTS = grant_set(GRANTS_TEXT)
-
-
-def decide(
-    tool: str, arguments: dict[str, Any], workspace: Path, grants: GrantSet = GRANTS
-) -> tuple[Decision, Grant | None]:
-    verdict = evaluate(
-        ToolRequest("c-0123456789abcdef", "s-0123456789ab", tool, arguments),
-        ledger_usable=True,
-        grants=grants,
-        state=FRESH,
-        now=NOW,
-        workspace=str(workspace),
-    )
-    decision = verdict.decision
-    by_id = {grant.id: grant for grant in grants.grants}
-    return decision, by_id.get(decision.grant) if decision.grant else None
-
-
-def spec_for(
-    tool: str,
-    arguments: dict[str, Any],
-    workspace: Path,
-    *,
-    config: RunnerConfig | None = None,
-    grants: GrantSet = GRANTS,
-) -> RunSpec:
-    decision, grant = decide(tool, arguments, workspace, grants)
-    assert decision.verdict == "run", decision
-    return RunSpec.for_call(
-        decision,
-        grant=grant,
-        workspace=workspace,
-        runner=config or RunnerConfig(),
-        labels=LabelRules(),
-    )
 
 
 async def run(
@@ -160,64 +88,69 @@ def outside(tmp_path: Path) -> Path:
     return target
 
 
-# --- RunSpec.for_call ------------------------------------------------------------------
+# --- RunSpec.for_verdict ----------------------------------------------------------------
 
 
-def test_for_call_refuses_a_deny_decision(ws: Path) -> None:
-    decision, grant = decide("read_file", {"path": "x"}, ws, GrantSet())
-    assert decision.verdict == "deny"
-    with pytest.raises(ValueError, match="deny decision never runs"):
-        RunSpec.for_call(
-            decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
-        )
-    with pytest.raises(ValueError, match="deny decision never runs"):
-        RunSpec.for_call(
-            decision,
-            grant=grant,
-            workspace=ws,
-            runner=RunnerConfig(),
-            labels=LabelRules(),
-            approved=True,
-        )
-
-
-def test_for_call_runs_an_ask_decision_only_when_approved(ws: Path) -> None:
-    grants = grant_set(ASK_TEXT)
-    decision, grant = decide("read_file", {"path": "x"}, ws, grants)
-    assert decision.verdict == "ask"
-    with pytest.raises(ValueError, match="only once approved"):
-        RunSpec.for_call(
-            decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
-        )
-    spec = RunSpec.for_call(
-        decision,
-        grant=grant,
+def spec_of(verdict: Verdict, ws: Path, *, approved: bool = False) -> RunSpec:
+    return RunSpec.for_verdict(
+        verdict,  # type: ignore[arg-type]  # a Deny too: for_verdict must refuse it
         workspace=ws,
         runner=RunnerConfig(),
         labels=LabelRules(),
-        approved=True,
+        approved=approved,
     )
+
+
+def test_for_verdict_refuses_a_deny_verdict(ws: Path) -> None:
+    verdict = verdict_for("read_file", {"path": "x"}, ws, GrantSet())
+    assert verdict.decision.verdict == "deny"
+    with pytest.raises(ValueError, match="only a run or ask verdict runs"):
+        spec_of(verdict, ws)
+    with pytest.raises(ValueError, match="only a run or ask verdict runs"):
+        spec_of(verdict, ws, approved=True)
+
+
+def test_for_verdict_runs_an_ask_verdict_only_when_approved(ws: Path) -> None:
+    grants = grant_set(ASK_TEXT)
+    verdict = verdict_for("read_file", {"path": "x"}, ws, grants)
+    assert verdict.decision.verdict == "ask"
+    with pytest.raises(ValueError, match="only once approved"):
+        spec_of(verdict, ws)
+    spec = spec_of(verdict, ws, approved=True)
     assert spec.tool == "read_file"
     assert spec.grant == "ask-read"
 
 
-def test_for_call_refuses_a_grant_that_is_not_the_decisions(ws: Path) -> None:
-    decision, _ = decide("read_file", {"path": "x"}, ws)
+def test_for_verdict_refuses_a_grant_for_another_tool(ws: Path) -> None:
+    verdict = verdict_for("read_file", {"path": "x"}, ws)
+    assert isinstance(verdict, Run)
     other = GRANTS.grants[1]
-    for grant in (None, other):
-        with pytest.raises(ValueError, match="not the decision's"):
-            RunSpec.for_call(
-                decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
-            )
+    assert other.tool == "list_dir"
+    with pytest.raises(ValueError, match="grant list is not for read_file"):
+        spec_of(attrs.evolve(verdict, grant=other), ws)
 
 
-def test_for_call_refuses_a_forged_run_decision(ws: Path) -> None:
-    decision, grant = decide("read_file", {"path": "x"}, ws)
-    forged = attrs.evolve(decision, arguments={"path": "../etc/passwd"})
-    with pytest.raises(ValueError, match="leaves the workspace"):
-        RunSpec.for_call(
-            forged, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
-        )
+async def test_for_verdict_runs_what_core_checked_not_a_forged_decision(ws: Path) -> None:
+    """What runs is built from the arguments core checked, never from the decision's
+    (which are recorded): a decision forged after the verdict changes nothing, checked
+    arguments for another tool than the grant's are refused, and an escaping path put
+    into the checked arguments by hand is still refused by the file tool at run time."""
+    verdict = verdict_for("read_file", {"path": "x"}, ws)
+    assert isinstance(verdict, Run)
+    forged = attrs.evolve(
+        verdict, decision=attrs.evolve(verdict.decision, arguments={"path": "../etc/passwd"})
+    )
+    spec = spec_of(forged, ws)
+    assert spec.arguments == verdict.checked
+    assert spec.arguments.value == ReadFileArgs(path="x")
+    listed = verdict_for("list_dir", {"path": "."}, ws)
+    assert isinstance(listed, Run)
+    with pytest.raises(ValueError, match="grant read is not for list_dir"):
+        spec_of(attrs.evolve(verdict, checked=listed.checked), ws)
+    by_hand = CheckedArguments("read_file", ReadFileArgs(path="../etc/passwd"))
+    escaping = spec_of(attrs.evolve(verdict, checked=by_hand), ws)
+    with trio.fail_after(20):
+        failed(await execute(escaping), Reason.PATH_ESCAPE)
 
 
 def untouched(outside: Path) -> bool:
@@ -230,7 +163,7 @@ def etc_names() -> list[str]:
 
 def test_a_runspec_cannot_be_built_by_hand(ws: Path) -> None:
     spec = spec_for("read_file", {"path": "x"}, ws)
-    with pytest.raises(TypeError, match=r"only by RunSpec\.for_call"):
+    with pytest.raises(TypeError, match=r"only by RunSpec\.for_verdict"):
         attrs.evolve(spec, token=object())
 
 
@@ -971,16 +904,14 @@ async def test_http_get_fetches_from_a_granted_host(ws: Path, server: Server) ->
 
 
 async def test_http_get_checks_the_grants_hosts_again_at_run_time(ws: Path, server: Server) -> None:
-    decision, _ = decide(
+    verdict = verdict_for(
         "http_get", {"url": url(server, "/hello")}, ws, web(f"127.0.0.1:{server.port}")
     )
-    assert decision.verdict == "run"
+    assert isinstance(verdict, Run)
     # grants.toml changed between the decision and the run: the grant no longer names it.
     changed = web("example.org")
     grant = next(g for g in changed.grants if g.id == "web")
-    spec = RunSpec.for_call(
-        decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
-    )
+    spec = spec_for_verdict(attrs.evolve(verdict, grant=grant), ws)
     with trio.fail_after(10):
         result = await execute(spec)
     assert failed(result, Reason.TOOL_ERROR) == "host '127.0.0.1' is not allowed by grant web"
@@ -1157,14 +1088,12 @@ async def test_a_name_that_does_not_resolve_is_a_tool_error(
 async def test_a_port_the_grant_no_longer_names_is_refused_at_run_time(
     ws: Path, server: Server
 ) -> None:
-    decision, _ = decide(
+    verdict = verdict_for(
         "http_get", {"url": url(server, "/hello")}, ws, web(f"127.0.0.1:{server.port}")
     )
-    assert decision.verdict == "run"
+    assert isinstance(verdict, Run)
     grant = next(g for g in web("127.0.0.1").grants if g.id == "web")
-    spec = RunSpec.for_call(
-        decision, grant=grant, workspace=ws, runner=RunnerConfig(), labels=LabelRules()
-    )
+    spec = spec_for_verdict(attrs.evolve(verdict, grant=grant), ws)
     with trio.fail_after(10):
         result = await execute(spec)
     assert failed(result, Reason.TOOL_ERROR) == "host '127.0.0.1' is not allowed by grant web"

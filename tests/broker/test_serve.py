@@ -4,6 +4,7 @@ ledger and --repair, and the command line's exit codes."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -18,6 +19,7 @@ from tests.harness.broker import (
     Client,
     admin,
     call,
+    inline,
     records,
     records_of,
     running,
@@ -26,12 +28,14 @@ from tests.harness.broker import (
 from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker import __version__
-from boxmaker.broker import connection, runner
+from boxmaker.broker import runner
 from boxmaker.broker.serve import app, serve_broker
-from boxmaker.broker.state import Broker
+from boxmaker.broker.state import Broker, GrantsWatcher
+from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.home import ConfigError, Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerTorn
+from boxmaker.threads import ToThread
 from boxmaker.unix_sockets import ListenerError
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
@@ -68,7 +72,7 @@ async def test_a_second_boot_continues_the_chain(
 ) -> None:
     first = await brokerd.start()
     await brokerd.stop()
-    async with running(home) as second:
+    async with running(home, to_thread=inline) as second:
         pass
     assert first.boot != second.boot
     assert [r["kind"] for r in records(home)] == ["genesis", "start", "stop", "start", "stop"]
@@ -89,7 +93,7 @@ async def test_a_path_that_is_not_a_socket_is_refused(home: Home, autojump_clock
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
             with pytest.raises(ListenerError, match="is not a socket"):
-                await nursery.start(serve_broker, home)
+                await nursery.start(functools.partial(serve_broker, home, to_thread=inline))
     assert home.admin_sock.read_text() == "not a socket"
     assert not home.broker_sock.exists()
 
@@ -99,7 +103,7 @@ async def test_a_live_socket_of_another_brokerd_is_refused(
 ) -> None:
     async with trio.open_nursery() as nursery:
         with pytest.raises(ListenerError, match="another process"):
-            await nursery.start(serve_broker, home)
+            await nursery.start(functools.partial(serve_broker, home, to_thread=inline))
     assert (await admin(home, {"kind": "status"}))["kind"] == "status"
 
 
@@ -108,7 +112,7 @@ async def test_a_bad_config_refuses_to_start(home: Home, autojump_clock: Clock) 
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
             with pytest.raises(ConfigError, match="pending_timeout"):
-                await nursery.start(serve_broker, home)
+                await nursery.start(functools.partial(serve_broker, home, to_thread=inline))
 
 
 async def test_a_torn_ledger_refuses_to_start_and_repair_starts(
@@ -121,8 +125,8 @@ async def test_a_torn_ledger_refuses_to_start_and_repair_starts(
         file.write(torn)
     async with trio.open_nursery() as nursery:
         with pytest.raises(LedgerTorn, match=r"docs/runbook\.md#ledger-torn"):
-            await nursery.start(serve_broker, home)
-    async with running(home, repair_torn=True) as broker:
+            await nursery.start(functools.partial(serve_broker, home, to_thread=inline))
+    async with running(home, repair_torn=True, to_thread=inline) as broker:
         pass
     kinds = [r["kind"] for r in records(home)]
     assert kinds == ["genesis", "start", "stop", "start", "repair", "stop"]
@@ -170,19 +174,19 @@ async def test_stop_withdraws_pending_calls_and_records_stop(
 
 
 async def test_stop_gives_a_running_call_5_s_then_cancels_it(
-    home: Home, brokerd: Brokerd, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
-    real_execute = runner.execute
     delay = {"s": 3.0}
 
-    async def slow_execute(spec: runner.RunSpec, sandboxes: object = None) -> runner.RunResult:
+    async def slow_execute(
+        spec: runner.RunSpec, sandboxes: object = None, *, to_thread: ToThread = inline
+    ) -> runner.RunResult:
         await trio.sleep(delay["s"])
-        return await real_execute(spec)
+        return await runner.execute(spec, to_thread=to_thread)
 
-    monkeypatch.setattr(connection, "execute", slow_execute)
     write_grants(home, grant("r", "read_file", "auto"))
     (home.default_workspace / "n.txt").write_text("x")
-    broker = await brokerd.start()
+    broker = await brokerd.start(execute=slow_execute)
     fast = tool_request("read_file", {"path": "n.txt"})
     slow = tool_request("read_file", {"path": "n.txt"})
     async with trio.open_nursery() as nursery:
@@ -249,24 +253,28 @@ def test_cli_serve_runs_until_a_stop(home: Home) -> None:
 
 
 async def test_stop_while_an_approve_is_in_flight_still_runs_the_approved_call(
-    home: Home, brokerd: Brokerd, autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     """The admin handler is cancelled by the stop while the call re-decides; the call's
     task must still record its approval, run within the grace, and answer."""
+    slow = trio.Event()
+
+    class SlowOnceAsked(GrantsWatcher):
+        """Every look at the grants takes 1 s once ``slow`` is set (the re-decision)."""
+
+        async def current(self, *, force: bool = False) -> GrantSet | GrantsProblem:
+            if slow.is_set():
+                await trio.sleep(1)
+            return await super().current(force=force)
+
     write_grants(home, grant("notes", "read_file", "ask"))
     (home.default_workspace / "notes.txt").write_text("hi")
-    broker = await brokerd.start()
+    broker = await brokerd.start(grants_watcher=SlowOnceAsked)
     frame = tool_request("read_file", {"path": "notes.txt"})
     client = await Client.open(home.broker_sock)
     await client.send(frame)
     pending = await client.final()
-    real_current = broker.grants.current
-
-    async def slow_current(*, force: bool = False) -> object:
-        await trio.sleep(1)
-        return await real_current(force=force)
-
-    monkeypatch.setattr(broker.grants, "current", slow_current)
+    slow.set()
     owner = await Client.open(home.admin_sock)
     await owner.send({"kind": "approve", "approval": pending["approval"]})
     await trio.sleep(0.5)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-import pytest
 import trio
 import trio.lowlevel
 from tests.harness.broker import running
@@ -20,6 +21,8 @@ from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
 from boxmaker.home import Home
 from boxmaker.state_files import RACY_NS, read_state, read_state_keyed, state_key, state_path
+
+T = TypeVar("T")
 
 SESSION = "s-0123456789ab"
 INTERNAL = Label(Taint.INTERNAL, False)
@@ -72,25 +75,26 @@ async def test_a_cached_state_follows_the_file(tmp_path: Path) -> None:
     assert await states.read(SESSION) == FRESH
 
 
-async def test_an_unchanged_file_is_not_read_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
     _write(tmp_path, encode_state(INTERNAL))
     # The rename set ctime to now: only a read RACY_NS later may be cached.
     await trio.sleep(RACY_NS / 1e9 + 0.02)
-    states = SessionStates(tmp_path)
-    assert await states.read(SESSION) == INTERNAL
+    threads = {"allowed": True}
     hops: list[object] = []
 
-    async def counting(fn: object, *args: object, **kwargs: object) -> object:
+    async def counting(fn: Callable[..., T], *args: object, abandon_on_cancel: bool = False) -> T:
+        if threads["allowed"]:
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=abandon_on_cancel)
         hops.append(fn)
         raise AssertionError("no thread hop for an unchanged state")
 
-    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    states = SessionStates(tmp_path, to_thread=counting)
+    assert await states.read(SESSION) == INTERNAL
+    threads["allowed"] = False
     assert await states.read(SESSION) == INTERNAL
     assert hops == []
     states.forget(SESSION)
-    monkeypatch.undo()
+    threads["allowed"] = True
     assert await states.read(SESSION) == INTERNAL
 
 
@@ -118,9 +122,7 @@ async def test_bytes_after_the_request_are_not_gone() -> None:
     left.close()
 
 
-async def test_two_raises_of_one_session_at_once_both_stand(
-    home: Home, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_two_raises_of_one_session_at_once_both_stand(home: Home) -> None:
     """A state only rises: two results of one session raised at the same
     moment (two threads) must not undo each other. A slow read-join-write makes the
     window wide enough that, unserialized, both would join onto the old state."""
@@ -134,9 +136,8 @@ async def test_two_raises_of_one_session_at_once_both_stand(
         state_path(directory, session).write_bytes(encode_state(joined))
         return joined
 
-    monkeypatch.setattr(connection, "raise_state", slow_raise)
     with trio.fail_after(30):
-        async with running(home) as broker, trio.open_nursery() as nursery:
+        async with running(home, raise_state=slow_raise) as broker, trio.open_nursery() as nursery:
             nursery.start_soon(connection._raise_state, broker, SESSION, INTERNAL)
             nursery.start_soon(connection._raise_state, broker, SESSION, Label(Taint.PUBLIC, True))
     assert read_state(home.sessions_dir, SESSION) == Label(Taint.INTERNAL, True)

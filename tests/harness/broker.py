@@ -5,7 +5,8 @@ Time: in-process tests run under pytest-trio's ``autojump_clock``. That clock ju
 the next deadline whenever the run loop is idle, and a loop waiting on a worker thread
 *is* idle, so every ``trio.to_thread.run_sync`` (ledger fsync, state reads) could fire
 an unrelated deadline (a pending entry's expiry, the test's guard). The
-``inline_threads`` fixture runs those functions inline, so the only idle moments are
+``inline_threads`` fixture has brokerd run those functions inline (serve_broker's
+``to_thread`` seam, :func:`inline`), so the only idle moments are
 real ones and virtual time is exact. (Process tests use real time instead.)
 """
 
@@ -17,7 +18,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar, TypeVarTuple
 
 import attrs
 import orjson
@@ -30,11 +31,21 @@ from boxmaker.home import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerFile, OsLedgerFile
 from boxmaker.ndjson import FrameReader
+from boxmaker.threads import ToThread
 
 SESSION: Final = "s-0000000000a1"
 GUARD: Final = 600.0
 """Virtual seconds: a hung test fails instead of stalling (test pending_timeout is 30)."""
 PENDING_TIMEOUT: Final = 30.0
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+
+async def inline(sync_fn: Callable[[*Ts], T], *args: *Ts, abandon_on_cancel: bool = False) -> T:
+    """A :class:`~boxmaker.threads.ToThread` without the thread: ``sync_fn`` runs inline,
+    after a checkpoint (see the module docstring; the ``inline_threads`` fixture)."""
+    await trio.lowlevel.checkpoint()
+    return sync_fn(*args)
 
 
 def records(home: Home) -> list[dict[str, Any]]:
@@ -84,12 +95,16 @@ class Brokerd:
 
     home: Home
     nursery: trio.Nursery
+    to_thread: ToThread | None = None
+    """serve_broker's ``to_thread`` unless the test passes its own (inline_threads)."""
     broker: Broker | None = None
     stopped: trio.Event = attrs.field(factory=trio.Event)
 
     async def start(self, **kwargs: Any) -> Broker:
         """serve_broker(home, **kwargs), ready: its sockets are listening."""
         assert self.broker is None, "brokerd already started"
+        if self.to_thread is not None:
+            kwargs.setdefault("to_thread", self.to_thread)
         self.broker = await self.nursery.start(self._serve, kwargs)
         return self.broker
 

@@ -4,15 +4,15 @@ loads (``pytest_plugins``), so a test names a fixture and never imports it."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 import trio
 
 from boxmaker.broker.state import Broker
 from boxmaker.home import Home
+from boxmaker.threads import ToThread
 
-from .broker import GUARD, PENDING_TIMEOUT, Brokerd
+from .broker import GUARD, PENDING_TIMEOUT, Brokerd, inline
 from .homes import short_home, write_config, write_grants
 from .process import Daemon
 
@@ -36,19 +36,16 @@ def daemons() -> Iterator[list[Daemon]]:
 
 
 @pytest.fixture
-def inline_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run ``trio.to_thread.run_sync`` functions inline, after a checkpoint, so the
-    autojump clock never jumps while a worker thread is busy (see harness/broker.py)."""
-
-    async def inline(sync_fn: Any, *args: Any, **_: Any) -> Any:
-        await trio.lowlevel.checkpoint()
-        return sync_fn(*args)
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+def inline_threads() -> ToThread:
+    """brokerd's blocking steps run inline, after a checkpoint, so the autojump clock
+    never jumps while a worker thread is busy (see harness/broker.py): the ``brokerd``
+    fixture of a test that names this one passes it as serve_broker's ``to_thread``; a
+    test that starts brokerd itself passes it (``running(home, to_thread=...)``)."""
+    return inline
 
 
 @pytest.fixture
-async def brokerd(home: Home) -> AsyncIterator[Brokerd]:
+async def brokerd(home: Home, request: pytest.FixtureRequest) -> AsyncIterator[Brokerd]:
     """brokerd on ``home``, started when the test says (``await brokerd.start()``, after
     it wrote grants and files) and stopped at the end unless the test stopped it; the
     ledger must then verify. The whole test is bounded by GUARD virtual seconds: a hang
@@ -56,7 +53,8 @@ async def brokerd(home: Home) -> AsyncIterator[Brokerd]:
     test)."""
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            handle = Brokerd(home, nursery)
+            to_thread = inline if "inline_threads" in request.fixturenames else None
+            handle = Brokerd(home, nursery, to_thread=to_thread)
             yield handle
             await handle.stop()
 

@@ -16,8 +16,8 @@ time moves only when a rule jumps it. A rule hands an async step to that loop wi
 returns, the broker has finished reacting (every frame it was going to send is sent,
 every record written) and the invariants see a settled system. Worker threads would
 break that (a loop waiting on a worker counts as blocked), so, as the broker tests'
-``inline_threads`` fixture does, ``trio.to_thread.run_sync`` runs its function inline
-while a machine lives. Every connection the test opens gets a reader task in the loop,
+``inline_threads`` fixture does, brokerd is started with ``to_thread=inline``: its
+blocking steps run inline. Every connection the test opens gets a reader task in the loop,
 which collects the frames the broker sends until it closes, so a rule never blocks on a
 socket: a missing answer shows up as a failed assertion, not a hung test.
 """
@@ -25,6 +25,7 @@ socket: a missing answer shows up as a failed assertion, not a hung test.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import shutil
 import socket
@@ -50,7 +51,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from tests.harness.broker import PENDING_TIMEOUT, Client, tool_request
+from tests.harness.broker import PENDING_TIMEOUT, Client, inline, tool_request
 from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker.connection import CALL_ID_USED, LOOK_INTERVAL_S
@@ -99,12 +100,6 @@ REASONS: Final = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"])
 )
 JOIN_S: Final = 60.0
 """Real seconds the machine's trio thread gets to stop before the test fails."""
-
-
-async def _inline(sync_fn: Callable[..., T], *args: Any, **_: Any) -> T:
-    """``trio.to_thread.run_sync`` without the thread (see the module docstring)."""
-    await trio.lowlevel.checkpoint()
-    return sync_fn(*args)
 
 
 @attrs.define(eq=False)
@@ -190,8 +185,6 @@ class BrokerMachine(RuleBasedStateMachine):
         self._crash: BaseException | None = None
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
-        self._saved_run_sync = trio.to_thread.run_sync
-        trio.to_thread.run_sync = _inline  # type: ignore[assignment]
         try:
             self.home.create()
             write_config(self.home, f"[broker]\npending_timeout = {PENDING_TIMEOUT}\n")
@@ -218,7 +211,9 @@ class BrokerMachine(RuleBasedStateMachine):
 
     async def _main(self) -> None:
         async with trio.open_nursery() as nursery:
-            self.broker: Broker = await nursery.start(serve_broker, self.home)
+            self.broker: Broker = await nursery.start(
+                functools.partial(serve_broker, self.home, to_thread=inline)
+            )
             self._nursery = nursery
             self._stop = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
@@ -687,7 +682,6 @@ class BrokerMachine(RuleBasedStateMachine):
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(setattr, self.clock, "autojump_threshold", 0)
             self._thread.join(JOIN_S)
-        trio.to_thread.run_sync = self._saved_run_sync
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _thread_alive(self) -> bool:

@@ -198,7 +198,7 @@ async def _status(broker: Broker) -> StatusAnswer:
 async def _sessions(broker: Broker) -> SessionsAnswer:
     views = []
     for session, calls in list(broker.sessions.items()):
-        state = await trio.to_thread.run_sync(read_state, broker.sessions_dir, session)
+        state = await broker.to_thread(read_state, broker.sessions_dir, session)
         # An unreadable state shows as the records carry it: secret, untrusted.
         label = UNKNOWN if isinstance(state, StateUnreadable) else state
         views.append(

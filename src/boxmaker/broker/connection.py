@@ -29,7 +29,7 @@ from typing import Final
 import trio
 
 from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
-from boxmaker.broker.runner import RunSpec, execute
+from boxmaker.broker.runner import RunSpec
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.core import call as machine
@@ -48,7 +48,6 @@ from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.ledger import records
 from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
-from boxmaker.state_files import raise_state
 from boxmaker.unix_sockets import DISCONNECTS, check_peer
 from boxmaker.wire import (
     Answer,
@@ -261,7 +260,7 @@ async def _raise_state(broker: Broker, session: str, label: Label) -> Label | St
         if isinstance(current, Label) and current.join(label) == current:
             return current
         try:
-            return await trio.to_thread.run_sync(raise_state, broker.sessions_dir, session, label)
+            return await broker.to_thread(broker.raise_state, broker.sessions_dir, session, label)
         finally:
             broker.states.forget(session)
 
@@ -447,7 +446,9 @@ class _Driver:
             labels=self.broker.config.labels,
             approved=approved,
         )
-        result = await execute(spec, self.broker.sandboxes)
+        result = await self.broker.execute(
+            spec, self.broker.sandboxes, to_thread=self.broker.to_thread
+        )
         outcome = machine.RunOutcome(
             result.ok, result.reason, result.detail, result.content, result.label
         )

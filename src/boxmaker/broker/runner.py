@@ -1,8 +1,9 @@
 """The runner: what runs for a decided call, and running it (docs/protocol.md).
 
 Nothing runs without a :class:`RunSpec`, and a RunSpec is made only by
-:meth:`RunSpec.for_call` from a decision whose verdict is ``run`` (or ``ask`` that the
-owner approved). :func:`execute` runs it and maps every tool failure to a
+:meth:`RunSpec.for_verdict` from a verdict core made (:func:`boxmaker.core.decide.evaluate`),
+``run`` or ``ask`` that the owner approved: it carries the grant that matched and the
+arguments core checked. :func:`execute` runs it and maps every tool failure to a
 :class:`RunResult` with one of the failure reasons of docs/protocol.md; it never raises
 for a tool failure and lets ``trio.Cancelled`` through.
 
@@ -103,7 +104,6 @@ from boxmaker.broker.sandbox import (
 )
 from boxmaker.core.catalogue import (
     MAX_BYTES,
-    ArgumentProblem,
     CheckedArguments,
     HttpGetArgs,
     ListDirArgs,
@@ -111,16 +111,16 @@ from boxmaker.core.catalogue import (
     ShellArgs,
     ToolName,
     WriteFileArgs,
-    check_arguments,
     result_label,
 )
-from boxmaker.core.decide import Ask, Decision, Run
+from boxmaker.core.decide import Ask, Run
 from boxmaker.core.grants import Grant, opened_refusal
 from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.paths import ROOT
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
+from boxmaker.threads import WORKER_THREAD, ToThread
 
 if TYPE_CHECKING:
     import httpx
@@ -169,17 +169,17 @@ class RunResult:
         return cls(False, reason, detail, "", label)
 
 
-_FOR_CALL: Final = object()
+_FOR_VERDICT: Final = object()
 
 
-def _only_for_call(instance: object, attribute: object, value: object) -> None:
-    if value is not _FOR_CALL:
-        raise TypeError("a RunSpec is made only by RunSpec.for_call")
+def _only_for_verdict(instance: object, attribute: object, value: object) -> None:
+    if value is not _FOR_VERDICT:
+        raise TypeError("a RunSpec is made only by RunSpec.for_verdict")
 
 
 @attrs.frozen
 class RunSpec:
-    """What runs for one decided call; made only by :meth:`for_call`."""
+    """What runs for one decided call; made only by :meth:`for_verdict`."""
 
     _call: str
     _arguments: CheckedArguments
@@ -195,38 +195,7 @@ class RunSpec:
     _grant: str | None
     _bounds: Grant
     """The decision's grant: its ``paths`` and ``hard_links`` bound the file opened."""
-    _token: object = attrs.field(validator=_only_for_call, repr=False)
-
-    @classmethod
-    def for_call(
-        cls,
-        decision: Decision,
-        *,
-        grant: Grant | None,
-        workspace: Path,
-        runner: RunnerConfig,
-        labels: LabelRules,
-        approved: bool = False,
-    ) -> RunSpec:
-        """The RunSpec of a ``run`` decision, or of an ``ask`` one the owner approved.
-
-        ``grant`` is the decision's grant (its ``label_taint`` and ``hosts`` apply).
-        Raises ValueError for anything else: nothing runs without a run decision.
-        """
-        if decision.verdict == "ask" and not approved:
-            raise ValueError(f"call {decision.call}: an ask decision runs only once approved")
-        if decision.verdict not in ("run", "ask"):
-            raise ValueError(f"call {decision.call}: a {decision.verdict} decision never runs")
-        if grant is None or decision.grant != grant.id:
-            raise ValueError(
-                f"call {decision.call}: the grant passed is not the decision's ({decision.grant!r})"
-            )
-        if grant.tool != decision.tool:
-            raise ValueError(f"call {decision.call}: grant {grant.id} is not for {decision.tool}")
-        checked = check_arguments(decision.tool, decision.arguments, workspace=str(workspace))
-        if isinstance(checked, ArgumentProblem):
-            raise ValueError(f"call {decision.call}: {checked.detail}")  # noqa: TRY004
-        return cls._build(decision.call, checked, grant, workspace, runner, labels)
+    _token: object = attrs.field(validator=_only_for_verdict, repr=False)
 
     @classmethod
     def for_verdict(
@@ -286,7 +255,7 @@ class RunSpec:
             grant.hosts,
             grant.id,
             grant,
-            _FOR_CALL,
+            _FOR_VERDICT,
         )
 
     @property
@@ -357,13 +326,18 @@ class _Failed(Exception):
 
 
 async def execute(
-    spec: RunSpec, sandboxes: SandboxPool | None = None, *, host: Host | None = None
+    spec: RunSpec,
+    sandboxes: SandboxPool | None = None,
+    *,
+    host: Host | None = None,
+    to_thread: ToThread = WORKER_THREAD,
 ) -> RunResult:
     """Run ``spec``. Never raises for a tool failure; lets Cancelled through.
 
     ``sandboxes``: brokerd's pool, whose sandbox set up ahead a shell call may use;
     without it a shell call sets up its own. ``host``: what the tools ask of the
-    machine (:data:`REAL_HOST` unless a test passes its own)."""
+    machine (:data:`REAL_HOST` unless a test passes its own). ``to_thread``: where the
+    file tools' blocking work runs (brokerd passes its own, :class:`ToThread`)."""
     value = spec.arguments.value
     host = host or REAL_HOST
     try:
@@ -371,11 +345,11 @@ async def execute(
             cached = _read_file_cached(spec, value, host.read_cached)
             if cached is not None:
                 return cached
-            return await trio.to_thread.run_sync(_read_file, spec, value, host)
+            return await to_thread(_read_file, spec, value, host)
         if isinstance(value, ListDirArgs):
-            return await trio.to_thread.run_sync(_list_dir, spec, value, host)
+            return await to_thread(_list_dir, spec, value, host)
         if isinstance(value, WriteFileArgs):
-            return await trio.to_thread.run_sync(_write_file, spec, value, host)
+            return await to_thread(_write_file, spec, value, host)
         if isinstance(value, ShellArgs):
             return await _shell(spec, value.command, sandboxes)
         return await _http_get(spec, value, host)

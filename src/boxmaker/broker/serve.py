@@ -37,11 +37,12 @@ import attrs
 import trio
 from cyclopts import App, Parameter
 
-from boxmaker import __version__
+from boxmaker import __version__, state_files
+from boxmaker.broker import runner
 from boxmaker.broker.accept import serve_capped
 from boxmaker.broker.admin import handle_admin_connection
 from boxmaker.broker.connection import handle_broker_connection
-from boxmaker.broker.state import Broker, GrantsWatcher, HomeGuard
+from boxmaker.broker.state import Broker, Executor, GrantsWatcher, HomeGuard, StateRaiser
 from boxmaker.daemon import run_daemon, setup_logging
 from boxmaker.grants_file import GrantsReader
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
@@ -57,6 +58,7 @@ from boxmaker.ledger.writer import (
     repair,
 )
 from boxmaker.regular_file import read_regular_file
+from boxmaker.threads import WORKER_THREAD, ToThread
 from boxmaker.unix_sockets import ListenerError, UnixListener, open_unix_listener
 
 log = logging.getLogger("boxmaker.brokerd")
@@ -79,12 +81,16 @@ class _Prepared:
     open_calls: frozenset[str]
 
 
-def _prepare(home: Home, *, repair_torn: bool, open_file: LedgerOpener) -> _Prepared:
+def _prepare(
+    home: Home, *, repair_torn: bool, open_file: LedgerOpener, to_thread: ToThread
+) -> _Prepared:
     """The blocking part of a start; raises ConfigError, HomeError, LedgerTorn."""
     config = load_config(home)
     # The workspace's real path, used from now on (see Broker.workspace), checked once
     # more: load_config's check resolved the links a moment ago, they may have moved.
-    guard = HomeGuard(home, config.workspace, Path(os.path.realpath(config.workspace)))
+    guard = HomeGuard(
+        home, config.workspace, Path(os.path.realpath(config.workspace)), to_thread=to_thread
+    )
     problem = guard.problem()
     if problem is not None:
         raise ConfigError([f"{home.config_toml.name}: workspace: {problem}"])
@@ -116,6 +122,10 @@ async def serve_broker(
     handle_signals: bool = False,
     owner_uid: int | None = None,
     read_grants: GrantsReader = read_regular_file,
+    grants_watcher: type[GrantsWatcher] = GrantsWatcher,
+    execute: Executor = runner.execute,
+    raise_state: StateRaiser = state_files.raise_state,
+    to_thread: ToThread = WORKER_THREAD,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -126,15 +136,20 @@ async def serve_broker(
     ``owner_uid`` is who may use admin.sock and broker.sock (default: our own uid);
     ``read_grants`` reads grants.toml's bytes (tests inject one that fails). A workspace
     found to reach the home while serving stops brokerd, which then raises ConfigError.
+    The seams tests pass their own of: ``grants_watcher`` (a slow one), ``execute`` (a
+    slow run), ``raise_state`` (a state that cannot be raised) and ``to_thread`` (every
+    blocking step run inline, so the autojump clock stays exact; :mod:`boxmaker.threads`).
     """
-    prepared = await trio.to_thread.run_sync(
-        functools.partial(_prepare, home, repair_torn=repair_torn, open_file=open_file)
+    prepared = await to_thread(
+        functools.partial(
+            _prepare, home, repair_torn=repair_torn, open_file=open_file, to_thread=to_thread
+        )
     )
-    writer = LedgerWriter(prepared.file, prepared.tail)
+    writer = LedgerWriter(prepared.file, prepared.tail, to_thread=to_thread)
     listeners: list[UnixListener] = []
     try:
         for path in (home.broker_sock, home.admin_sock):
-            listeners.append(await open_unix_listener(path))
+            listeners.append(await open_unix_listener(path, to_thread=to_thread))
     except BaseException:
         for listener in listeners:
             await listener.listener.aclose()
@@ -148,9 +163,14 @@ async def serve_broker(
         boot=new_boot_id(),
         version=__version__,
         owner_uid=os.getuid() if owner_uid is None else owner_uid,
-        grants=GrantsWatcher(home.grants_toml, read=read_grants, guard=prepared.guard),
+        grants=grants_watcher(
+            home.grants_toml, read=read_grants, guard=prepared.guard, to_thread=to_thread
+        ),
         guard=prepared.guard,
         calls=set(prepared.open_calls),
+        execute=execute,
+        raise_state=raise_state,
+        to_thread=to_thread,
     )
     try:
         async with trio.open_nursery() as nursery:

@@ -10,11 +10,15 @@ the order :mod:`boxmaker.core.call` gives, so no record can be written twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TypeAlias
 
 import attrs
 import trio
 
+from boxmaker import state_files
+from boxmaker.broker import runner
 from boxmaker.broker.limits import Capacity
 from boxmaker.broker.pending import PendingCalls
 from boxmaker.broker.sandbox import SandboxPool
@@ -30,8 +34,25 @@ from boxmaker.ledger.records import Body
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
 from boxmaker.regular_file import read_regular_file
 from boxmaker.state_files import StateKey, read_state_keyed, state_key
+from boxmaker.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.brokerd")
+
+
+class Executor(Protocol):
+    """:func:`boxmaker.broker.runner.execute`'s shape, as brokerd calls it."""
+
+    async def __call__(
+        self,
+        spec: runner.RunSpec,
+        sandboxes: SandboxPool | None = ...,
+        *,
+        to_thread: ToThread = ...,
+    ) -> runner.RunResult: ...
+
+
+StateRaiser: TypeAlias = Callable[[Path, str, Label], Label | StateUnreadable]
+""":func:`boxmaker.state_files.raise_state`'s shape."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -64,10 +85,12 @@ class GrantsWatcher:
         *,
         read: GrantsReader = read_regular_file,
         guard: HomeGuard | None = None,
+        to_thread: ToThread = WORKER_THREAD,
     ) -> None:
         self.path = path
         self._read = read
         self._guard = guard
+        self._to_thread = to_thread
         self._key: StatKey | str = "never read"
         self._value: GrantSet | GrantsProblem = GrantsProblem(str(path), None, None, "not read")
         self._logged: set[str] = set()
@@ -93,7 +116,7 @@ class GrantsWatcher:
                 return self._value
             # abandon_on_cancel: a read only, safe to leave behind, so a stuck file
             # system can never hold brokerd's stop.
-            key, loaded = await trio.to_thread.run_sync(
+            key, loaded = await self._to_thread(
                 _load, self.path, self._read, abandon_on_cancel=True
             )
             value = loaded.value
@@ -138,10 +161,18 @@ class HomeGuard:
     ``grants_invalid``, and serve stops brokerd with exit 2, as a refused start.
     """
 
-    def __init__(self, home: Home, workspace: Path, real_workspace: Path) -> None:
+    def __init__(
+        self,
+        home: Home,
+        workspace: Path,
+        real_workspace: Path,
+        *,
+        to_thread: ToThread = WORKER_THREAD,
+    ) -> None:
         self.home = home
         self.workspace = workspace
         self.real_workspace = real_workspace
+        self._to_thread = to_thread
         self.refusal: str | None = None
         self.refused = trio.Event()
 
@@ -155,7 +186,7 @@ class HomeGuard:
         """Check again (at each grants re-read, each watcher tick, SIGHUP); True when
         the home is refused, now or before."""
         if self.refusal is None:
-            problem = await trio.to_thread.run_sync(self.problem, abandon_on_cancel=True)
+            problem = await self._to_thread(self.problem, abandon_on_cancel=True)
             if problem is not None and self.refusal is None:
                 self.refusal = problem
                 log.error(
@@ -191,8 +222,9 @@ class SessionStates:
     change (:data:`boxmaker.state_files.RACY_NS`).
     """
 
-    def __init__(self, sessions_dir: Path) -> None:
+    def __init__(self, sessions_dir: Path, *, to_thread: ToThread = WORKER_THREAD) -> None:
         self.sessions_dir = sessions_dir
+        self._to_thread = to_thread
         self._cache: dict[str, tuple[StateKey, Label]] = {}
         self._raising: dict[str, trio.Lock] = {}
 
@@ -207,7 +239,7 @@ class SessionStates:
         if cached is not None and state_key(self.sessions_dir, session) == cached[0]:
             return cached[1]
         # abandon_on_cancel: a read only, so a stuck file system never holds the stop.
-        key, value, cacheable = await trio.to_thread.run_sync(
+        key, value, cacheable = await self._to_thread(
             read_state_keyed, self.sessions_dir, session, abandon_on_cancel=True
         )
         if cacheable and isinstance(value, Label):
@@ -227,7 +259,11 @@ class SessionStates:
 
 @attrs.define(eq=False)
 class Broker:
-    """What every connection of one brokerd boot shares."""
+    """What every connection of one brokerd boot shares.
+
+    ``execute``, ``raise_state`` and ``to_thread`` are the real runner, state writer and
+    worker thread; a test passes its own to :func:`~boxmaker.broker.serve.serve_broker`
+    (a slow run, a state that cannot be raised, work run inline)."""
 
     home: Home
     config: Config
@@ -238,6 +274,12 @@ class Broker:
     grants: GrantsWatcher
     guard: HomeGuard
     """Where the workspace really is, and whether it has come to reach the home."""
+    execute: Executor = runner.execute
+    """Runs a call's RunSpec (runner.py)."""
+    raise_state: StateRaiser = state_files.raise_state
+    """Raises a session's state file (blocking: through ``to_thread``)."""
+    to_thread: ToThread = WORKER_THREAD
+    """Where every blocking step of a call runs (:mod:`boxmaker.threads`)."""
     started_at: float = attrs.field(factory=trio.current_time)
     pending: PendingCalls = attrs.Factory(PendingCalls)
     """The calls waiting for the owner, and how each ends (pending.py)."""
@@ -259,7 +301,7 @@ class Broker:
     def __attrs_post_init__(self) -> None:
         # Home's paths are properties that join on every use: computed once per boot.
         self._sessions_dir = self.home.sessions_dir
-        self.states = SessionStates(self._sessions_dir)
+        self.states = SessionStates(self._sessions_dir, to_thread=self.to_thread)
         self.capacity = Capacity.for_config(self.config.broker)
 
     @property

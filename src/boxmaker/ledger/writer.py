@@ -49,6 +49,7 @@ from boxmaker.ledger.records import (
     new_ledger_id,
 )
 from boxmaker.oneshot import OneShot
+from boxmaker.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.ledger")
 
@@ -272,8 +273,10 @@ class LedgerWriter:
         tail: Tail,
         *,
         clock: Callable[[], dt.datetime] = utc_now,
+        to_thread: ToThread = WORKER_THREAD,
     ) -> None:
         self._file = file
+        self._to_thread = to_thread
         self._next_seq = tail.next_seq
         self._prev = tail.prev
         self._clock = clock
@@ -384,7 +387,7 @@ class LedgerWriter:
             return
         data = b"".join([appended.line + b"\n" for _, appended in accepted])
         try:
-            await trio.to_thread.run_sync(self._write_and_sync, data)
+            await self._to_thread(self._write_and_sync, data)
         except OSError as exc:
             self._failure = exc
             log.exception(
