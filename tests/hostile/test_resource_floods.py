@@ -1,4 +1,4 @@
-"""Resource floods against the real brokerd process (issue 7: no resource bounds).
+"""Resource floods against the real brokerd process (docs/threat-model.md, "Flood brokerd").
 
 A process of loopd's uid (a compromised loopd, or anything running as it) floods
 broker.sock: connections that send 1 MiB without a newline, asks beyond what the owner
