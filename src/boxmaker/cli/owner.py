@@ -140,6 +140,12 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
     return Exit.DONE
 
 
+def describe_approved(answer: Approved) -> str:
+    """What approving did, as the owner reads it (escaped)."""
+    suffix = f" ({answer.reason})" if answer.reason else ""
+    return printable(f"{answer.call}: {answer.outcome}{suffix}")
+
+
 async def approve(approval: str, /, *, note: str | None = None, common: Common = DEFAULT) -> Exit:
     """Approve a pending call. brokerd decides again on the current grants and state
     first, so the outcome may still be a denial (docs/protocol.md).
@@ -159,8 +165,7 @@ async def approve(approval: str, /, *, note: str | None = None, common: Common =
     if common.json:
         print_json(converter.unstructure(answer, Approved))
     else:
-        suffix = f" ({answer.reason})" if answer.reason else ""
-        print(printable(f"{answer.call}: {answer.outcome}{suffix}"))
+        print(describe_approved(answer))
     # Approving something that is then denied or withdrawn did not do what was asked.
     return Exit.DONE if answer.outcome in {"ask", "allowed"} else Exit.FAILED
 
