@@ -16,6 +16,11 @@ from boxmaker.cli.app import app
 from boxmaker.home import Home
 
 
+def timeless(text: str) -> str:
+    """``text`` with every duration (``1.2 s``) as ``N s``."""
+    return re.sub(r"\b\d+\.\d s\b", "N s", text)
+
+
 async def bxctl(home: Home, *args: str) -> int:
     result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
     return int(result)
@@ -29,12 +34,15 @@ async def test_one_turn_shows_the_call_its_outcome_and_the_reply(
     fake = FakeLlama(script=[READ_NOTES, {"content": "Your notes say: buy milk."}])
     async with stack(home, fake):
         assert await bxctl(home, "chat", "--say", "what do my notes say?") == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = timeless(capsys.readouterr().out).splitlines()
     assert re.fullmatch(r"session s-[0-9a-f]{12}", lines[0])
     assert lines[1:] == [
+        "  [step 1: N s]",
         '  -> read_file {"path":"notes.txt"}',
-        "  <- ok",
+        "  <- ok (N s)",
+        "     | Buy milk.",
         "Your notes say: buy milk.",
+        "  [step 2: N s]",
     ]
 
 
@@ -59,7 +67,7 @@ async def test_a_waiting_call_shows_the_command_that_approves_it(
     out = capsys.readouterr().out
     assert f"waiting for the owner: approval {approval} (grant notes)" in out
     assert f"approve: bxctl approve {approval}" in out
-    assert out.rstrip().endswith("  <- ok\nMilk.")
+    assert timeless(out).rstrip().endswith("  <- ok (N s)\n     | Buy milk.\nMilk.\n  [step 2: N s]")
     assert codes == [0]
 
 
@@ -70,7 +78,7 @@ async def test_json_prints_each_event_as_it_comes(
     async with stack(home, fake):
         assert await bxctl(home, "chat", "--say", "hi", "--json") == 0
     events = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [e["kind"] for e in events] == ["session", "model", "reply"]
+    assert [e["kind"] for e in events] == ["session", "model", "model_done", "reply"]
 
 
 async def test_a_failed_turn_exits_1_with_the_error_on_stderr(
@@ -112,4 +120,4 @@ async def test_the_models_words_cannot_drive_the_terminal(
     assert "\x1b" not in out
     assert "\u202e" not in out
     assert "  -> x\\u001b[8m {}" in out
-    assert out.rstrip().endswith("\\u001b[2J\\u001b[Happroved \\u202egnp.exe")
+    assert "\\u001b[2J\\u001b[Happroved \\u202egnp.exe\n" in out

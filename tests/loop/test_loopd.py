@@ -29,11 +29,21 @@ async def test_a_granted_read_reaches_the_model_and_the_reply_the_owner(home: Ho
     fake = FakeLlama(script=[READ_NOTES, {"content": "Your notes say: buy milk."}])
     async with stack(home, fake):
         events = await say(home, "what do my notes say?")
-    assert kinds(events) == ["session", "model", "tool_call", "tool_result", "model", "reply"]
+    assert kinds(events) == [
+        "session",
+        "model",
+        "model_done",
+        "tool_call",
+        "tool_result",
+        "model",
+        "model_done",
+        "reply",
+    ]
     session = events[0]["session"]
-    assert events[2]["tool"] == "read_file"
-    assert events[2]["arguments"] == {"path": "notes.txt"}
-    assert (events[3]["outcome"], events[3].get("reason")) == ("ok", None)
+    assert events[3]["tool"] == "read_file"
+    assert events[3]["arguments"] == {"path": "notes.txt"}
+    assert (events[4]["outcome"], events[4].get("reason")) == ("ok", None)
+    assert events[4]["output"] == {"lines": ["Buy milk."], "total_lines": 1}
     assert events[-1] == {"kind": "reply", "final": True, "text": "Your notes say: buy milk."}
     # What the model was sent: pinned by the proxy, the tool's answer as a tool message.
     first, second = fake.requests
@@ -41,7 +51,7 @@ async def test_a_granted_read_reaches_the_model_and_the_reply_the_owner(home: Ho
     assert first["id_slot"] == 0
     assert second["messages"][-1]["content"] == "Buy milk.\n"
     # The ledger has the call, decided and run, in the session loopd named.
-    calls = [r for r in records(home) if r.get("call") == events[2]["call"]]
+    calls = [r for r in records(home) if r.get("call") == events[3]["call"]]
     assert [(r["kind"], r.get("session")) for r in calls] == [
         ("decision", session),
         ("result", None),
@@ -81,15 +91,17 @@ async def test_an_ask_waits_for_the_owner_and_runs_once_approved(home: Home) -> 
     assert kinds(events) == [
         "session",
         "model",
+        "model_done",
         "tool_call",
         "waiting",
         "tool_result",
         "model",
+        "model_done",
         "reply",
     ]
-    waiting = events[3]
+    waiting = events[4]
     assert (waiting["approval"], waiting["grant"]) == (entry["approval"], "notes")
-    assert events[4]["outcome"] == "ok"
+    assert events[5]["outcome"] == "ok"
     assert fake.requests[1]["messages"][-1]["content"] == "Buy milk.\n"
 
 
@@ -120,12 +132,12 @@ async def test_a_model_that_cannot_be_reached_ends_the_turn_with_an_error(home: 
     async with stack(home, FakeLlama()) as loop:
         loop.model = _Unreachable()  # type: ignore[assignment]
         events = await say(home, "hi")
-    assert kinds(events) == ["session", "model", "error"]
+    assert kinds(events) == ["session", "model", "model_done", "error"]
     assert events[-1]["code"] == "model_unreachable"
 
 
 class _Unreachable:
-    async def complete(self, payload: dict[str, Any]) -> Any:
+    async def complete(self, payload: dict[str, Any], **_: Any) -> Any:
         return ModelFailure(ErrorCode.MODEL_UNREACHABLE, "see docs/runbook.md#model-unreachable")
 
 

@@ -40,7 +40,7 @@ def test_a_turn_without_inferproxy_says_how_to_start_it_and_sigterm_stops(home: 
             while chunk := client.recv(65536):
                 data += chunk
         events = [orjson.loads(line) for line in data.splitlines()]
-        assert [event["kind"] for event in events] == ["session", "model", "error"]
+        assert [event["kind"] for event in events] == ["session", "model", "model_done", "error"]
         assert events[-1]["code"] == "model_unreachable"
         assert "inferproxy serve" in events[-1]["detail"]
         process.send_signal(signal.SIGTERM)

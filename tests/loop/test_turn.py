@@ -13,7 +13,7 @@ import pytest
 from boxmaker.core.call import AnswerOutcome
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
-from boxmaker.loop.model_client import ModelFailure
+from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress
 from boxmaker.loop.turn import (
     CALL_TOOL,
     SYSTEM_PROMPT,
@@ -29,7 +29,9 @@ from boxmaker.wire import (
     ErrorCode,
     ErrorFrame,
     LoopEvent,
+    ModelDoneEvent,
     ModelEvent,
+    OutputHead,
     Pending,
     ReplyEvent,
     ToolCallEvent,
@@ -71,8 +73,16 @@ class ScriptedModel:
     replies: list[dict[str, Any] | ModelFailure]
     payloads: list[dict[str, Any]] = attrs.Factory(list)
 
-    async def complete(self, payload: dict[str, Any]) -> dict[str, Any] | ModelFailure:
+    progress: list[list[ModelProgress]] = attrs.Factory(list)
+    """What each call reports while it "generates", in order, before its answer."""
+
+    async def complete(
+        self, payload: dict[str, Any], *, on_progress: OnProgress | None = None
+    ) -> dict[str, Any] | ModelFailure:
         self.payloads.append(orjson.loads(orjson.dumps(payload)))
+        for progress in self.progress.pop(0) if self.progress else []:
+            assert on_progress is not None
+            await on_progress(progress)
         return self.replies.pop(0)
 
 
@@ -130,15 +140,22 @@ async def test_a_tool_call_goes_to_the_broker_and_its_answer_to_the_model() -> N
     )
     assert [type(e) for e in events] == [
         ModelEvent,
+        ModelDoneEvent,
         ToolCallEvent,
         ToolResultEvent,
         ModelEvent,
+        ModelDoneEvent,
         ReplyEvent,
     ]
-    assert events[1] == ToolCallEvent(
+    assert events[2] == ToolCallEvent(
         call=request.call, tool="read_file", arguments={"path": "notes.txt"}
     )
-    assert events[2] == ToolResultEvent(call=request.call, outcome=AnswerOutcome.OK)
+    assert attrs.evolve(events[3], elapsed_ms=0) == ToolResultEvent(
+        call=request.call,
+        outcome=AnswerOutcome.OK,
+        output=OutputHead(lines=["Buy milk."], total_lines=1),
+        elapsed_ms=0,
+    )
     assert events[-1] == ReplyEvent(text="Buy milk.")
     first, second = model.payloads
     assert first["messages"] == [
@@ -256,7 +273,11 @@ async def test_the_turn_stops_at_max_steps() -> None:
 async def test_a_model_failure_ends_the_turn_with_its_error() -> None:
     failure = ModelFailure(ErrorCode.MODEL_UNREACHABLE, "HTTP 502: see docs/runbook.md#x")
     events, added = await turn(ScriptedModel([failure]), ScriptedBroker({}))
-    assert events == [ModelEvent(step=1), ErrorFrame(code=failure.code, detail=failure.detail)]
+    assert [attrs.evolve(e, elapsed_ms=0) if isinstance(e, ModelDoneEvent) else e for e in events] == [
+        ModelEvent(step=1),
+        ModelDoneEvent(step=1, elapsed_ms=0),
+        ErrorFrame(code=failure.code, detail=failure.detail),
+    ]
     assert added == [{"role": "user", "content": "what do my notes say?"}]
 
 

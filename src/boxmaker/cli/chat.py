@@ -1,32 +1,54 @@
 """``bxctl chat``: talk to the agent through loopd's loop.sock (docs/protocol.md).
 
 One turn with ``--say``, else a prompt loop (an empty line or Ctrl-D ends it). Each event
-of the turn is shown as it comes: the model's tool calls, a call waiting for the owner
-(with the commands that approve or refuse it), each call's outcome, and the reply.
-``--json`` prints the events as they come, one JSON object a line.
+of the turn is shown as it comes: the model's tool calls, each call's outcome with its
+detail and the head of its output, how long each step took, and the reply as the model
+writes it. On a terminal, the model's progress (step, seconds, tokens) stays on one
+line while it works, and a call waiting for the owner rings the bell, shows the approval
+and asks for the decision right there; elsewhere it prints the commands that approve or
+refuse it. ``--json`` prints the events as they come, one JSON object a line.
+
+Ctrl-C ends the turn for real: chat closes its loop.sock connection, so loopd drops the
+model request and brokerd withdraws a call waiting for the owner. ``--say`` then exits
+130; the prompt loop comes back to its prompt (Ctrl-C there ends chat, exit 130).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, TypeVar
 
 import attrs
 import orjson
 import trio
 
+from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
-from boxmaker.clock import format_utc
+from boxmaker.cli.owner import approval_block, describe_approved
+from boxmaker.cli.terminal import OwnerTerminal, is_interactive
+from boxmaker.clock import format_utc, utc_now
 from boxmaker.convert import SESSION_ID
 from boxmaker.home import Home
 from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.printable import printable
 from boxmaker.wire import (
+    MAX_REFUSE_REASON,
+    ApprovalsAnswer,
+    ApprovalsRequest,
+    Approve,
+    Approved,
     BadFrame,
     ErrorFrame,
     LoopEvent,
+    ModelDoneEvent,
     ModelEvent,
+    OutputHead,
+    ProgressEvent,
+    Refuse,
+    Refused,
+    ReplyDeltaEvent,
     ReplyEvent,
     Say,
     SessionEvent,
@@ -38,6 +60,18 @@ from boxmaker.wire import (
 )
 
 PROMPT: Final = "you> "
+APPROVE_PROMPT: Final = "approve? [y]es / [n]o (with a reason) "
+REASON_PROMPT: Final = "reason (Enter refuses, Esc goes back): "
+INTERRUPTED: Final = (
+    "interrupted: the turn is ended (loopd drops the model request; "
+    "a call waiting for you is withdrawn)"
+)
+NO_END: Final = (
+    "loopd ended the turn without a reply or an error: it stopped or failed "
+    "(`bxctl status`; its log is loopd.log in the home's log folder)"
+)
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -46,17 +80,60 @@ class TurnEnd:
     code: Exit
 
 
+def _seconds(ms: int) -> str:
+    """
+    >>> _seconds(1234), _seconds(40)
+    ('1.2 s', '0.0 s')
+    """
+    return f"{ms / 1000:.1f} s"
+
+
+def _head(head: OutputHead | None, mark: str) -> list[str]:
+    if head is None:
+        return []
+    lines = [f"     {mark} {line}" for line in head.lines]
+    if head.total_lines > len(head.lines):
+        lines.append(f"     {mark} … {head.total_lines} lines in all")
+    return lines
+
+
+def describe_result(event: ToolResultEvent) -> str:
+    """A call's outcome: its reason, exit status and time, then its detail and the head
+    of its output (``|`` stdout, ``!`` stderr), every line escaped.
+
+    >>> print(describe_result(ToolResultEvent(
+    ...     call="c-0123456789abcdef", outcome="failed", reason="tool_error",
+    ...     detail="exit status 2: no such file", exit_code=2, elapsed_ms=310)))
+      <- failed: tool_error, exit 2 (0.3 s)
+         exit status 2: no such file
+    """
+    head = f"  <- {event.outcome}" + (f": {event.reason}" if event.reason else "")
+    if event.exit_code is not None:
+        head += f", exit {event.exit_code}"
+    if event.elapsed_ms is not None:
+        head += f" ({_seconds(event.elapsed_ms)})"
+    lines = [head]
+    if event.detail:
+        lines += [f"     {line}" for line in event.detail.split("\n")]
+    lines += _head(event.output, "|") + _head(event.stderr, "!")
+    return "\n".join(printable(line) for line in lines)
+
+
 def describe(event: LoopEvent) -> str | None:
     """How an event reads to the owner (None: nothing to show), escaped: one line an
-    event, but for the model's reply, whose own lines are kept.
+    event, but for a call's outcome (its detail and output) and the model's reply,
+    whose own lines are kept. Streamed text and progress are shown by :class:`TurnScreen`.
 
     >>> describe(ToolResultEvent(call="c-0123456789abcdef", outcome="denied", reason="no_grant"))
     '  <- denied: no_grant'
     """
     if isinstance(event, SessionEvent):
         return printable(f"session {event.session}")
-    if isinstance(event, ModelEvent):
+    if isinstance(event, ModelEvent | ProgressEvent | ReplyDeltaEvent):
         return None
+    if isinstance(event, ModelDoneEvent):
+        tokens = "" if event.tokens is None else f", {event.tokens} tokens"
+        return f"  [step {event.step}: {_seconds(event.elapsed_ms)}{tokens}]"
     if isinstance(event, ToolCallEvent):
         arguments = orjson.dumps(event.arguments, option=orjson.OPT_SORT_KEYS).decode()
         return printable(f"  -> {event.tool} {arguments}")
@@ -71,10 +148,173 @@ def describe(event: LoopEvent) -> str | None:
             ]
         )
     if isinstance(event, ToolResultEvent):
-        return printable(f"  <- {event.outcome}" + (f": {event.reason}" if event.reason else ""))
+        return describe_result(event)
     if isinstance(event, ReplyEvent):
         return printable(event.text, lines=True)
     return printable(f"error: {event.code}: {event.detail}")
+
+
+@attrs.define
+class TurnScreen:
+    """The turn in text, as the events come. The model's text is written as it streams;
+    its ``reply`` then only ends the line (or is written whole if nothing streamed). A
+    step's timing is shown after its text. On a terminal, progress is one line
+    rewritten in place until something else is shown."""
+
+    terminal: OwnerTerminal | None
+    streamed: list[str] = attrs.Factory(list)
+    line_open: bool = False
+    status_up: bool = False
+    footer: str | None = None
+
+    def _settle(self) -> None:
+        """The cursor at the start of an empty line, the progress line gone."""
+        if self.status_up and self.terminal is not None:
+            self.terminal.clear_line()
+            self.status_up = False
+        if self.line_open:
+            print()
+            self.line_open = False
+
+    def _footer(self) -> None:
+        if self.footer is not None:
+            print(self.footer)
+            self.footer = None
+
+    def show(self, event: LoopEvent) -> None:
+        if isinstance(event, ProgressEvent):
+            if self.terminal is not None and not self.streamed:
+                self.terminal.status(
+                    f"  .. step {event.step}: {event.elapsed_ms // 1000} s, "
+                    f"{event.tokens} tokens"
+                )
+                self.status_up = True
+            return
+        if isinstance(event, ReplyDeltaEvent):
+            if self.status_up and self.terminal is not None:
+                self.terminal.clear_line()
+                self.status_up = False
+            self.streamed.append(event.text)
+            sys.stdout.write(printable(event.text, lines=True))
+            sys.stdout.flush()
+            self.line_open = not "".join(self.streamed).endswith("\n")
+            return
+        if isinstance(event, ModelEvent):
+            self._settle()
+            self.streamed = []
+            return
+        if isinstance(event, ModelDoneEvent):
+            self.footer = describe(event)
+            return
+        self._settle()
+        if isinstance(event, ReplyEvent):
+            if "".join(self.streamed) != event.text:
+                print(describe(event))
+            self._footer()
+            return
+        self._footer()
+        shown = describe(event)
+        if shown is not None:
+            print(shown, file=sys.stderr if isinstance(event, ErrorFrame) else sys.stdout)
+
+    def end(self) -> None:
+        self._settle()
+        self._footer()
+        sys.stdout.flush()
+
+
+@attrs.define
+class ApprovalPrompt:
+    """The decision on one waiting call, asked on the terminal: the bell, the approval
+    as ``bxctl approvals`` shows it, then y (approve) or n and a reason (refuse), sent
+    on brokerd's admin.sock. While the owner has not decided, :meth:`close` takes the
+    prompt away (the call ended otherwise: answered from another terminal, expired,
+    withdrawn); once they have, it waits for brokerd's answer to be shown."""
+
+    home: Home
+    waiting: WaitingEvent
+    terminal: OwnerTerminal
+    _asking: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    _decided: bool = False
+    _done: trio.Event = attrs.Factory(trio.Event)
+
+    async def run(self) -> None:
+        try:
+            decision = None
+            with self._asking:
+                decision = await self._ask()
+            if decision is not None:
+                await self._send(decision)
+        finally:
+            self._done.set()
+
+    async def close(self) -> None:
+        if not self._decided:
+            self._asking.cancel()
+        await self._done.wait()
+
+    async def _block(self) -> str:
+        try:
+            answer = await ask_broker(self.home, ApprovalsRequest())
+        except DaemonUnreachable:
+            answer = None
+        if isinstance(answer, ApprovalsAnswer):
+            for entry in answer.entries:
+                if entry.approval == self.waiting.approval:
+                    return approval_block(entry, utc_now())
+        return describe(self.waiting) or ""
+
+    async def _ask(self) -> Approve | Refuse | None:
+        self.terminal.bell()
+        print(await self._block())
+        approval = self.waiting.approval
+        try:
+            with self.terminal.keys():
+                while True:
+                    self.terminal.status(APPROVE_PROMPT)
+                    key = (await self.terminal.key()).lower()
+                    if key == "y":
+                        self._decided = True
+                        return Approve(approval=approval)
+                    if key == "n":
+                        reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
+                        if reason is not None and reason.strip():
+                            self._decided = True
+                            return Refuse(approval=approval, reason=reason)
+        except EOFError:
+            return None
+        finally:
+            self.terminal.clear_line()
+
+    async def _send(self, decision: Approve | Refuse) -> None:
+        try:
+            answer = await ask_broker(self.home, decision)
+        except DaemonUnreachable as exc:
+            print(printable(f"  !! {exc}"))
+            return
+        if isinstance(answer, Approved):
+            print(printable(f"  approved: {describe_approved(answer)}"))
+        elif isinstance(answer, Refused):
+            print(printable(f"  refused: {answer.call}"))
+        elif isinstance(answer, ErrorFrame):
+            print(printable(f"  !! brokerd: {answer.code}: {answer.detail}"))
+
+
+async def _until_interrupted(work: Callable[[], Awaitable[T]]) -> T | None:
+    """``work``'s result, or None when Ctrl-C (SIGINT) came first and cancelled it."""
+    result: T | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_interrupt() -> None:
+                async for _ in interrupts:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_interrupt)
+            result = await work()
+            nursery.cancel_scope.cancel()
+    return result
 
 
 OnEvent = Callable[[LoopEvent], Awaitable[None]]
@@ -83,8 +323,9 @@ OnEvent = Callable[[LoopEvent], Awaitable[None]]
 async def run_turn(
     home: Home, text: str, session: str | None, *, as_json: bool, on_event: OnEvent | None = None
 ) -> TurnEnd:
-    """One ``say`` on loop.sock, its events printed as they come (``on_event`` hears each
-    after it is shown; the next is not read until it returns)."""
+    """One ``say`` on loop.sock, its events shown as they come (``on_event`` hears each
+    after it is shown; the next is not read until it returns). Ctrl-C ends the turn:
+    exit 130."""
     try:
         stream = await trio.open_unix_socket(str(home.loop_sock))
     except OSError as exc:
@@ -93,36 +334,75 @@ async def run_turn(
             f"start it with `loopd serve --home {home.root}` (or `bxctl up`)"
         )
         return TurnEnd(session, fail(message, Exit.UNREACHABLE))
-    code = Exit.FAILED
+    terminal = OwnerTerminal() if not as_json and is_interactive() else None
+    screen = TurnScreen(terminal)
+    current = session
+
+    async def events() -> Exit:
+        nonlocal current
+        prompt: ApprovalPrompt | None = None
+        code: Exit | None = None
+        async with trio.open_nursery() as prompts:
+            await stream.send_all(encode_frame(Say(session=session, text=text)))
+            reader = FrameReader(stream)
+            try:
+                while (line := await reader.receive_line()) is not None:
+                    event = decode_loop_event(line)
+                    if prompt is not None:
+                        await prompt.close()
+                        prompt = None
+                    if isinstance(event, SessionEvent):
+                        current = event.session
+                    if as_json:
+                        sys.stdout.write(line.decode() + "\n")
+                        sys.stdout.flush()
+                    else:
+                        screen.show(event)
+                    if on_event is not None:
+                        await on_event(event)
+                    if isinstance(event, WaitingEvent) and terminal is not None:
+                        prompt = ApprovalPrompt(home, event, terminal)
+                        prompts.start_soon(prompt.run)
+                    if isinstance(event, ReplyEvent):
+                        code = Exit.DONE
+                    elif isinstance(event, ErrorFrame):
+                        code = Exit.FAILED
+            except (trio.BrokenResourceError, FrameError, BadFrame) as exc:
+                screen.end()
+                return fail(f"the connection to loopd broke: {exc}")
+            finally:
+                if prompt is not None:
+                    await prompt.close()
+        screen.end()
+        return fail(NO_END) if code is None else code
+
     async with stream:
-        await stream.send_all(encode_frame(Say(session=session, text=text)))
-        reader = FrameReader(stream)
-        try:
-            while (line := await reader.receive_line()) is not None:
-                event = decode_loop_event(line)
-                if isinstance(event, SessionEvent):
-                    session = event.session
-                if as_json:
-                    sys.stdout.write(line.decode() + "\n")
-                elif (shown := describe(event)) is not None:
-                    where = sys.stderr if isinstance(event, ErrorFrame) else sys.stdout
-                    print(shown, file=where)
-                sys.stdout.flush()
-                if on_event is not None:
-                    await on_event(event)
-                if isinstance(event, ReplyEvent):
-                    code = Exit.DONE
-        except (trio.BrokenResourceError, FrameError, BadFrame) as exc:
-            return TurnEnd(session, fail(f"the connection to loopd broke: {exc}"))
-    return TurnEnd(session, code)
+        code = await _until_interrupted(events)
+    if code is None:
+        screen.end()
+        return TurnEnd(current, fail(INTERRUPTED, Exit.INTERRUPTED))
+    return TurnEnd(current, code)
+
+
+async def _read_line() -> str:
+    """The owner's next line at the prompt ("" at Ctrl-D, which ends chat as an empty
+    line does)."""
+    try:
+        return await trio.to_thread.run_sync(input, PROMPT, abandon_on_cancel=True)
+    except EOFError:
+        print()
+        return ""
 
 
 async def chat(
     *, say: str | None = None, session: str | None = None, common: Common = DEFAULT
 ) -> Exit:
     """Talk to the agent: one turn with --say, else a prompt loop (an empty line or
-    Ctrl-D ends it). Shows each tool call, a call waiting for your approval (with the
-    command that approves it), each outcome, and the reply.
+    Ctrl-D ends it). Shows each tool call, its outcome (the detail, the head of the
+    output, the time taken) and the reply as it is written. On a terminal a call waiting
+    for your approval rings the bell and asks you right there (y, or n and a reason);
+    `bxctl approve` from another terminal works as well. Ctrl-C ends the turn (the
+    waiting call is withdrawn): --say exits 130, the prompt loop asks again.
 
     Parameters
     ----------
@@ -140,11 +420,10 @@ async def chat(
     home = common.resolve()
     code = Exit.DONE
     while True:
-        try:
-            text = await trio.to_thread.run_sync(input, PROMPT)
-        except EOFError:
+        text = await _until_interrupted(_read_line)
+        if text is None:
             print()
-            return code
+            return Exit.INTERRUPTED
         if not text.strip():
             return code
         end = await run_turn(home, text, session, as_json=common.json)

@@ -21,6 +21,7 @@ class Exit(enum.IntEnum):
     FAILED = 1  # the operation failed, or verify found a problem
     USAGE = 2  # also: the ledger could not be read (an I/O error)
     UNREACHABLE = 3  # a daemon is unreachable
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports it
 
 
 @Parameter(name="*")

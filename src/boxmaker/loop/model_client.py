@@ -8,6 +8,7 @@ raises for those.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,6 +31,19 @@ class ModelFailure:
     detail: str
 
 
+@attrs.frozen
+class ModelProgress:
+    """How far one model call has come, heard while the model generates."""
+
+    tokens: int
+    """Completion tokens generated so far in this model call."""
+    content: str
+    """This chunk's text delta of the reply ("" when none)."""
+
+
+OnProgress = Callable[[ModelProgress], Awaitable[None]]
+
+
 class ModelClient:
     def __init__(self, infer_sock: Path) -> None:
         self.infer_sock = infer_sock
@@ -42,8 +56,11 @@ class ModelClient:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def complete(self, payload: dict[str, Any]) -> dict[str, Any] | ModelFailure:
-        """The first choice's assistant message (with ``finish_reason`` added)."""
+    async def complete(
+        self, payload: dict[str, Any], *, on_progress: OnProgress | None = None
+    ) -> dict[str, Any] | ModelFailure:
+        """The first choice's assistant message (with ``finish_reason`` added).
+        ``on_progress`` hears the model's progress where it streams (not yet)."""
         try:
             response = await self._client.post(
                 "/v1/chat/completions", content=orjson.dumps(payload)

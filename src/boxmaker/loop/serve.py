@@ -4,8 +4,9 @@
 SO_PEERCRED) takes one ``say`` a connection and streams the turn's events back:
 ``session`` first, then ``model``, ``tool_call``, ``waiting``, ``tool_result``, and at
 the end ``reply`` or ``error``; then it closes. Turns of one session run one at a time;
-a client that leaves mid-turn ends the turn (a pending call is then withdrawn by
-brokerd, which sees its requester gone).
+a client that leaves mid-turn ends the turn at once: loopd watches the connection for
+its end while the turn runs, so the model request is dropped and a pending call
+withdrawn (brokerd sees its requester gone).
 
 loopd holds no authority: its only ways out are inferproxy (``run/infer.sock``) and
 brokerd (``run/broker.sock``).
@@ -93,11 +94,30 @@ async def handle_loop_connection(loop: Loop, stream: trio.SocketStream) -> None:
         async def emit(event: LoopEvent) -> None:
             await stream.send_all(encode_frame(event))
 
-        await _turn(loop, say.session or new_session_id(), say.text, emit)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_end_turn_on_hangup, stream, nursery.cancel_scope)
+            try:
+                await _turn(loop, say.session or new_session_id(), say.text, emit)
+            except DISCONNECTS as exc:
+                log.info("loop.sock: the client left (%s); the turn ended", type(exc).__name__)
+            nursery.cancel_scope.cancel()
     except DISCONNECTS as exc:
         log.info("loop.sock: the client left (%s); the turn ended", type(exc).__name__)
     except Exception:
         log.exception("loop.sock: a connection failed")
+
+
+async def _end_turn_on_hangup(stream: trio.SocketStream, turn: trio.CancelScope) -> None:
+    """Cancel the turn the moment its client leaves (Ctrl-C in ``bxctl chat``): the model
+    request is dropped, and closing the broker.sock connection withdraws a pending call.
+    Bytes after the ``say`` are read and dropped; only the end of the stream counts."""
+    try:
+        while await stream.receive_some():
+            pass
+    except DISCONNECTS:
+        pass
+    log.info("loop.sock: the client left; its turn is cancelled")
+    turn.cancel()
 
 
 async def _turn(loop: Loop, session: str, text: str, emit: Any) -> None:

@@ -18,25 +18,30 @@ from typing import Any, Final, Protocol
 
 import attrs
 import orjson
+import trio
 
 from boxmaker.convert import new_call_id
 from boxmaker.core.call import AnswerOutcome
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
-from boxmaker.loop.model_client import ModelFailure
+from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress
+from boxmaker.loop.results import result_event
 from boxmaker.wire import (
     ErrorCode,
     ErrorFrame,
     LoopEvent,
+    ModelDoneEvent,
     ModelEvent,
     Pending,
+    ProgressEvent,
+    ReplyDeltaEvent,
     ReplyEvent,
     ToolCallEvent,
     ToolRequest,
-    ToolResultEvent,
     WaitingEvent,
 )
+from boxmaker.wire.loop import MAX_DELTA
 
 SYSTEM_PROMPT: Final = (
     "You work on the owner's machine, in their workspace, only through the tools given. "
@@ -64,6 +69,10 @@ TOOL_CALL_PREFILL: Final = "<tool_call>\n"
 llama-server continues a trailing assistant message, and a tiny model then writes a
 tool call instead of prose."""
 INVALID_ARGUMENTS: Final = "invalid_arguments"
+PROGRESS_S: Final = 0.5
+"""At most one ``progress`` event this often while the model works."""
+DELTA_S: Final = 0.05
+"""The reply's pieces that come within this long go to the owner in one ``reply_delta``."""
 
 
 @attrs.frozen
@@ -199,10 +208,82 @@ class Broker(Protocol):
 
 
 class Model(Protocol):
-    async def complete(self, payload: dict[str, Any]) -> dict[str, Any] | ModelFailure: ...
+    async def complete(
+        self, payload: dict[str, Any], *, on_progress: OnProgress | None = None
+    ) -> dict[str, Any] | ModelFailure: ...
 
 
 Emit = Callable[[LoopEvent], Awaitable[None]]
+
+
+@attrs.define
+class _StepReport:
+    """What the owner hears while the model works on one step: a ``progress`` event at
+    most each :data:`PROGRESS_S` (the step, its seconds, its tokens so far, even before
+    the first token), and the text as it comes in ``reply_delta`` events, coalesced over
+    :data:`DELTA_S`. One task sends them all, so sends never interleave, and a slow
+    owner slows the sending, never the model's stream."""
+
+    step: int
+    emit: Emit
+    started: float = attrs.Factory(trio.current_time)
+    tokens: int = 0
+    text: list[str] = attrs.Factory(list)
+    finished: bool = False
+    _wake: trio.Event = attrs.Factory(trio.Event)
+
+    async def heard(self, progress: ModelProgress) -> None:
+        self.tokens = progress.tokens
+        if progress.content:
+            self.text.append(progress.content)
+            self._wake.set()
+
+    def finish(self) -> None:
+        self.finished = True
+        self._wake.set()
+
+    def elapsed_ms(self) -> int:
+        return round((trio.current_time() - self.started) * 1000)
+
+    async def send(self) -> None:
+        """Run until :meth:`finish`; the text heard by then is all sent."""
+        next_progress = self.started + PROGRESS_S
+        while True:
+            with trio.move_on_at(next_progress):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            if self.text:
+                text, self.text = "".join(self.text), []
+                for start in range(0, len(text), MAX_DELTA):
+                    await self.emit(ReplyDeltaEvent(text=text[start : start + MAX_DELTA]))
+            if self.finished:
+                return
+            if trio.current_time() >= next_progress:
+                await self.emit(
+                    ProgressEvent(step=self.step, elapsed_ms=self.elapsed_ms(), tokens=self.tokens)
+                )
+                next_progress = trio.current_time() + PROGRESS_S
+            await trio.sleep(DELTA_S)
+
+
+async def _model_step(
+    model: Model, payload: dict[str, Any], step: int, emit: Emit
+) -> dict[str, Any] | ModelFailure:
+    """One model call with its ``model``, ``progress``, ``reply_delta`` and
+    ``model_done`` events."""
+    await emit(ModelEvent(step=step))
+    report = _StepReport(step, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(report.send)
+        try:
+            message = await model.complete(payload, on_progress=report.heard)
+        finally:
+            report.finish()
+    tokens = report.tokens or None
+    await emit(ModelDoneEvent(step=step, elapsed_ms=report.elapsed_ms(), tokens=tokens))
+    return message
+
+
 
 
 async def run_turn(
@@ -222,11 +303,9 @@ async def run_turn(
     added.append({"role": "user", "content": text})
     tools = model_tools()
     for step in range(1, config.max_steps + 1):
-        await emit(ModelEvent(step=step))
         force_tool = step == 1 and config.first_step == "tool"
-        message = await model.complete(
-            request_payload([*history, *added], tools, force_tool=force_tool)
-        )
+        payload = request_payload([*history, *added], tools, force_tool=force_tool)
+        message = await _model_step(model, payload, step, emit)
         if isinstance(message, ModelFailure):
             await emit(ErrorFrame(code=message.code, detail=message.detail))
             return
@@ -246,6 +325,7 @@ async def _tool(
     call: ToolCall | BadToolCall, session: str, broker: Broker, emit: Emit
 ) -> dict[str, Any]:
     call_id = new_call_id()
+    started = trio.current_time()
     if isinstance(call, BadToolCall):
         answer = PortAnswer(AnswerOutcome.DENIED, reason=INVALID_ARGUMENTS, detail=call.problem)
         await emit(ToolCallEvent(call=call_id, tool=call.name, arguments={}))
@@ -266,5 +346,6 @@ async def _tool(
             call=call_id, session=session, tool=call.name, arguments=call.arguments
         )
         answer = await broker.call(request, waiting)
-    await emit(ToolResultEvent(call=call_id, outcome=answer.outcome, reason=answer.reason))
+    elapsed_s = trio.current_time() - started
+    await emit(result_event(call_id, call.name, answer, elapsed_s=elapsed_s))
     return tool_message(call.id, answer)

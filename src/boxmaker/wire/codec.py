@@ -17,7 +17,7 @@ from boxmaker.convert import converter, format_path, problems
 from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, GrantRef
 from boxmaker.wire.broker import Answer, BrokerAnswer, BrokerRequest
 from boxmaker.wire.common import ErrorCode
-from boxmaker.wire.loop import LoopEvent, LoopRequest, Say, ToolResultEvent
+from boxmaker.wire.loop import LoopEvent, LoopRequest, ModelDoneEvent, Say, ToolResultEvent
 
 Frame: TypeAlias = (
     BrokerRequest | BrokerAnswer | AdminRequest | AdminAnswer | LoopRequest | LoopEvent
@@ -43,7 +43,8 @@ def _kind_of(cl: type) -> str:
 _OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
     Answer: ("content", "label", "reason", "detail"),
     Say: ("session",),
-    ToolResultEvent: ("reason",),
+    ToolResultEvent: ("reason", "detail", "output", "stderr", "exit_code", "elapsed_ms"),
+    ModelDoneEvent: ("tokens",),
     Approve: ("note",),
     GrantRef: ("note",),
 }

@@ -1,0 +1,114 @@
+"""The owner's terminal for bxctl's interactive screens (the approval prompt of ``bxctl
+chat``, ``bxctl approvals --watch``): keys in, the few cursor controls out.
+
+Keys are read through blessed (a well-kept terminal library: terminfo, key sequences,
+cbreak mode, a line editor) without a thread: trio waits until stdin is readable, then
+blessed decodes what is there without blocking. So every wait for a key can be
+cancelled at once, as when a call waiting for the owner is answered from another
+terminal while its prompt is up.
+
+Only bxctl's own controls go to the terminal raw (the bell, "clear to the end of the
+line", the cursor's column); every text is still written through ``printable``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Final, TextIO
+
+import blessed
+import trio
+from blessed.keyboard import Keystroke
+from blessed.line_editor import LineEditor
+
+from boxmaker.printable import PrintableStream, printable
+
+ESC_DELAY_S: Final = 0.05
+"""How long a lone Escape waits for the rest of a key sequence (an arrow key's)."""
+SILENT_READS: Final = 200
+"""Readable but no key this many times running: the terminal has gone (stdin at its end)."""
+
+
+def is_interactive() -> bool:
+    """Both ends are a terminal: the owner is there to press keys and see the screen."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _raw_stdout() -> TextIO:
+    stream = sys.stdout
+    return stream.stream if isinstance(stream, PrintableStream) else stream
+
+
+class OwnerTerminal:
+    """The terminal bxctl runs on (only where :func:`is_interactive`)."""
+
+    def __init__(self) -> None:
+        self.out = _raw_stdout()
+        self.term = blessed.Terminal(stream=self.out)
+
+    def control(self, sequence: str) -> None:
+        """Write bxctl's own control sequence, raw (never text from outside)."""
+        sys.stdout.flush()
+        self.out.write(sequence)
+        self.out.flush()
+
+    def bell(self) -> None:
+        self.control("\a")
+
+    def clear_line(self) -> None:
+        """Back to the start of the line, emptied."""
+        self.control("\r" + self.term.clear_eol)
+
+    def status(self, text: str) -> None:
+        """``text`` on the current line, in place of what was there (no newline)."""
+        self.clear_line()
+        sys.stdout.write(printable(text)[: max(self.term.width - 1, 10)])
+        sys.stdout.flush()
+
+    @contextlib.contextmanager
+    def keys(self) -> Iterator[None]:
+        """cbreak mode: keys come one by one, unechoed; Ctrl-C still sends SIGINT."""
+        with self.term.cbreak():
+            yield
+
+    async def key(self) -> Keystroke:
+        """The next key (inside :meth:`keys`). Raises EOFError when stdin has ended."""
+        silent = 0
+        while True:
+            key = self.term.inkey(timeout=0, esc_delay=ESC_DELAY_S)
+            if key:
+                return key
+            await trio.lowlevel.wait_readable(sys.stdin.fileno())
+            key = self.term.inkey(timeout=0, esc_delay=ESC_DELAY_S)
+            if key:
+                return key
+            # Readable, yet no key: half a sequence (the rest is coming), or the end.
+            silent += 1
+            if silent >= SILENT_READS:
+                raise EOFError
+            await trio.sleep(0.005)
+
+    async def line(self, prompt: str, *, limit: int) -> str | None:
+        """A line the owner types after ``prompt`` (inside :meth:`keys`), with readline's
+        usual editing keys; None when they press Escape. Only printable characters
+        can be typed."""
+        width = max(self.term.width - len(prompt) - 1, 10)
+        editor = LineEditor(limit=limit, max_width=width, text_sgr="", suggestion_sgr="")
+        while True:
+            shown = editor.display
+            self.clear_line()
+            sys.stdout.write(printable(prompt + shown.text))
+            sys.stdout.flush()
+            # blessed types move_x as taking a str; it takes the column.
+            self.control(self.term.move_x(len(prompt) + shown.cursor))  # type: ignore[arg-type]
+            key = await self.key()
+            if key.name == "KEY_ESCAPE":
+                return None
+            result = editor.feed_key(key)
+            if result.bell:
+                self.bell()
+            if result.line is not None:
+                self.control("\r\n")
+                return result.line
