@@ -213,6 +213,8 @@ class TurnScreen:
             self._footer()
             return
         self._footer()
+        if isinstance(event, WaitingEvent) and self.terminal is not None:
+            return  # the approval prompt shows it, whole
         shown = describe(event)
         if shown is not None:
             print(shown, file=sys.stderr if isinstance(event, ErrorFrame) else sys.stdout)

@@ -1,0 +1,89 @@
+"""A real terminal for tests: a program run in a tmux pane of its own tmux server, keys
+sent as the owner types them, the screen read back as the owner sees it.
+
+Everything is awaited (tmux is run through trio), so a test can drive the terminal
+while the stack it talks to runs in the same trio run (tests/harness/stack.py).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Final
+
+import trio
+
+WAIT_S: Final = 30.0
+EXITED: Final = "[exit "
+"""What the pane shows once the program has ended: ``[exit N]``."""
+
+
+class Screen:
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    async def _tmux(self, *args: str) -> str:
+        done = await trio.run_process(
+            ["tmux", "-L", self.server, *args], capture_stdout=True, capture_stderr=True
+        )
+        return done.stdout.decode(errors="replace")
+
+    async def send(self, *keys: str) -> None:
+        """Keys as tmux names them (``y``, ``Enter``, ``C-c``, ``Down``)."""
+        await self._tmux("send-keys", "-t", "owner", *keys)
+
+    async def type(self, text: str) -> None:
+        """``text`` typed literally."""
+        await self._tmux("send-keys", "-t", "owner", "-l", text)
+
+    async def text(self) -> str:
+        """What the pane shows now, with the lines scrolled off it."""
+        return await self._tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "owner")
+
+    async def raw(self) -> str:
+        """The pane's content with its escape sequences, as tmux holds them."""
+        return await self._tmux("capture-pane", "-p", "-e", "-S", "-200", "-t", "owner")
+
+    async def wait_for(self, wanted: str | Callable[[str], bool], timeout: float = WAIT_S) -> str:
+        """The screen once it shows ``wanted`` (a text, or a test on the whole screen)."""
+        check = wanted if callable(wanted) else (lambda screen: wanted in screen)
+        screen = ""
+        with trio.move_on_after(timeout):
+            while not check(screen := await self.text()):
+                await trio.sleep(0.05)
+            return screen
+        raise AssertionError(f"the screen never showed {wanted!r}; it shows:\n{screen}")
+
+    async def exit_code(self, timeout: float = WAIT_S) -> int:
+        screen = await self.wait_for(EXITED, timeout)
+        return int(screen[screen.rindex(EXITED) + len(EXITED) :].split("]")[0])
+
+
+@asynccontextmanager
+async def terminal(argv: list[str], *, cwd: Path | None = None) -> AsyncIterator[Screen]:
+    """``argv`` in a fresh 120x40 tmux pane; ``[exit N]`` is shown when it ends. The tmux
+    server is killed on the way out."""
+    server = f"bx-{uuid.uuid4().hex[:12]}"
+    screen = Screen(server)
+    # A trap (not an ignore) keeps the shell alive through Ctrl-C and is reset in the
+    # program, which gets SIGINT as it would from an interactive shell.
+    command = f"trap : INT; {shlex.join(argv)}; echo \"{EXITED}$?]\"; sleep 600"
+    subprocess.run(
+        ["tmux", "-L", server, "-f", "/dev/null", "new-session", "-d", "-s", "owner"]
+        + ["-x", "120", "-y", "40", "-c", str(cwd or Path.cwd()), "sh", "-c", command],
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "TERM": "xterm-256color", "LANG": "C.UTF-8"},
+    )
+    try:
+        yield screen
+    finally:
+        subprocess.run(["tmux", "-L", server, "kill-server"], check=False, capture_output=True)
+
+
+def bxctl_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "boxmaker.cli.app", *args]
