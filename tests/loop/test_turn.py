@@ -4,14 +4,18 @@ is sent, what the broker is asked, which events come out, what the history keeps
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from typing import Any
 
 import attrs
 import orjson
 import pytest
+import trio
+import trio.testing
 
 from boxmaker.core.call import AnswerOutcome
 from boxmaker.home import LoopConfig
+from boxmaker.wire.loop import MAX_DELTA
 from boxmaker.loop.broker_port import OnPending, PortAnswer
 from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress
 from boxmaker.loop.turn import (
@@ -33,6 +37,8 @@ from boxmaker.wire import (
     ModelEvent,
     OutputHead,
     Pending,
+    ProgressEvent,
+    ReplyDeltaEvent,
     ReplyEvent,
     ToolCallEvent,
     ToolRequest,
@@ -362,3 +368,73 @@ async def test_a_bad_call_is_still_shown_as_a_tool_call() -> None:
     result = next(e for e in events if isinstance(e, ToolResultEvent))
     assert (call_event.tool, call_event.arguments) == ("shell", {})
     assert call_event.call == result.call
+
+
+@attrs.define
+class SlowModel:
+    """Streams ``pieces`` one each ``every`` seconds, then answers with their text."""
+
+    pieces: list[str]
+    every: float
+
+    async def complete(
+        self, payload: dict[str, Any], *, on_progress: OnProgress | None = None
+    ) -> dict[str, Any] | ModelFailure:
+        assert on_progress is not None
+        for tokens, piece in enumerate(self.pieces, start=1):
+            await trio.sleep(self.every)
+            await on_progress(ModelProgress(tokens=tokens, content=piece))
+        return text("".join(self.pieces))
+
+
+async def test_the_reply_streams_in_pieces_and_progress_is_reported_at_most_each_half_second(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pieces = [f"word{n} " for n in range(20)]
+    events, _ = await turn(SlowModel(pieces, every=0.1), ScriptedBroker({}))  # type: ignore[arg-type]
+    deltas = [e.text for e in events if isinstance(e, ReplyDeltaEvent)]
+    progress = [e for e in events if isinstance(e, ProgressEvent)]
+    assert "".join(deltas) == "".join(pieces)
+    assert 1 < len(deltas) <= len(pieces)
+    # 2 s of generating: a progress event each half second, never more often.
+    times = [p.elapsed_ms for p in progress]
+    assert len(times) == 3
+    assert times[0] == 500
+    assert all(later - earlier >= 500 for earlier, later in itertools.pairwise(times))
+    # A token each 100 ms: the count heard by then (the one due that instant, or not yet).
+    assert all(t // 100 - 1 <= p.tokens <= t // 100 for p, t in zip(progress, times, strict=True))
+    assert isinstance(events[-2], ModelDoneEvent)
+    assert (events[-2].elapsed_ms, events[-2].tokens) == (2000, 20)
+    assert events[-1] == ReplyEvent(text="".join(pieces))
+
+
+async def test_progress_comes_before_the_first_token_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events, _ = await turn(SlowModel(["Hi."], every=1.2), ScriptedBroker({}))  # type: ignore[arg-type]
+    assert [e for e in events if isinstance(e, ProgressEvent)] == [
+        ProgressEvent(step=1, elapsed_ms=500, tokens=0),
+        ProgressEvent(step=1, elapsed_ms=1000, tokens=0),
+    ]
+    assert [e for e in events if isinstance(e, ReplyDeltaEvent)] == [ReplyDeltaEvent(text="Hi.")]
+
+
+async def test_a_long_piece_of_text_goes_in_several_deltas() -> None:
+    long = "x" * (MAX_DELTA * 2 + 5)
+    model = ScriptedModel([text(long)], progress=[[ModelProgress(tokens=1, content=long)]])
+    events, _ = await turn(model, ScriptedBroker({}))
+    deltas = [e.text for e in events if isinstance(e, ReplyDeltaEvent)]
+    assert [len(d) for d in deltas] == [MAX_DELTA, MAX_DELTA, 5]
+
+
+async def test_a_shell_result_carries_its_exit_status_output_and_time() -> None:
+    failing = PortAnswer(
+        AnswerOutcome.FAILED, reason="tool_error", detail="exit status 2: ls: cannot access"
+    )
+    model = ScriptedModel([calls(("shell", {"command": "ls nope"})), text("It failed.")])
+    events, _ = await turn(model, ScriptedBroker({"shell": failing}))
+    result = next(e for e in events if isinstance(e, ToolResultEvent))
+    assert (result.outcome, result.reason, result.exit_code) == ("failed", "tool_error", 2)
+    assert result.detail == "exit status 2: ls: cannot access"
+    assert (result.output, result.stderr) == (None, None)
+    assert result.elapsed_ms is not None
