@@ -121,3 +121,25 @@ async def test_the_models_words_cannot_drive_the_terminal(
     assert "\u202e" not in out
     assert "  -> x\\u001b[8m {}" in out
     assert "\\u001b[2J\\u001b[Happroved \\u202egnp.exe\n" in out
+
+
+async def test_a_turn_cut_short_by_loopds_stop_says_why(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_grants(home, grant("notes", "read_file", "ask"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    fake = FakeLlama(script=[READ_NOTES, {"content": "Milk."}])
+    codes: list[int] = []
+    async with stack(home, fake) as loop, trio.open_nursery() as nursery:
+
+        async def chat() -> None:
+            codes.append(await bxctl(home, "chat", "--say", "read my notes"))
+
+        nursery.start_soon(chat)
+        with trio.fail_after(GUARD):
+            while not (await admin(home, {"kind": "approvals"}))["entries"]:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        loop.request_stop()
+    assert codes == [1]
+    err = capsys.readouterr().err
+    assert "error: stopping: loopd is stopping (bxctl down, or SIGTERM)" in err

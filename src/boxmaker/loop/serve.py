@@ -68,6 +68,10 @@ class Loop:
     def request_stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     async def wait_stop_requested(self) -> None:
         await self._stop.wait()
 
@@ -94,17 +98,36 @@ async def handle_loop_connection(loop: Loop, stream: trio.SocketStream) -> None:
         async def emit(event: LoopEvent) -> None:
             await stream.send_all(encode_frame(event))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_end_turn_on_hangup, stream, nursery.cancel_scope)
-            try:
-                await _turn(loop, say.session or new_session_id(), say.text, emit)
-            except DISCONNECTS as exc:
-                log.info("loop.sock: the client left (%s); the turn ended", type(exc).__name__)
-            nursery.cancel_scope.cancel()
+        ended = False
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_end_turn_on_hangup, stream, nursery.cancel_scope)
+                try:
+                    await _turn(loop, say.session or new_session_id(), say.text, emit)
+                    ended = True
+                except DISCONNECTS as exc:
+                    log.info("loop.sock: the client left (%s); the turn ended", type(exc).__name__)
+                nursery.cancel_scope.cancel()
+        finally:
+            if not ended and loop.stopping:
+                await _say_stopping(stream)
     except DISCONNECTS as exc:
         log.info("loop.sock: the client left (%s); the turn ended", type(exc).__name__)
     except Exception:
         log.exception("loop.sock: a connection failed")
+
+
+async def _say_stopping(stream: trio.SocketStream) -> None:
+    """Tell the client why its turn ends without a reply: loopd's stop cut it short."""
+    detail = (
+        "loopd is stopping (bxctl down, or SIGTERM): the turn was cut short, and a call "
+        "waiting for the owner was withdrawn"
+    )
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + FIRST_FRAME_S):
+        try:
+            await stream.send_all(encode_frame(ErrorFrame(code=ErrorCode.STOPPING, detail=detail)))
+        except DISCONNECTS:
+            pass
 
 
 async def _end_turn_on_hangup(stream: trio.SocketStream, turn: trio.CancelScope) -> None:

@@ -86,6 +86,8 @@ class ErrorCode(enum.StrEnum):
     """loop.sock: the model answered with an error, or with nothing loopd can use."""
     MAX_STEPS = "max_steps"
     """loop.sock: the turn reached ``[loop] max_steps`` model calls without a reply."""
+    STOPPING = "stopping"
+    """loop.sock: loopd is stopping (``bxctl down``, SIGTERM) and cut the turn short."""
 
 
 @attrs.frozen(kw_only=True)
