@@ -4,7 +4,11 @@ scripted model: what the owner sees, and what their keys do."""
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
+import orjson
 import trio
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.broker import admin, records
@@ -14,6 +18,8 @@ from tests.harness.stack import READ_NOTES, stack
 
 from boxmaker.cli.chat import APPROVE_PROMPT, REASON_PROMPT
 from boxmaker.home import Home
+from boxmaker.ndjson import FrameReader
+from boxmaker.unix_sockets import open_unix_listener
 
 
 def chat_argv(home: Home, *args: str) -> list[str]:
@@ -110,3 +116,79 @@ async def test_a_call_approved_from_another_terminal_takes_the_prompt_away(home:
     assert APPROVE_PROMPT not in shown
     assert "  <- ok" in shown
     assert re.search(r"\n  <- ok \(\d+\.\d s\)\n     \| Buy milk\.\nMilk\.\n  \[step 2: ", shown)
+
+
+async def test_the_calls_output_detail_and_times_are_on_screen(home: Home) -> None:
+    write_grants(home, grant("notes", "read_file", "auto", paths=["notes.txt"]))
+    (home.default_workspace / "notes.txt").write_text("".join(f"line {n}\n" for n in range(1, 13)))
+    read_secret = {"tool_calls": [{"name": "read_file", "arguments": {"path": "secret.txt"}}]}
+    fake = FakeLlama(script=[READ_NOTES, read_secret, {"content": "Done."}])
+    async with stack(home, fake), terminal(chat_argv(home, "--say", "read")) as screen:
+        code = await screen.exit_code()
+        shown = await screen.text()
+    assert code == 0
+    lines = re.sub(r"\b\d+\.\d s\b", "N s", shown).split("\n")
+    start = lines.index("  [step 1: N s]")
+    assert lines[start : start + 12] == [
+        "  [step 1: N s]",
+        '  -> read_file {"path":"notes.txt"}',
+        "  <- ok (N s)",
+        *[f"     | line {n}" for n in range(1, 9)],
+        "     | … 12 lines in all",
+    ]
+    denied = lines.index("  <- denied: no_grant (N s)")
+    assert lines[denied - 2 : denied] == ["  [step 2: N s]", '  -> read_file {"path":"secret.txt"}']
+    assert lines[denied + 1].startswith("     ") and "secret.txt" in lines[denied + 1]
+    assert lines[denied + 2 : denied + 4] == ["Done.", "  [step 3: N s]"]
+
+
+@asynccontextmanager
+async def scripted_loopd(home: Home, events: list[dict[str, Any] | trio.Event]) -> AsyncIterator[None]:
+    """A stand-in for loopd on loop.sock that sends ``events`` to its one client, waiting
+    on each :class:`trio.Event` in the list (the test sets it once it saw the screen)."""
+    home.create()
+    listener = await open_unix_listener(home.loop_sock)
+
+    async def serve() -> None:
+        stream = await listener.listener.accept()
+        async with stream:
+            await FrameReader(stream).receive_line()
+            for event in events:
+                if isinstance(event, trio.Event):
+                    await event.wait()
+                else:
+                    await stream.send_all(orjson.dumps(event) + b"\n")
+
+    async with listener.listener, trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        yield
+    listener.remove_path()
+
+
+async def test_progress_shows_on_one_line_and_the_reply_streams_as_it_comes(home: Home) -> None:
+    first_words, rest = trio.Event(), trio.Event()
+    events: list[dict[str, Any] | trio.Event] = [
+        {"kind": "session", "session": "s-0123456789ab"},
+        {"kind": "model", "step": 1},
+        {"kind": "progress", "step": 1, "elapsed_ms": 500, "tokens": 0},
+        {"kind": "progress", "step": 1, "elapsed_ms": 3100, "tokens": 2},
+        first_words,
+        {"kind": "reply_delta", "text": "Once upon "},
+        rest,
+        {"kind": "reply_delta", "text": "a time.\nThe end."},
+        {"kind": "model_done", "step": 1, "elapsed_ms": 4200, "tokens": 9},
+        {"kind": "reply", "final": True, "text": "Once upon a time.\nThe end."},
+    ]
+    async with scripted_loopd(home, events), terminal(chat_argv(home, "--say", "a story")) as screen:
+        progress = await screen.wait_for("  .. step 1: 3 s, 2 tokens")
+        first_words.set()
+        streaming = await screen.wait_for("Once upon")
+        rest.set()
+        code = await screen.exit_code()
+        shown = await screen.text()
+    assert "step 1: 0 s" not in progress  # rewritten in place, not a line each
+    assert "  .. step 1" not in streaming  # the text replaces the progress line
+    assert "a time" not in streaming
+    assert code == 0
+    assert shown.count("Once upon a time.") == 1
+    assert "session s-0123456789ab\nOnce upon a time.\nThe end.\n  [step 1: 4.2 s, 9 tokens]\n" in shown
