@@ -138,12 +138,15 @@ async def test_the_calls_output_detail_and_times_are_on_screen(home: Home) -> No
     ]
     denied = lines.index("  <- denied: no_grant (N s)")
     assert lines[denied - 2 : denied] == ["  [step 2: N s]", '  -> read_file {"path":"secret.txt"}']
-    assert lines[denied + 1].startswith("     ") and "secret.txt" in lines[denied + 1]
+    assert lines[denied + 1].startswith("     ")
+    assert "secret.txt" in lines[denied + 1]
     assert lines[denied + 2 : denied + 4] == ["Done.", "  [step 3: N s]"]
 
 
 @asynccontextmanager
-async def scripted_loopd(home: Home, events: list[dict[str, Any] | trio.Event]) -> AsyncIterator[None]:
+async def scripted_loopd(
+    home: Home, events: list[dict[str, Any] | trio.Event]
+) -> AsyncIterator[None]:
     """A stand-in for loopd on loop.sock that sends ``events`` to its one client, waiting
     on each :class:`trio.Event` in the list (the test sets it once it saw the screen)."""
     home.create()
@@ -179,7 +182,10 @@ async def test_progress_shows_on_one_line_and_the_reply_streams_as_it_comes(home
         {"kind": "model_done", "step": 1, "elapsed_ms": 4200, "tokens": 9},
         {"kind": "reply", "final": True, "text": "Once upon a time.\nThe end."},
     ]
-    async with scripted_loopd(home, events), terminal(chat_argv(home, "--say", "a story")) as screen:
+    async with (
+        scripted_loopd(home, events),
+        terminal(chat_argv(home, "--say", "a story")) as screen,
+    ):
         progress = await screen.wait_for("  .. step 1: 3 s, 2 tokens")
         first_words.set()
         streaming = await screen.wait_for("Once upon")
@@ -191,4 +197,7 @@ async def test_progress_shows_on_one_line_and_the_reply_streams_as_it_comes(home
     assert "a time" not in streaming
     assert code == 0
     assert shown.count("Once upon a time.") == 1
-    assert "session s-0123456789ab\nOnce upon a time.\nThe end.\n  [step 1: 4.2 s, 9 tokens]\n" in shown
+    assert (
+        "session s-0123456789ab\nOnce upon a time.\nThe end.\n  [step 1: 4.2 s, 9 tokens]\n"
+        in shown
+    )

@@ -8,7 +8,6 @@ while the stack it talks to runs in the same trio run (tests/harness/stack.py).
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -54,7 +53,7 @@ class Screen:
         check = wanted if callable(wanted) else (lambda screen: wanted in screen)
         screen = ""
         with trio.move_on_after(timeout):
-            while not check(screen := await self.text()):
+            while not check(screen := await self.text()):  # noqa: ASYNC110 - tmux has no event
                 await trio.sleep(0.05)
             return screen
         raise AssertionError(f"the screen never showed {wanted!r}; it shows:\n{screen}")
@@ -72,17 +71,18 @@ async def terminal(argv: list[str], *, cwd: Path | None = None) -> AsyncIterator
     screen = Screen(server)
     # A trap (not an ignore) keeps the shell alive through Ctrl-C and is reset in the
     # program, which gets SIGINT as it would from an interactive shell.
-    command = f"trap : INT; {shlex.join(argv)}; echo \"{EXITED}$?]\"; sleep 600"
-    subprocess.run(
-        ["tmux", "-L", server, "-f", "/dev/null", "new-session", "-d", "-s", "owner"]
-        + ["-x", "120", "-y", "40", "-c", str(cwd or Path.cwd()), "sh", "-c", command],
-        check=True,
+    command = f'trap : INT; {shlex.join(argv)}; echo "{EXITED}$?]"; sleep 600'
+    session = ["new-session", "-d", "-s", "owner", "-x", "120", "-y", "40"]
+    where = ["-c", str(cwd or Path.cwd())]
+    await trio.run_process(
+        ["tmux", "-L", server, "-f", "/dev/null", *session, *where, "sh", "-c", command],
         env={"PATH": "/usr/bin:/bin", "TERM": "xterm-256color", "LANG": "C.UTF-8"},
     )
     try:
         yield screen
     finally:
-        subprocess.run(["tmux", "-L", server, "kill-server"], check=False, capture_output=True)
+        with trio.CancelScope(shield=True):
+            await trio.run_process(["tmux", "-L", server, "kill-server"], check=False)
 
 
 def bxctl_argv(*args: str) -> list[str]:

@@ -67,7 +67,9 @@ async def test_a_waiting_call_shows_the_command_that_approves_it(
     out = capsys.readouterr().out
     assert f"waiting for the owner: approval {approval} (grant notes)" in out
     assert f"approve: bxctl approve {approval}" in out
-    assert timeless(out).rstrip().endswith("  <- ok (N s)\n     | Buy milk.\nMilk.\n  [step 2: N s]")
+    assert (
+        timeless(out).rstrip().endswith("  <- ok (N s)\n     | Buy milk.\nMilk.\n  [step 2: N s]")
+    )
     assert codes == [0]
 
 

@@ -53,7 +53,9 @@ async def serve_once(loop: Loop, stream: trio.SocketStream) -> None:
 async def test_a_client_that_leaves_cancels_the_model_request_at_once(home: Home) -> None:
     home.create()
     model = HangingModel()
-    loop = Loop(home=home, config=load_config(home), owner_uid=os.getuid(), broker=NoBroker(), model=model)
+    loop = Loop(
+        home=home, config=load_config(home), owner_uid=os.getuid(), broker=NoBroker(), model=model
+    )
     ours, theirs = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     client, server = trio.SocketStream(ours), trio.SocketStream(theirs)
     async with trio.open_nursery() as nursery:
@@ -79,7 +81,9 @@ async def test_a_client_that_leaves_cancels_the_model_request_at_once(home: Home
 async def test_bytes_after_the_say_do_not_end_the_turn(home: Home) -> None:
     home.create()
     model = HangingModel()
-    loop = Loop(home=home, config=load_config(home), owner_uid=os.getuid(), broker=NoBroker(), model=model)
+    loop = Loop(
+        home=home, config=load_config(home), owner_uid=os.getuid(), broker=NoBroker(), model=model
+    )
     ours, theirs = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     client, server = trio.SocketStream(ours), trio.SocketStream(theirs)
     async with trio.open_nursery() as nursery:

@@ -15,7 +15,6 @@ import trio.testing
 
 from boxmaker.core.call import AnswerOutcome
 from boxmaker.home import LoopConfig
-from boxmaker.wire.loop import MAX_DELTA
 from boxmaker.loop.broker_port import OnPending, PortAnswer
 from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress
 from boxmaker.loop.turn import (
@@ -45,6 +44,7 @@ from boxmaker.wire import (
     ToolResultEvent,
     WaitingEvent,
 )
+from boxmaker.wire.loop import MAX_DELTA
 
 SESSION = "s-0123456789ab"
 
@@ -279,7 +279,9 @@ async def test_the_turn_stops_at_max_steps() -> None:
 async def test_a_model_failure_ends_the_turn_with_its_error() -> None:
     failure = ModelFailure(ErrorCode.MODEL_UNREACHABLE, "HTTP 502: see docs/runbook.md#x")
     events, added = await turn(ScriptedModel([failure]), ScriptedBroker({}))
-    assert [attrs.evolve(e, elapsed_ms=0) if isinstance(e, ModelDoneEvent) else e for e in events] == [
+    assert [
+        attrs.evolve(e, elapsed_ms=0) if isinstance(e, ModelDoneEvent) else e for e in events
+    ] == [
         ModelEvent(step=1),
         ModelDoneEvent(step=1, elapsed_ms=0),
         ErrorFrame(code=failure.code, detail=failure.detail),

@@ -15,10 +15,9 @@ model request and brokerd withdraws a call waiting for the owner. ``--say`` then
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import Final
 
 import attrs
 import orjson
@@ -27,7 +26,7 @@ import trio
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
 from boxmaker.cli.owner import approval_block, describe_approved
-from boxmaker.cli.terminal import OwnerTerminal, is_interactive
+from boxmaker.cli.terminal import OwnerTerminal, is_interactive, until_interrupted
 from boxmaker.clock import format_utc, utc_now
 from boxmaker.convert import SESSION_ID
 from boxmaker.home import Home
@@ -70,8 +69,6 @@ NO_END: Final = (
     "loopd ended the turn without a reply or an error: it stopped or failed "
     "(`bxctl status`; its log is loopd.log in the home's log folder)"
 )
-
-T = TypeVar("T")
 
 
 @attrs.frozen
@@ -185,8 +182,7 @@ class TurnScreen:
         if isinstance(event, ProgressEvent):
             if self.terminal is not None and not self.streamed:
                 self.terminal.status(
-                    f"  .. step {event.step}: {event.elapsed_ms // 1000} s, "
-                    f"{event.tokens} tokens"
+                    f"  .. step {event.step}: {event.elapsed_ms // 1000} s, {event.tokens} tokens"
                 )
                 self.status_up = True
             return
@@ -302,23 +298,6 @@ class ApprovalPrompt:
             print(printable(f"  !! brokerd: {answer.code}: {answer.detail}"))
 
 
-async def _until_interrupted(work: Callable[[], Awaitable[T]]) -> T | None:
-    """``work``'s result, or None when Ctrl-C (SIGINT) came first and cancelled it."""
-    result: T | None = None
-    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
-        async with trio.open_nursery() as nursery:
-
-            async def stop_on_interrupt() -> None:
-                async for _ in interrupts:
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(stop_on_interrupt)
-            result = await work()
-            nursery.cancel_scope.cancel()
-    return result
-
-
 OnEvent = Callable[[LoopEvent], Awaitable[None]]
 
 
@@ -379,7 +358,7 @@ async def run_turn(
         return fail(NO_END) if code is None else code
 
     async with stream:
-        code = await _until_interrupted(events)
+        code = await until_interrupted(events)
     if code is None:
         screen.end()
         return TurnEnd(current, fail(INTERRUPTED, Exit.INTERRUPTED))
@@ -422,7 +401,7 @@ async def chat(
     home = common.resolve()
     code = Exit.DONE
     while True:
-        text = await _until_interrupted(_read_line)
+        text = await until_interrupted(_read_line)
         if text is None:
             print()
             return Exit.INTERRUPTED

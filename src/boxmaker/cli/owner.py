@@ -13,6 +13,7 @@ import trio
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemons import daemon_states
+from boxmaker.cli.terminal import is_interactive
 from boxmaker.clock import format_utc, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
 from boxmaker.printable import printable
@@ -121,8 +122,14 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
     Parameters
     ----------
     watch
-        Keep watching; print the list again whenever it changes (Ctrl-C stops).
+        Keep watching. On a terminal: the list kept fresh, ↑/↓ or k/j choose an
+        approval, y approves it, n refuses it with a reason, q quits. Elsewhere: print the
+        list again whenever it changes (Ctrl-C stops).
     """
+    if watch and not common.json and is_interactive():
+        from boxmaker.cli.watch import watch_approvals  # it shows approval_block: a cycle
+
+        return await watch_approvals(common.resolve())
     try:
         answer = await _request(common, ApprovalsRequest(), ApprovalsAnswer)
         _show_approvals(common, answer)

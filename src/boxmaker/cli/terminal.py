@@ -14,9 +14,10 @@ line", the cursor's column); every text is still written through ``printable``.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
-from collections.abc import Iterator
-from typing import Final, TextIO
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Final, TextIO, TypeVar
 
 import blessed
 import trio
@@ -29,6 +30,25 @@ ESC_DELAY_S: Final = 0.05
 """How long a lone Escape waits for the rest of a key sequence (an arrow key's)."""
 SILENT_READS: Final = 200
 """Readable but no key this many times running: the terminal has gone (stdin at its end)."""
+
+T = TypeVar("T")
+
+
+async def until_interrupted(work: Callable[[], Awaitable[T]]) -> T | None:
+    """``work``'s result, or None when Ctrl-C (SIGINT) came first and cancelled it."""
+    result: T | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_interrupt() -> None:
+                async for _ in interrupts:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_interrupt)
+            result = await work()
+            nursery.cancel_scope.cancel()
+    return result
 
 
 def is_interactive() -> bool:

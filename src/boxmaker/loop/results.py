@@ -51,13 +51,11 @@ def output_head(text: str) -> OutputHead | None:
     return OutputHead(lines=shown, total_lines=len(lines))
 
 
-def result_event(
-    call: str, tool: str, answer: PortAnswer, *, elapsed_s: float
-) -> ToolResultEvent:
+def result_event(call: str, tool: str, answer: PortAnswer, *, elapsed_s: float) -> ToolResultEvent:
     """The ``tool_result`` of ``call``: outcome, reason, detail, the output's head.
 
-    >>> e = result_event("c-0123456789abcdef", "shell",
-    ...                  PortAnswer(AnswerOutcome.OK, content="hi\\n[stderr]\\noops"), elapsed_s=0.25)
+    >>> answer = PortAnswer(AnswerOutcome.OK, content="hi\\n[stderr]\\noops")
+    >>> e = result_event("c-0123456789abcdef", "shell", answer, elapsed_s=0.25)
     >>> e.output.lines, e.stderr.lines, e.exit_code, e.elapsed_ms
     (['hi'], ['oops'], 0, 250)
     """

@@ -15,6 +15,7 @@ brokerd (``run/broker.sock``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 from typing import Annotated, Any, Final
@@ -123,22 +124,18 @@ async def _say_stopping(stream: trio.SocketStream) -> None:
         "loopd is stopping (bxctl down, or SIGTERM): the turn was cut short, and a call "
         "waiting for the owner was withdrawn"
     )
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + FIRST_FRAME_S):
-        try:
-            await stream.send_all(encode_frame(ErrorFrame(code=ErrorCode.STOPPING, detail=detail)))
-        except DISCONNECTS:
-            pass
+    deadline = trio.current_time() + FIRST_FRAME_S
+    with trio.CancelScope(shield=True, deadline=deadline), contextlib.suppress(*DISCONNECTS):
+        await stream.send_all(encode_frame(ErrorFrame(code=ErrorCode.STOPPING, detail=detail)))
 
 
 async def _end_turn_on_hangup(stream: trio.SocketStream, turn: trio.CancelScope) -> None:
     """Cancel the turn the moment its client leaves (Ctrl-C in ``bxctl chat``): the model
     request is dropped, and closing the broker.sock connection withdraws a pending call.
     Bytes after the ``say`` are read and dropped; only the end of the stream counts."""
-    try:
+    with contextlib.suppress(*DISCONNECTS):
         while await stream.receive_some():
             pass
-    except DISCONNECTS:
-        pass
     log.info("loop.sock: the client left; its turn is cancelled")
     turn.cancel()
 

@@ -284,8 +284,6 @@ async def _model_step(
     return message
 
 
-
-
 async def run_turn(
     *,
     session: str,

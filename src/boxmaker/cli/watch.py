@@ -1,0 +1,152 @@
+"""``bxctl approvals --watch`` on a terminal: the pending approvals, kept fresh, and the
+owner's decision on the one they choose (↑/↓ or k/j choose, y approves, n asks a reason
+and refuses, q quits). It runs on the terminal's alternate screen; what the owner did
+is printed on leaving, so it stays in the scrollback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Final
+
+import attrs
+import trio
+
+from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
+from boxmaker.cli.common import Exit, fail
+from boxmaker.cli.owner import approval_block, describe_approved
+from boxmaker.cli.terminal import OwnerTerminal, until_interrupted
+from boxmaker.clock import utc_now
+from boxmaker.home import Home
+from boxmaker.printable import printable
+from boxmaker.wire import (
+    MAX_REFUSE_REASON,
+    ApprovalsAnswer,
+    ApprovalsRequest,
+    ApprovalView,
+    Approve,
+    Approved,
+    ErrorFrame,
+    Refuse,
+    Refused,
+)
+
+REFRESH_S: Final = 1.0
+KEYS_HELP: Final = "↑/↓ or k/j choose · y approve · n refuse (with a reason) · q quit"
+REASON_PROMPT: Final = "refuse, reason (Enter refuses, Esc goes back): "
+NONE_PENDING: Final = "no pending approvals"
+
+
+@attrs.define
+class ApprovalsWatch:
+    home: Home
+    terminal: OwnerTerminal
+    entries: list[ApprovalView] = attrs.Factory(list)
+    chosen: str | None = None
+    """The chosen approval's id (kept across refreshes while it is listed)."""
+    message: str = ""
+    done: list[str] = attrs.Factory(list)
+    """What the owner did, one line each, printed on leaving."""
+
+    async def refresh(self) -> None:
+        answer = await ask_broker(self.home, ApprovalsRequest())
+        if isinstance(answer, ErrorFrame):
+            self.message = printable(f"brokerd: {answer.code}: {answer.detail}")
+            return
+        if isinstance(answer, ApprovalsAnswer):
+            self.entries = answer.entries
+        ids = [entry.approval for entry in self.entries]
+        if self.chosen not in ids:
+            self.chosen = ids[0] if ids else None
+
+    def _index(self) -> int:
+        ids = [entry.approval for entry in self.entries]
+        return ids.index(self.chosen) if self.chosen in ids else 0
+
+    def move(self, by: int) -> None:
+        if self.entries:
+            index = min(max(self._index() + by, 0), len(self.entries) - 1)
+            self.chosen = self.entries[index].approval
+
+    def draw(self) -> None:
+        term = self.terminal
+        self.terminal.control(term.term.home + term.term.clear)
+        lines = [f"pending approvals ({len(self.entries)})  ·  {KEYS_HELP}", ""]
+        if not self.entries:
+            lines.append(NONE_PENDING)
+        now = utc_now()
+        start = self._index() if len(self.entries) * 8 > term.term.height - 4 else 0
+        for entry in self.entries[start:]:
+            mark = "▶ " if entry.approval == self.chosen else "  "
+            block = approval_block(entry, now).split("\n")
+            lines += [mark + block[0], *("  " + line for line in block[1:]), ""]
+        height = max(term.term.height - 2, 3)
+        print("\n".join(lines[:height]))
+        if self.message:
+            print(self.message)
+        sys.stdout.flush()
+
+    async def decide(self, key: str) -> None:
+        entry = next((e for e in self.entries if e.approval == self.chosen), None)
+        if entry is None:
+            return
+        request: Approve | Refuse
+        if key == "y":
+            request = Approve(approval=entry.approval)
+        else:
+            reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
+            if reason is None or not reason.strip():
+                return
+            request = Refuse(approval=entry.approval, reason=reason)
+        answer = await ask_broker(self.home, request)
+        if isinstance(answer, Approved):
+            self.message = printable(f"approved {entry.approval}: {describe_approved(answer)}")
+        elif isinstance(answer, Refused):
+            self.message = printable(f"refused {entry.approval}: {answer.call}")
+        elif isinstance(answer, ErrorFrame):
+            self.message = printable(f"{entry.approval}: {answer.code}: {answer.detail}")
+        self.done.append(self.message)
+        await self.refresh()
+
+    async def run(self) -> None:
+        with self.terminal.keys():
+            while True:
+                await self.refresh()
+                self.draw()
+                key = None
+                with trio.move_on_after(REFRESH_S):
+                    key = await self.terminal.key()
+                if key is None:
+                    continue
+                name, char = key.name, str(key).lower()
+                if char == "q":
+                    return
+                if name == "KEY_UP" or char == "k":
+                    self.move(-1)
+                elif name == "KEY_DOWN" or char == "j":
+                    self.move(1)
+                elif char in {"y", "n"}:
+                    await self.decide(char)
+
+
+async def watch_approvals(home: Home) -> Exit:
+    """The interactive watch; exit 0 at q, 130 at Ctrl-C, 3 when brokerd is unreachable."""
+    terminal = OwnerTerminal()
+    watch = ApprovalsWatch(home, terminal)
+    failure: DaemonUnreachable | None = None
+
+    async def run() -> bool:
+        nonlocal failure
+        try:
+            with terminal.term.fullscreen():
+                await watch.run()
+        except DaemonUnreachable as exc:
+            failure = exc
+        return True
+
+    finished = await until_interrupted(run)
+    for line in watch.done:
+        print(line)
+    if failure is not None:
+        return fail(str(failure), Exit.UNREACHABLE)
+    return Exit.DONE if finished else Exit.INTERRUPTED
