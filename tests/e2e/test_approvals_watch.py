@@ -1,0 +1,83 @@
+"""``bxctl approvals --watch`` on a real terminal (a tmux pane), against the whole stack:
+the owner chooses an approval with the arrow keys and answers it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from tests.fakes.llama_server import FakeLlama
+from tests.harness.broker import admin
+from tests.harness.homes import grant, write_grants
+from tests.harness.screen import bxctl_argv, terminal
+from tests.harness.stack import READ_NOTES, say, stack
+
+from boxmaker.cli.watch import KEYS_HELP, NONE_PENDING, REASON_PROMPT
+from boxmaker.home import Home
+
+READ_TODO = {"tool_calls": [{"name": "read_file", "arguments": {"path": "todo.txt"}}]}
+
+
+async def pending(home: Home, count: int) -> list[dict[str, Any]]:
+    with trio.fail_after(20):
+        while len(entries := (await admin(home, {"kind": "approvals"}))["entries"]) < count:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    return entries  # type: ignore[no-any-return]
+
+
+async def test_the_owner_chooses_the_second_approval_and_approves_it(home: Home) -> None:
+    write_grants(home, grant("files", "read_file", "ask"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    (home.default_workspace / "todo.txt").write_text("Call mum.\n")
+    fake = FakeLlama(script=[READ_NOTES, READ_TODO, {"content": "Call mum."}])
+    turns: dict[str, list[dict[str, Any]]] = {}
+    async with stack(home, fake), trio.open_nursery() as nursery:
+
+        async def turn(name: str, text: str) -> None:
+            turns[name] = await say(home, text)
+
+        nursery.start_soon(turn, "notes", "read my notes")
+        await pending(home, 1)
+        nursery.start_soon(turn, "todo", "read my todo list")
+        first, second = await pending(home, 2)
+        argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
+        async with terminal(argv) as screen:
+            listed = await screen.wait_for(second["approval"])
+            await screen.send("Down")
+            await screen.wait_for(f"▶ {second['approval']}")
+            await screen.send("y")
+            after = await screen.wait_for(f"approved {second['approval']}: ")
+            await screen.send("q")
+            code = await screen.exit_code()
+            left = await screen.text()
+        nursery.cancel_scope.cancel()
+    assert KEYS_HELP in listed
+    assert f"▶ {first['approval']}  read_file" in listed
+    assert f"  {second['approval']}  read_file" in listed
+    assert "pending approvals (1)" in after
+    assert second["approval"] not in after.split("approved ")[0]
+    assert code == 0
+    assert f"approved {second['approval']}: " in left
+    assert turns["todo"][-1] == {"kind": "reply", "final": True, "text": "Call mum."}
+    assert "notes" not in turns
+
+
+async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
+    write_grants(home, grant("files", "read_file", "ask"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    fake = FakeLlama(script=[READ_NOTES, {"content": "OK, I will not."}])
+    async with stack(home, fake), trio.open_nursery() as nursery:
+        nursery.start_soon(say, home, "read my notes")
+        [entry] = await pending(home, 1)
+        argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
+        async with terminal(argv) as screen:
+            await screen.wait_for(f"▶ {entry['approval']}")
+            await screen.send("n")
+            await screen.wait_for(REASON_PROMPT)
+            await screen.type("private")
+            await screen.send("Enter")
+            after = await screen.wait_for(NONE_PENDING)
+            await screen.send("q")
+            assert await screen.exit_code() == 0
+    assert f"refused {entry['approval']}: {entry['call']}" in after
+    assert "denied: refused — private" in fake.requests[1]["messages"][-1]["content"]
