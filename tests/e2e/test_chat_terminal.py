@@ -201,3 +201,24 @@ async def test_progress_shows_on_one_line_and_the_reply_streams_as_it_comes(home
         "session s-0123456789ab\nOnce upon a time.\nThe end.\n  [step 1: 4.2 s, 9 tokens]\n"
         in shown
     )
+
+
+async def test_in_the_prompt_loop_ctrl_c_ends_the_turn_and_asks_again(home: Home) -> None:
+    write_grants(home, grant("notes", "read_file", "ask"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    fake = FakeLlama(script=[READ_NOTES, {"content": "Hello again."}])
+    async with stack(home, fake), terminal(chat_argv(home)) as screen:
+        await screen.wait_for("you> ")
+        await screen.type("read my notes")
+        await screen.send("Enter")
+        await screen.wait_for(APPROVE_PROMPT)
+        await wait_for_approval(home)
+        await screen.send("C-c")
+        again = await screen.wait_for(lambda shown: shown.rstrip().endswith("you>"))
+        await screen.type("hi")
+        await screen.send("Enter")
+        await screen.wait_for("Hello again.")
+        await screen.send("C-c")
+        code = await screen.exit_code()
+    assert "bxctl: interrupted: the turn is ended" in again
+    assert code == 130
