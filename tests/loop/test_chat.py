@@ -145,3 +145,32 @@ async def test_a_turn_cut_short_by_loopds_stop_says_why(
     assert codes == [1]
     err = capsys.readouterr().err
     assert "error: stopping: loopd is stopping (bxctl down, or SIGTERM)" in err
+
+
+async def test_json_prints_the_results_detail_and_times(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeLlama(script=[READ_NOTES, {"content": "Not allowed."}])
+    async with stack(home, fake):
+        assert await bxctl(home, "chat", "--say", "read my notes", "--json") == 0
+    events = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    [result] = [e for e in events if e["kind"] == "tool_result"]
+    assert (result["outcome"], result["reason"]) == ("denied", "no_grant")
+    assert "read_file" in result["detail"]
+    assert result["elapsed_ms"] >= 0
+    assert "output" not in result
+    done = [e for e in events if e["kind"] == "model_done"]
+    assert [e["step"] for e in done] == [1, 2]
+    assert all(e["elapsed_ms"] >= 0 for e in done)
+
+
+async def test_without_a_terminal_a_denial_shows_its_detail(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeLlama(script=[READ_NOTES, {"content": "Not allowed."}])
+    async with stack(home, fake):
+        assert await bxctl(home, "chat", "--say", "read my notes") == 0
+    lines = timeless(capsys.readouterr().out).splitlines()
+    denied = lines.index("  <- denied: no_grant (N s)")
+    assert lines[denied + 1].startswith("     ")
+    assert "read_file" in lines[denied + 1]
