@@ -4,22 +4,18 @@ scripted model: what the owner sees, and what their keys do."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 import trio
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.broker import admin, records
 from tests.harness.homes import grant, write_grants
 from tests.harness.screen import bxctl_argv, terminal
+from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import READ_NOTES, stack
 
 from boxmaker.cli.chat import APPROVE_PROMPT, REASON_PROMPT
 from boxmaker.home import Home
-from boxmaker.ndjson import FrameReader
-from boxmaker.unix_sockets import open_unix_listener
 
 
 def chat_argv(home: Home, *args: str) -> list[str]:
@@ -141,31 +137,6 @@ async def test_the_calls_output_detail_and_times_are_on_screen(home: Home) -> No
     assert lines[denied + 1].startswith("     ")
     assert "secret.txt" in lines[denied + 1]
     assert lines[denied + 2 : denied + 4] == ["Done.", "  [step 3: N s]"]
-
-
-@asynccontextmanager
-async def scripted_loopd(
-    home: Home, events: list[dict[str, Any] | trio.Event]
-) -> AsyncIterator[None]:
-    """A stand-in for loopd on loop.sock that sends ``events`` to its one client, waiting
-    on each :class:`trio.Event` in the list (the test sets it once it saw the screen)."""
-    home.create()
-    listener = await open_unix_listener(home.loop_sock)
-
-    async def serve() -> None:
-        stream = await listener.listener.accept()
-        async with stream:
-            await FrameReader(stream).receive_line()
-            for event in events:
-                if isinstance(event, trio.Event):
-                    await event.wait()
-                else:
-                    await stream.send_all(orjson.dumps(event) + b"\n")
-
-    async with listener.listener, trio.open_nursery() as nursery:
-        nursery.start_soon(serve)
-        yield
-    listener.remove_path()
 
 
 async def test_progress_shows_on_one_line_and_the_reply_streams_as_it_comes(home: Home) -> None:

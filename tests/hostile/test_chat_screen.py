@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 import trio
-from tests.e2e.test_chat_terminal import chat_argv, scripted_loopd
+from tests.e2e.test_chat_terminal import chat_argv
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.homes import grant, write_grants
 from tests.harness.screen import Screen, terminal
+from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import READ_NOTES, stack
 
 from boxmaker.cli.chat import APPROVE_PROMPT

@@ -10,6 +10,7 @@ import trio
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.broker import admin
 from tests.harness.homes import grant, write_grants
+from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import GUARD, READ_NOTES, stack
 
 from boxmaker.cli.app import app
@@ -174,3 +175,13 @@ async def test_without_a_terminal_a_denial_shows_its_detail(
     denied = lines.index("  <- denied: no_grant (N s)")
     assert lines[denied + 1].startswith("     ")
     assert "read_file" in lines[denied + 1]
+
+
+async def test_a_turn_that_ends_without_a_reply_or_error_says_so(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with scripted_loopd(home, [{"kind": "session", "session": "s-0123456789ab"}]):
+        assert await bxctl(home, "chat", "--say", "hi") == 1
+    err = capsys.readouterr().err
+    assert "loopd ended the turn without a reply or an error: it stopped or failed" in err
+    assert str(home.log_file("loopd")) in err

@@ -67,7 +67,7 @@ INTERRUPTED: Final = (
 )
 NO_END: Final = (
     "loopd ended the turn without a reply or an error: it stopped or failed "
-    "(`bxctl status`; its log is loopd.log in the home's log folder)"
+    "(`bxctl status`; its log: {log})"
 )
 
 
@@ -355,7 +355,7 @@ async def run_turn(
                 if prompt is not None:
                     await prompt.close()
         screen.end()
-        return fail(NO_END) if code is None else code
+        return fail(NO_END.format(log=home.log_file("loopd"))) if code is None else code
 
     async with stream:
         code = await until_interrupted(events)
