@@ -153,10 +153,12 @@ def test_an_ask_is_shown_to_the_owner_approved_run_and_recorded(stack: Stack) ->
     assert [e["kind"] for e in events] == [
         "session",
         "model",
+        "model_done",
         "tool_call",
         "waiting",
         "tool_result",
         "model",
+        "model_done",
         "reply",
     ]
     assert stack.model_requests()[1]["messages"][-1]["content"] == "Buy milk.\n"

@@ -159,6 +159,8 @@ class TurnScreen:
     rewritten in place until something else is shown."""
 
     terminal: OwnerTerminal | None
+    prompts: bool = False
+    """An :class:`ApprovalPrompt` shows each waiting call (so this does not)."""
     streamed: list[str] = attrs.Factory(list)
     line_open: bool = False
     status_up: bool = False
@@ -209,7 +211,7 @@ class TurnScreen:
             self._footer()
             return
         self._footer()
-        if isinstance(event, WaitingEvent) and self.terminal is not None:
+        if isinstance(event, WaitingEvent) and self.prompts:
             return  # the approval prompt shows it, whole
         shown = describe(event)
         if shown is not None:
@@ -304,9 +306,10 @@ OnEvent = Callable[[LoopEvent], Awaitable[None]]
 async def run_turn(
     home: Home, text: str, session: str | None, *, as_json: bool, on_event: OnEvent | None = None
 ) -> TurnEnd:
-    """One ``say`` on loop.sock, its events shown as they come (``on_event`` hears each
-    after it is shown; the next is not read until it returns). Ctrl-C ends the turn:
-    exit 130."""
+    """One ``say`` on loop.sock, its events shown as they come. On a terminal a waiting
+    call is put to the owner (:class:`ApprovalPrompt`), unless the caller hears the events
+    itself: ``on_event`` hears each after it is shown, and the next is not read until it
+    returns (``bxctl demo`` decides so). Ctrl-C ends the turn: exit 130."""
     try:
         stream = await trio.open_unix_socket(str(home.loop_sock))
     except OSError as exc:
@@ -316,7 +319,8 @@ async def run_turn(
         )
         return TurnEnd(session, fail(message, Exit.UNREACHABLE))
     terminal = OwnerTerminal() if not as_json and is_interactive() else None
-    screen = TurnScreen(terminal)
+    asks = terminal is not None and on_event is None
+    screen = TurnScreen(terminal, prompts=asks)
     current = session
 
     async def events() -> Exit:
@@ -341,7 +345,7 @@ async def run_turn(
                         screen.show(event)
                     if on_event is not None:
                         await on_event(event)
-                    if isinstance(event, WaitingEvent) and terminal is not None:
+                    if isinstance(event, WaitingEvent) and asks and terminal is not None:
                         prompt = ApprovalPrompt(home, event, terminal)
                         prompts.start_soon(prompt.run)
                     if isinstance(event, ReplyEvent):

@@ -67,6 +67,8 @@ class OwnerTerminal:
     def __init__(self) -> None:
         self.out = _raw_stdout()
         self.term = blessed.Terminal(stream=self.out)
+        # blessed reads keys from the process's own stdin (when its stdout is the stream).
+        self.keyboard = sys.__stdin__.fileno() if sys.__stdin__ is not None else 0
 
     def control(self, sequence: str) -> None:
         """Write bxctl's own control sequence, raw (never text from outside)."""
@@ -100,7 +102,7 @@ class OwnerTerminal:
             key = self.term.inkey(timeout=0, esc_delay=ESC_DELAY_S)
             if key:
                 return key
-            await trio.lowlevel.wait_readable(sys.stdin.fileno())
+            await trio.lowlevel.wait_readable(self.keyboard)
             key = self.term.inkey(timeout=0, esc_delay=ESC_DELAY_S)
             if key:
                 return key
