@@ -27,11 +27,13 @@ async def test_a_waiting_call_is_approved_with_y_in_the_chat(home: Home) -> None
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
     fake = FakeLlama(script=[READ_NOTES, {"content": "Your notes say: buy milk."}])
     async with stack(home, fake), terminal(chat_argv(home, "--say", "read my notes")) as screen:
+        assert not await screen.rang()
         asked = await screen.wait_for(APPROVE_PROMPT)
+        rang = await screen.rang()
         await screen.send("y")
         code = await screen.exit_code()
         shown = await screen.text()
-    print(shown)
+    assert rang
     assert code == 0
     assert "grant      notes (mode ask): the notes" in asked
     assert "approved: " in shown

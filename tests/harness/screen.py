@@ -48,6 +48,15 @@ class Screen:
         """The pane's content with its escape sequences, as tmux holds them."""
         return await self._tmux("capture-pane", "-p", "-e", "-S", "-200", "-t", "owner")
 
+    async def rang(self) -> bool:
+        """Has the program rung the terminal's bell?"""
+        return (
+            await self._tmux("display-message", "-p", "-t", "owner", "#{window_bell_flag}")
+        ).strip() == "1"
+
+    async def title(self) -> str:
+        return (await self._tmux("display-message", "-p", "-t", "owner", "#{pane_title}")).strip()
+
     async def wait_for(self, wanted: str | Callable[[str], bool], timeout: float = WAIT_S) -> str:
         """The screen once it shows ``wanted`` (a text, or a test on the whole screen)."""
         check = wanted if callable(wanted) else (lambda screen: wanted in screen)

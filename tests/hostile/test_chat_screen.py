@@ -18,7 +18,7 @@ import trio
 from tests.e2e.test_chat_terminal import chat_argv
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.homes import grant, write_grants
-from tests.harness.screen import Screen, terminal
+from tests.harness.screen import terminal
 from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import READ_NOTES, stack
 
@@ -30,10 +30,6 @@ from boxmaker.home import Home
 HOSTILE: Final = "\x1b]2;PWNED\x07\x1b[2J\x1b[H\u009b31m\u202egnp.exe\rFORGED"
 LONG: Final = "L" * 5000
 READ_TODO: Final = {"tool_calls": [{"name": "read_file", "arguments": {"path": "todo.txt"}}]}
-
-
-async def title(screen: Screen) -> str:
-    return (await screen._tmux("display-message", "-p", "-t", "owner", "#{pane_title}")).strip()
 
 
 def no_forged_line(shown: str) -> bool:
@@ -53,12 +49,12 @@ async def test_file_content_and_reply_cannot_drive_the_terminal_or_break_the_pro
     reply = f"done {HOSTILE}\n{LONG}"
     fake = FakeLlama(script=[READ_NOTES, READ_TODO, {"content": reply}])
     async with stack(home, fake), terminal(chat_argv(home, "--say", "read")) as screen:
-        before = await title(screen)
+        before = await screen.title()
         asked = await screen.wait_for(APPROVE_PROMPT)
         await screen.send("y")
         code = await screen.exit_code()
         shown = await screen.text()
-        after = await title(screen)
+        after = await screen.title()
     assert code == 0
     assert before == after
     assert "PWNED" not in after
@@ -95,10 +91,10 @@ async def test_streamed_text_and_a_tool_result_cannot_drive_the_terminal(home: H
         {"kind": "reply", "final": True, "text": "ok " + HOSTILE},
     ]
     async with scripted_loopd(home, events), terminal(chat_argv(home, "--say", "go")) as screen:
-        before = await title(screen)
+        before = await screen.title()
         code = await screen.exit_code()
         shown = await screen.text()
-        after = await title(screen)
+        after = await screen.title()
     assert code == 0
     assert before == after
     assert shown.lstrip().startswith("session s-0123456789ab")
