@@ -1,7 +1,7 @@
 """``bxctl runbook [TOPIC]``: docs/runbook.md from the installed package (README.md).
 
-Every message that says "see docs/runbook.md#x" names a topic here: ``bxctl runbook
-x`` prints that entry. The wheel carries the runbook as ``boxmaker/runbook.md`` (hatch's
+Every message that says "see docs/runbook.md#TOPIC" names a topic here: ``bxctl runbook
+TOPIC`` prints that entry. The wheel carries the runbook as ``boxmaker/runbook.md`` (hatch's
 force-include of docs/runbook.md, pyproject.toml), so an installed copy has it; a source
 checkout reads docs/runbook.md itself. One text, never two copies kept by hand.
 
@@ -21,7 +21,9 @@ import attrs
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 
 ENTRY: Final = re.compile(r"^## (.+?)\s*$", re.MULTILINE)
-WHAT_HAPPENED: Final = re.compile(r"^What happened: (.+?)(?:\.\s|\n\n|\Z)", re.MULTILINE | re.DOTALL)
+WHAT_HAPPENED: Final = re.compile(
+    r"^What happened: (.+?)(?:\.\s|\n\n|\Z)", re.MULTILINE | re.DOTALL
+)
 SUMMARY_CHARS: Final = 76
 SOURCE_CHECKOUT: Final = Path(__file__).resolve().parents[3] / "docs" / "runbook.md"
 
@@ -85,7 +87,7 @@ def runbook(topic: str | None = None, /, *, common: Common = DEFAULT) -> Exit:
     Parameters
     ----------
     topic
-        The entry to show: its name, or the whole "docs/runbook.md#name".
+        The entry to show: its name, or the whole "docs/runbook.md#TOPIC".
     """
     try:
         known = entries(runbook_text())
