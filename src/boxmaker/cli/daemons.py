@@ -232,7 +232,9 @@ def preflight(home: Home) -> tuple[Config | None, list[Problem]]:
         problems += [Problem(text, "docs/runbook.md#config") for text in exc.problems]
     grants = read_grants(home.grants_toml).value
     if isinstance(grants, GrantsProblem):
-        problems.append(Problem(f"grants.toml is invalid: {grants}", "docs/runbook.md#grants"))
+        problems.append(
+            Problem(f"grants.toml is invalid: {grants.describe()}", "docs/runbook.md#grants")
+        )
     if config is not None:
         if config.model.url is None and not _model_ready(home):
             try:
