@@ -21,8 +21,9 @@ from pathlib import Path
 import orjson
 import pytest
 from tests.fakes.llama_server import as_process
-from tests.harness.cli import WAIT_S, alive, bxctl, pid_of, scripted_home, wait_for
+from tests.harness.cli import WAIT_S, alive, bxctl, pid_of, scripted_home
 from tests.harness.homes import short_home
+from tests.harness.process import wait_for
 
 from boxmaker.home import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed

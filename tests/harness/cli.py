@@ -7,7 +7,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -73,10 +72,3 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def wait_for(condition: Any, what: str, within: float = WAIT_S) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
