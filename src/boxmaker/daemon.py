@@ -1,5 +1,5 @@
-"""What every daemon's command line shares: its log on stderr, the exit codes, and a
-clean stop on SIGINT/SIGTERM."""
+"""What every daemon's command line shares: its log on stderr, the exit codes, a clean
+stop on SIGINT/SIGTERM, and config.toml re-read on SIGHUP (docs/runbook.md#reload)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ from typing import Final
 
 import trio
 
-from boxmaker.home import ConfigError
+from boxmaker.home import Config, ConfigError, Home, load_config, reload_config
 from boxmaker.printable import PrintableFormatter, printable
 
 CONFIG_ANCHOR: Final = "docs/runbook.md#config"
+RELOAD_ANCHOR: Final = "docs/runbook.md#reload"
+RELOADED: Final = "SIGHUP: config.toml re-read"
+NOT_RELOADED: Final = "SIGHUP: config.toml not applied"
+"""The two lines that end a SIGHUP's re-read in a daemon's log."""
 
 
 def setup_logging(name: str) -> None:
@@ -57,9 +61,71 @@ def run_daemon(
     return 0
 
 
-async def stop_on_signals(request_stop: Callable[[], None], log: logging.Logger) -> None:
-    """Call ``request_stop`` on each SIGINT or SIGTERM."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-        async for signum in received:
-            log.info("%s: stopping", signal.Signals(signum).name)
-            request_stop()
+async def stop_on_signals(
+    request_stop: Callable[[], None],
+    log: logging.Logger,
+    *,
+    on_hangup: Callable[[], Awaitable[object]] | None = None,
+) -> None:
+    """Call ``request_stop`` on each SIGINT or SIGTERM; with ``on_hangup``, run it on
+    each SIGHUP (without one, SIGHUP is left to brokerd's own loop or the default).
+
+    Each SIGHUP's work is a task of its own: however long a re-read takes, the loop
+    goes on receiving, so SIGINT/SIGTERM are always served."""
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if on_hangup is not None:
+        signals.append(signal.SIGHUP)
+    async with trio.open_nursery() as reloads:
+        with trio.open_signal_receiver(*signals) as received:
+            async for signum in received:
+                if signum == signal.SIGHUP and on_hangup is not None:
+                    log.info("SIGHUP: re-reading config.toml")
+                    reloads.start_soon(on_hangup)
+                else:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    request_stop()
+
+
+async def reread_config(
+    home: Home,
+    current: Config,
+    *,
+    concern: frozenset[str],
+    live: frozenset[str],
+    log: logging.Logger,
+) -> Config:
+    """config.toml read again (SIGHUP): the config to run with from now on, each change
+    logged: the live keys applied, the others named as needing a restart (they keep
+    their old value). A file with a problem changes nothing: the problems are logged
+    and the old config stays whole (:func:`boxmaker.home.reload_config`)."""
+    try:
+        new = await trio.to_thread.run_sync(load_config, home)
+    except ConfigError as exc:
+        problems = exc.problems
+    else:
+        problems = ()
+    if problems:
+        # No traceback: each problem names the file and the key, which is all there is.
+        for problem in problems:
+            log.error("SIGHUP: %s", problem)
+        log.error(
+            "%s, every key keeps its old value; see %s",
+            NOT_RELOADED,
+            CONFIG_ANCHOR,
+        )
+        return current
+    done = reload_config(current, new, concern=concern, live=live)
+    for key in done.applied:
+        log.info("SIGHUP: applied %s", key)
+    for key in done.needs_restart:
+        log.warning(
+            "SIGHUP: needs a restart: %s (the old value is kept); see %s", key, RELOAD_ANCHOR
+        )
+    # The last line of every re-read: `bxctl reload` waits for it.
+    log.info(
+        "%s (%d applied, %d need a restart)",
+        RELOADED,
+        len(done.applied),
+        len(done.needs_restart),
+    )
+    return done.config

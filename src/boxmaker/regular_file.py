@@ -41,6 +41,35 @@ def _kind(mode: int) -> str:
     return "an unknown kind of file"
 
 
+def open_regular_file(path: Path | str, flags: int = READ_FLAGS, mode: int = 0o600) -> int:
+    """A descriptor of the regular file at ``path``, opened with ``flags`` (which keep
+    ``O_NOFOLLOW``; ``O_CREAT`` creates it with ``mode``). Never blocks on a FIFO,
+    never follows a symlink at ``path`` itself.
+
+    Raises FileNotFoundError when there is nothing there, :class:`NotRegularFile` for
+    anything but a regular file, another OSError when it cannot be opened.
+    """
+    flags |= os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        # ELOOP (a symlink under O_NOFOLLOW), ENXIO (a socket): say what is there.
+        try:
+            kind = os.lstat(path).st_mode
+        except OSError:
+            raise exc from None
+        if not stat.S_ISREG(kind):
+            raise NotRegularFile(_kind(kind)) from exc
+        raise
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        raise NotRegularFile(_kind(kind))
+    return fd
+
+
 def read_regular_file(path: Path | str, *, limit: int | None = None) -> bytes:
     """The bytes of the regular file at ``path`` (at most ``limit + 1`` of them, so the
     caller can tell "over the limit"). Never blocks on a FIFO, never follows a symlink
@@ -49,23 +78,8 @@ def read_regular_file(path: Path | str, *, limit: int | None = None) -> bytes:
     Raises FileNotFoundError when there is nothing there, :class:`NotRegularFile` for
     anything but a regular file, another OSError when it cannot be opened or read.
     """
+    fd = open_regular_file(path)
     try:
-        fd = os.open(path, READ_FLAGS)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        # ELOOP (a symlink under O_NOFOLLOW), ENXIO (a socket): say what is there.
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            raise exc from None
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(_kind(mode)) from exc
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(_kind(mode))
         chunks = []
         left = -1 if limit is None else limit + 1
         while left != 0:

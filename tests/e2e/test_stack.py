@@ -93,10 +93,12 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
             home.grants_toml.write_text(grants)
             (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
             up = bxctl(home, "up")
-            assert up.stdout.splitlines() == [
-                line
-                for line in up.stdout.splitlines()
-                if line.split(":")[0] in ("brokerd", "inferproxy", "loopd")
+            # The three daemons (no built-in model: [model] url names the fake), then
+            # where the owner finds things.
+            assert [line.split(":")[0] for line in up.stdout.splitlines()] == [
+                *("brokerd", "inferproxy", "loopd"),
+                *("broker socket", "admin socket", "infer socket", "loop socket"),
+                *("logs", "model"),
             ]
             try:
                 yield Stack(home, record)

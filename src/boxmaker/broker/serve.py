@@ -15,7 +15,9 @@ bind the sockets, append ``start``.
 Clean stop (SIGINT/SIGTERM, docs/protocol.md): stop accepting; answer every pending entry
 withdrawn (``broker_stopping``); cancel idle admin connections; give running calls up
 to 5 s; append ``stop``; flush and close the ledger; remove our sockets; exit 0.
-SIGHUP re-reads grants.toml.
+SIGHUP re-reads grants.toml, and config.toml: the keys of :data:`LIVE_KEYS` apply to the
+calls that come after; any other change is logged as needing a restart
+(docs/runbook.md#reload).
 
 The workspace must never reach the home (docs/runbook.md#config): checked on real paths
 at start (exit 2 like any config.toml problem) and again at every grants re-read, every
@@ -43,7 +45,7 @@ from boxmaker.broker.accept import serve_capped
 from boxmaker.broker.admin import handle_admin_connection
 from boxmaker.broker.connection import handle_broker_connection
 from boxmaker.broker.state import Broker, Executor, GrantsWatcher, HomeGuard, StateRaiser
-from boxmaker.daemon import run_daemon, setup_logging
+from boxmaker.daemon import reread_config, run_daemon, setup_logging
 from boxmaker.grants_file import GrantsReader
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
@@ -69,6 +71,17 @@ GRANTS_POLL_S: Final = 2.0
 """The watcher also looks between calls, so a broken file is logged while idle."""
 
 LedgerOpener = Callable[[Path], LedgerFile]
+
+CONFIG_CONCERN: Final = frozenset({"workspace", "broker", "labels", "runner"})
+"""The parts of config.toml brokerd reads."""
+LIVE_KEYS: Final = frozenset({"broker.pending_timeout", "labels", "runner"})
+"""What SIGHUP applies at once, each read afresh by every call that comes after (a call
+already waiting or running keeps what it started with): an ask's timeout, the labels
+(a session's taint so far stays; only later reads are labelled anew), the tools' time
+and output and the sandbox's uid and limits (the sandbox kept set up ahead is used only
+for exactly the same launch). Not live: ``workspace`` (its real path is pinned and
+watched from the start: HomeGuard) and the broker.sock caps (sized once, against the
+open-file limit, for the boot)."""
 
 
 @attrs.frozen
@@ -267,7 +280,7 @@ async def _signals(broker: Broker) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as received:
             async for signum in received:
                 if signum == signal.SIGHUP:
-                    log.info("SIGHUP: re-reading grants.toml")
+                    log.info("SIGHUP: re-reading grants.toml and config.toml")
                     reloads.start_soon(_reload, broker)
                 else:
                     log.info("%s: stopping", signal.Signals(signum).name)
@@ -277,6 +290,9 @@ async def _signals(broker: Broker) -> None:
 async def _reload(broker: Broker) -> None:
     await broker.guard.look()
     await broker.grants.current(force=True)
+    broker.config = await reread_config(
+        broker.home, broker.config, concern=CONFIG_CONCERN, live=LIVE_KEYS, log=log
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Final, TextIO, cast
+from typing import Final, Literal, TextIO, cast
 
 from cyclopts import App
 from rich.console import Console
@@ -12,11 +12,14 @@ from rich.console import Console
 from boxmaker import __version__
 from boxmaker.cli.audit import audit_app
 from boxmaker.cli.chat import chat
-from boxmaker.cli.daemons import down, up
+from boxmaker.cli.common import Exit
+from boxmaker.cli.daemons import down, reload, restart, up
 from boxmaker.cli.demo import demo
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
+from boxmaker.cli.logs import logs
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
+from boxmaker.cli.runbook import runbook
 from boxmaker.printable import PrintableStream
 
 app = App(
@@ -28,8 +31,26 @@ app = App(
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
-for command in (demo, up, down, chat, approvals, approve, refuse, status, sessions):
+for command in (demo, up, down, restart, reload, logs, chat, approvals, approve, refuse):
     app.command(command)
+app.command(status)
+app.command(sessions)
+app.command(runbook)
+
+
+@app.command
+def completion(shell: Literal["bash", "zsh", "fish"] = "bash", /) -> Exit:
+    """Print bxctl's shell completion script (cyclopts writes it), to install as your
+    shell loads such scripts, e.g. for bash:
+    bxctl completion bash > ~/.local/share/bash-completion/completions/bxctl
+
+    Parameters
+    ----------
+    shell
+        The shell the script is for.
+    """
+    print(app.generate_completion(prog_name="bxctl", shell=shell), end="")
+    return Exit.DONE
 
 
 BROKEN_PIPE: Final = 141

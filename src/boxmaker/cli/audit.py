@@ -135,7 +135,9 @@ def _describe(record: dict[str, Any]) -> str:
     for name in SHOWN_FIELDS:
         if record.get(name) is not None:
             value = record[name]
-            shown = orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+            # JSON's words for the structured values and the booleans (untrusted=false),
+            # never Python's.
+            shown = orjson.dumps(value).decode() if isinstance(value, dict | list | bool) else value
             parts.append(f"{name}={shown}")
     return printable("  ".join(parts))
 
@@ -172,7 +174,7 @@ def show(
             text = line.decode("utf-8", errors="backslashreplace")
             sys.stdout.write(printable(text) + "\n")
         elif record is None:
-            print(f"(not a record) {line[:120]!r}")
+            print(f"(not a record) {line[:120].decode('utf-8', errors='backslashreplace')}")
         else:
             print(_describe(record))
     sys.stdout.flush()

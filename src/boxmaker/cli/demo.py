@@ -5,7 +5,9 @@ built-in model, brokerd, inferproxy and loopd started; one chat turn that asks t
 to read the file; the approval shown as the owner sees it and approved at the prompt
 (``--yes`` approves without asking); the model's reply; ``bxctl audit verify`` on that
 ledger. Everything it started is stopped on success, on failure and on Ctrl-C, and the
-temporary home removed (``--keep`` keeps it to look at).
+temporary home removed (``--keep`` keeps it to look at). ``--home DIR`` uses that home
+instead (created when absent) and keeps it: its own notes.txt, grant and config.toml
+are written only where those files do not exist yet.
 
 The model is tiny (SmolLM2-135M): it writes a proper tool call only with help — loopd's
 ``first_step = "tool"`` — and a plain request that names the file.
@@ -13,6 +15,7 @@ The model is tiny (SmolLM2-135M): it writes a proper tool call only with help �
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,10 +27,10 @@ from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.audit import verify
 from boxmaker.cli.chat import run_turn
 from boxmaker.cli.common import Common, Exit, fail
-from boxmaker.cli.daemons import down, up
+from boxmaker.cli.daemons import DAEMONS, daemon_states, stop, up
 from boxmaker.cli.owner import approval_block
 from boxmaker.clock import utc_now
-from boxmaker.home import Home
+from boxmaker.home import Home, HomeError, resolve_home
 from boxmaker.ledger.writer import open_ledger
 from boxmaker.wire import (
     ApprovalsAnswer,
@@ -61,11 +64,18 @@ note = "the demo's notes: ask me each time"
 
 
 def _prepare(home: Home) -> None:
+    """The demo's files, each written only where there is none: a home given with
+    --home keeps what its owner wrote."""
     home.create()
-    home.config_toml.write_text(CONFIG, encoding="utf-8")
-    home.grants_toml.write_text(GRANTS, encoding="utf-8")
     home.default_workspace.mkdir(mode=0o700, exist_ok=True)
-    (home.default_workspace / "notes.txt").write_text(NOTES, encoding="utf-8")
+    for path, text in (
+        (home.config_toml, CONFIG),
+        (home.grants_toml, GRANTS),
+        (home.default_workspace / "notes.txt", NOTES),
+    ):
+        with contextlib.suppress(FileExistsError), path.open("x", encoding="utf-8") as file:
+            path.chmod(0o600)
+            file.write(text)
     open_ledger(home.audit_log)
 
 
@@ -90,7 +100,7 @@ async def _owner_decides(home: Home, event: WaitingEvent, *, yes: bool) -> None:
         await ask_broker(home, Refuse(approval=event.approval, reason="the owner said no"))
 
 
-async def demo(*, yes: bool = False, keep: bool = False) -> Exit:
+async def demo(*, yes: bool = False, keep: bool = False, home: str | None = None) -> Exit:
     """Run the whole stack on the built-in model, once: a temporary home, one file, one
     ask grant; the model asks to read the file, you approve, it answers; then the audit
     ledger is verified. Everything started is stopped again.
@@ -101,13 +111,25 @@ async def demo(*, yes: bool = False, keep: bool = False) -> Exit:
         Approve the call without asking.
     keep
         Keep the temporary home afterwards (its ledger, logs and conversation).
+    home
+        Use this home instead of a temporary one: created when absent, kept afterwards;
+        its existing config.toml, grants.toml and workspace/notes.txt are used as they are.
     """
-    root = Path(tempfile.mkdtemp(prefix="bx-demo-", dir="/tmp"))
-    home, common = Home(root), Common(home=str(root))
-    print(f"A temporary home: {root}")
+    if home is None:
+        root = Path(tempfile.mkdtemp(prefix="bx-demo-", dir="/tmp"))
+        print(f"A temporary home: {root}")
+    else:
+        root, keep = resolve_home(home).root, True
+        print(f"The home: {root}")
+    where, common = Home(root), Common(home=str(root))
     print("  workspace/notes.txt, and one grant: read_file notes.txt, mode ask\n")
+    # A home of the owner's may have daemons running already: the demo stops only its own.
+    running = {name for name, up_now in daemon_states(where).items() if up_now}
     try:
-        _prepare(home)
+        try:
+            _prepare(where)
+        except (HomeError, OSError) as exc:
+            return fail(f"{root}: cannot prepare the demo's home: {exc}")
         code = up(common=common)
         if code is not Exit.DONE:
             return code
@@ -115,10 +137,10 @@ async def demo(*, yes: bool = False, keep: bool = False) -> Exit:
 
         async def on_event(event: LoopEvent) -> None:
             if isinstance(event, WaitingEvent):
-                await _owner_decides(home, event, yes=yes)
+                await _owner_decides(where, event, yes=yes)
 
         try:
-            turn = await run_turn(home, QUESTION, None, as_json=False, on_event=on_event)
+            turn = await run_turn(where, QUESTION, None, as_json=False, on_event=on_event)
         except DaemonUnreachable as exc:
             return fail(str(exc), Exit.UNREACHABLE)
         print("\nThe audit ledger (bxctl audit verify):")
@@ -126,7 +148,9 @@ async def demo(*, yes: bool = False, keep: bool = False) -> Exit:
         return turn.code if verified is Exit.DONE else verified
     finally:
         print()
-        down(common=common)
+        for daemon in reversed(DAEMONS):
+            if daemon.name not in running:
+                print(f"{daemon.name}: {stop(daemon, where)}")
         if keep:
             print(f"the demo's home is kept: {root} (try: bxctl audit show --home {root})")
         else:

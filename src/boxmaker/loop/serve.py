@@ -26,7 +26,7 @@ from cyclopts import App, Parameter
 
 from boxmaker import __version__
 from boxmaker.convert import new_session_id
-from boxmaker.daemon import run_daemon, stop_on_signals
+from boxmaker.daemon import reread_config, run_daemon, stop_on_signals
 from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
 from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.loop.conversations import append_history, load_history
@@ -50,6 +50,10 @@ FIRST_FRAME_S: Final = 5.0
 GRACE_S: Final = 5.0
 """Turns still running at a stop get this long before they are cancelled."""
 RUNBOOK_STATE: Final = "docs/runbook.md#state"
+LIVE_KEYS: Final = frozenset({"loop.max_steps", "loop.first_step"})
+"""What SIGHUP applies (docs/runbook.md#reload): each turn reads them as it starts, so
+a turn under way keeps what it began with. ``reply_timeout`` is the broker client's,
+made once at start: it needs a restart."""
 
 
 @attrs.define
@@ -200,7 +204,14 @@ async def serve_loop(
                     )
                 )
                 if handle_signals:
-                    accept.start_soon(stop_on_signals, loop.request_stop, log)
+                    accept.start_soon(
+                        functools.partial(
+                            stop_on_signals,
+                            loop.request_stop,
+                            log,
+                            on_hangup=functools.partial(_reload, loop),
+                        )
+                    )
                 log.info("loopd %s serving %s", __version__, listener.path)
                 task_status.started(loop)
                 await loop.wait_stop_requested()
@@ -212,6 +223,12 @@ async def serve_loop(
         listener.remove_path()
         await model.aclose()
     log.info("loopd stopped")
+
+
+async def _reload(loop: Loop) -> None:
+    loop.config = await reread_config(
+        loop.home, loop.config, concern=frozenset({"loop"}), live=LIVE_KEYS, log=log
+    )
 
 
 # ---------------------------------------------------------------------------------------

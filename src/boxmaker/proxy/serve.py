@@ -37,7 +37,7 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
-from boxmaker.daemon import run_daemon, stop_on_signals
+from boxmaker.daemon import reread_config, run_daemon, stop_on_signals
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
 from boxmaker.proxy.app import InferProxy, ProxySettings, unix_socket_of
 from boxmaker.unix_sockets import ListenerError, bind_unix_socket, remove_socket_path
@@ -50,6 +50,10 @@ CONNECT_S: Final = 5.0
 """Seconds to connect to the model; a generation itself may take as long as it takes."""
 RUNBOOK_TCP: Final = "docs/runbook.md#proxy-token"
 MIN_TOKEN: Final = 16
+LIVE_KEYS: Final = frozenset({"model.name", "model.max_tokens"})
+"""What SIGHUP applies (docs/runbook.md#reload): each request is pinned with the
+settings of the moment it arrives. The model's URL (the one HTTP client), the TCP port
+(bound at start) and the token (read once, checked at start) need a restart."""
 """Characters a TCP token has at least: `openssl rand -hex 32` gives 64."""
 
 
@@ -199,7 +203,14 @@ async def serve_proxy(
             )
             async with trio.open_nursery() as signals:
                 if handle_signals:
-                    signals.start_soon(stop_on_signals, handle.request_stop, log)
+                    signals.start_soon(
+                        functools.partial(
+                            stop_on_signals,
+                            handle.request_stop,
+                            log,
+                            on_hangup=_Reloader(home, config, app).reload,
+                        )
+                    )
                 # hypercorn's serve returns after a stop, once its connections are done.
                 async with trio.open_nursery() as server:
                     handle.binds = await server.start(serve)
@@ -218,6 +229,23 @@ async def serve_proxy(
     finally:
         remove_socket_path(home.infer_sock, inode)
     log.info("inferproxy stopped")
+
+
+@attrs.define
+class _Reloader:
+    """SIGHUP's re-read of config.toml, applied to the app's settings."""
+
+    home: Home
+    config: Config
+    app: InferProxy
+
+    async def reload(self) -> None:
+        self.config = await reread_config(
+            self.home, self.config, concern=frozenset({"model", "proxy"}), live=LIVE_KEYS, log=log
+        )
+        self.app.settings = attrs.evolve(
+            self.app.settings, model=self.config.model.name, max_tokens=self.config.model.max_tokens
+        )
 
 
 # ---------------------------------------------------------------------------------------

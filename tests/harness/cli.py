@@ -1,0 +1,74 @@
+"""bxctl as the owner runs it, for tests: a separate process per command, and a home
+whose model is the scripted llama-server (a process too). Real time, every wait bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+from tests.fakes.llama_server import as_process
+from tests.harness.homes import short_home
+
+from boxmaker.home import Home
+
+WAIT_S = 60.0
+
+
+def bxctl(
+    home: Home | Path,
+    *args: str,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``bxctl ARGS --home HOME``; with ``check``, it must exit 0."""
+    root = home.root if isinstance(home, Home) else home
+    done = subprocess.run(
+        [sys.executable, "-m", "boxmaker.cli.app", *args, "--home", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
+    )
+    if check:
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done
+
+
+@contextlib.contextmanager
+def scripted_home(
+    script: list[dict[str, Any]], grants: str = "", config: str = "", prefix: str = "bx-ops-"
+) -> Iterator[tuple[Home, str, Path]]:
+    """A home made by ``bxctl init`` whose ``[model] url`` is a scripted llama-server:
+    (the home, the model's URL, the file where the model records each request). Any
+    daemon still running at the end is stopped (``bxctl down``)."""
+    with short_home(prefix) as home:
+        bxctl(home, "init")
+        script_file, record = home.root / "script.json", home.root / "requests.jsonl"
+        script_file.write_bytes(orjson.dumps(script))
+        with as_process("--script", str(script_file), "--record", str(record)) as url:
+            home.config_toml.write_text(f'[model]\nurl = "{url}"\n{config}')
+            home.grants_toml.write_text(grants)
+            try:
+                yield home, url, record
+            finally:
+                bxctl(home, "down", check=False)
+
+
+def pid_of(home: Home, daemon: str) -> int:
+    return int(home.pid_file(daemon).read_text())
+
+
+def alive(pid: int) -> bool:
+    """Is ``pid`` a process that has not ended (a zombie counts as ended)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
