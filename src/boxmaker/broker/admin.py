@@ -221,9 +221,7 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
             tool=ended.entry.tool,
             ran=None
             if ran is None
-            else RunEnd(
-                outcome="ok" if ran.ok else "failed", reason=ran.reason, detail=ran.detail
-            ),
+            else RunEnd(outcome="ok" if ran.ok else "failed", reason=ran.reason, detail=ran.detail),
         )
     return Refused(call=call)
 

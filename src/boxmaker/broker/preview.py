@@ -106,4 +106,3 @@ def preview_write(workspace: Path, rules: LabelRules, path: str, content: str) -
     diff = difflib.unified_diff(before, after, f"{path} (now)", f"{path} (written)", lineterm="")
     lines, left_out = _bounded(diff)
     return ChangePreview(summary=replaces, lines=lines, lines_left_out=left_out)
-

@@ -650,47 +650,49 @@ def look_before_write(
     """Blocking (a worker thread). ``limit``: the most bytes to read of an existing file;
     None only checks the directories. Never follows a symlink out, never opens a FIFO
     for reading without O_NONBLOCK, reads only a regular file with one name."""
-    host = host or REAL_HOST
-    if path == ROOT:
-        return WriteTarget(problem=f"{path}: is a directory")
-    parent_path, name = _split(path)
     try:
-        root, real_parent = host.real_relative(workspace, parent_path)
-        missing = _first_missing(root, real_parent)
-        if missing is not None or limit is None:
-            return WriteTarget(missing_directory=missing)
-        dir_fd = _walk(root, real_parent, path)
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return WriteTarget()
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise _Failed(Reason.PATH_ESCAPE, f"{path}: a symlink") from None
-            raise _os_failure(exc, path) from None
-        finally:
-            os.close(dir_fd)
-        try:
-            info = os.fstat(fd)
-            opened = _opened_relative(fd, root, _join(real_parent, name), path, host.opened_path)
-            if stat.S_ISDIR(info.st_mode):
-                raise _Failed(Reason.TOOL_ERROR, f"{path}: is a directory")
-            if not stat.S_ISREG(info.st_mode):
-                raise _Failed(Reason.TOOL_ERROR, f"{path}: not a regular file")
-            if info.st_nlink > 1:
-                raise _Failed(Reason.TOOL_ERROR, f"{path}: the file has other names (hard links)")
-            if info.st_size > limit:
-                raise _Failed(Reason.TOO_LARGE, f"{path}: over {limit} bytes")
-            data = _read_up_to(fd, limit + 1)
-        finally:
-            os.close(fd)
-        if len(data) > limit:
-            raise _Failed(Reason.TOO_LARGE, f"{path}: over {limit} bytes")
-        return WriteTarget(data=data, opened=opened)
+        return _look(workspace, path, limit, host or REAL_HOST)
     except _Failed as failed:
         return WriteTarget(problem=failed.detail)
     except OSError as exc:
         return WriteTarget(problem=f"{path}: {exc.strerror or exc}")
+
+
+def _look(workspace: Path, path: str, limit: int | None, host: Host) -> WriteTarget:
+    if path == ROOT:
+        raise _Failed(Reason.TOOL_ERROR, f"{path}: is a directory")
+    parent_path, name = _split(path)
+    root, real_parent = host.real_relative(workspace, parent_path)
+    missing = _first_missing(root, real_parent)
+    if missing is not None or limit is None:
+        return WriteTarget(missing_directory=missing)
+    dir_fd = _walk(root, real_parent, path)
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return WriteTarget()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Failed(Reason.PATH_ESCAPE, f"{path}: a symlink") from None
+        raise _os_failure(exc, path) from None
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(fd)
+        opened = _opened_relative(fd, root, _join(real_parent, name), path, host.opened_path)
+        if stat.S_ISDIR(info.st_mode):
+            raise _Failed(Reason.TOOL_ERROR, f"{path}: is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise _Failed(Reason.TOOL_ERROR, f"{path}: not a regular file")
+        if info.st_nlink > 1:
+            raise _Failed(Reason.TOOL_ERROR, f"{path}: the file has other names (hard links)")
+        # One byte more than the limit tells a file that grew past it since fstat.
+        data = b"" if info.st_size > limit else _read_up_to(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if info.st_size > limit or len(data) > limit:
+        raise _Failed(Reason.TOO_LARGE, f"{path}: over {limit} bytes")
+    return WriteTarget(data=data, opened=opened)
 
 
 def _first_missing(root: str, relative: str) -> str | None:
