@@ -12,7 +12,7 @@ import pytest
 from boxmaker.cli.owner import approval_block, describe_approved
 from boxmaker.core.labels import Taint
 from boxmaker.core.reasons import Reason
-from boxmaker.wire import Approved, ApprovalView, ChangePreview, GrantRef, RunEnd
+from boxmaker.wire import ApprovalView, Approved, ChangePreview, GrantRef, RunEnd
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 CALL = "c-0123456789abcdef"
