@@ -673,7 +673,9 @@ def _look(workspace: Path, path: str, limit: int | None, host: Host) -> WriteTar
         return WriteTarget()
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _Failed(Reason.PATH_ESCAPE, f"{path}: a symlink") from None
+            raise _Failed(
+                Reason.PATH_ESCAPE, f"{path}: a symlink (the write replaces the link itself)"
+            ) from None
         raise _os_failure(exc, path) from None
     finally:
         os.close(dir_fd)
