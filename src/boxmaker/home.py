@@ -336,6 +336,9 @@ class RunnerConfig:
 def _argv(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     if any(not part or "\0" in part for part in value):
         raise InvalidField(attribute.name, "expected a list of non-empty strings (argv)")
+    # A relative path would be looked up from the command's working directory.
+    if value and "/" in value[0] and not value[0].startswith("/"):
+        raise InvalidField(attribute.name, "the program is an absolute path or a bare name")
 
 
 @attrs.frozen(kw_only=True)

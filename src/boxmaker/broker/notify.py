@@ -9,13 +9,19 @@ cost a call anything: :meth:`Notifier.notify` never waits (a full queue drops th
 notice, logged), at most :data:`MAX_RUNNING` commands run at once, each is killed with
 its whole process group after ``[notify] timeout``, and how it ended is only logged.
 
-Who runs it: the home's owner. brokerd as root runs it as the uid and gid owning the
-home (the person bxctl serves: the notification is theirs, on their desktop), with no
-supplementary groups; never as root: with a root-owned home it is not run at all. The
-environment is clean: a fixed PATH, HOME and USER of that uid when known, LANG, and the
+Who runs it: the owner. brokerd as an ordinary user runs it as itself (the owner: the
+home is always brokerd's own), in the home. brokerd as root (its home is then root's)
+runs it as the workspace's owner and group, in ``/``: the person the tools work
+for, the same uid the sandbox defaults to, but never ``[runner] sandbox_uid``, which may
+be an account made for the sandbox with no desktop to notify. No supplementary groups;
+never as root: with a root-owned workspace it is not run at all. The
+environment is clean: a fixed PATH, HOME and USER of that uid when known, LANG,
+BOXMAKER_HOME (so the command may run ``bxctl approvals`` itself), and the
 four variables a desktop notification needs to reach the owner's session
 (:data:`PASSED_ON`), taken from brokerd's own environment (``bxctl up`` starts brokerd
-from the owner's session). Its working directory is the home. argv, not a shell line:
+from the owner's session). Not in the workspace: the model writes there, and a
+relative name would find what it planted (config.toml takes only an absolute command
+or a bare name, looked up in the fixed PATH). argv, not a shell line:
 the JSON arrives on stdin, so nothing is ever put into a command line; a shell is one
 ``["sh", "-c", "…"]`` away for whoever wants one.
 """
@@ -36,6 +42,7 @@ import attrs
 import orjson
 import trio
 
+from boxmaker.broker.sandbox import SandboxRefused, sandbox_user
 from boxmaker.home import NotifyConfig
 
 log = logging.getLogger("boxmaker.brokerd.notify")
@@ -53,22 +60,24 @@ PASSED_ON: Final = ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "X
 
 @attrs.frozen
 class RunAs:
-    """The uid and gid the command runs as (None: brokerd's own)."""
+    """Whom the command runs as (uid None: brokerd itself) and where."""
 
     uid: int | None
     gid: int | None
+    cwd: Path
 
 
-def run_as(home: Path, *, euid: int | None = None) -> RunAs | None:
-    """Who runs the command: brokerd itself, or, as root, the home's owner; None (not
-    run) when that would be root."""
-    euid = os.geteuid() if euid is None else euid
-    if euid != 0:
-        return RunAs(None, None)
-    info = home.stat()
-    if info.st_uid == 0:
+def run_as(home: Path, workspace: Path) -> RunAs | None:
+    """brokerd not root: itself, in the home. brokerd root: the workspace's owner, in
+    ``/`` (the home is root's 0700), as :func:`~boxmaker.broker.sandbox.sandbox_user`
+    picks it without ``sandbox_uid``; None (not run) when the workspace is root's."""
+    try:
+        user = sandbox_user(workspace, None)
+    except SandboxRefused:
         return None
-    return RunAs(info.st_uid, info.st_gid)
+    if user is None:
+        return RunAs(None, None, home)
+    return RunAs(user.uid, user.gid, Path("/"))
 
 
 def clean_env(uid: int, environ: Mapping[str, str]) -> dict[str, str]:
@@ -95,9 +104,10 @@ def clean_env(uid: int, environ: Mapping[str, str]) -> dict[str, str]:
 class Notifier:
     """Runs the notify command in the background (see the module docstring)."""
 
-    def __init__(self, config: NotifyConfig, home: Path) -> None:
+    def __init__(self, config: NotifyConfig, home: Path, workspace: Path) -> None:
         self.config = config
         self.home = home
+        self.workspace = workspace
         self._send, self._receive = trio.open_memory_channel[bytes](MAX_QUEUED)
         self._who: RunAs | None = None
 
@@ -120,11 +130,11 @@ class Notifier:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """brokerd's nursery task: :data:`MAX_RUNNING` workers take the notices."""
         if self.config.command:
-            who = await trio.to_thread.run_sync(run_as, self.home)
+            who = await trio.to_thread.run_sync(run_as, self.home, self.workspace)
             if who is None:
                 log.warning(
-                    "[notify] command is not run: brokerd runs as root and the home is "
-                    "root's; it never runs as root (docs/runbook.md#notify)"
+                    "[notify] command is not run: brokerd runs as root and the workspace "
+                    "is root's; it never runs as root (docs/runbook.md#notify)"
                 )
             self._who = who
         async with trio.open_nursery() as workers:
@@ -152,26 +162,29 @@ class Notifier:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            cwd=self.home,
-            env=clean_env(uid, os.environ),
+            cwd=who.cwd,
+            env={**clean_env(uid, os.environ), "BOXMAKER_HOME": str(self.home)},
             start_new_session=True,
             **options,
         )
         stderr = bytearray()
-        with trio.move_on_after(self.config.timeout) as timer:
-            async with trio.open_nursery() as io:
-                io.start_soon(_feed, process, payload)
-                io.start_soon(_keep_tail, process, stderr)
-                await process.wait()
+        try:
+            with trio.move_on_after(self.config.timeout) as timer:
+                async with trio.open_nursery() as io:
+                    io.start_soon(_feed, process, payload)
+                    io.start_soon(_keep_tail, process, stderr)
+                    await process.wait()
+        finally:
+            # Past its time, or brokerd stops: the command and whatever it started go.
+            if process.returncode is None:
+                _kill_group(process)
+                with trio.CancelScope(shield=True):
+                    await process.wait()
         if timer.cancelled_caught:
-            _kill_group(process)
-            with trio.CancelScope(shield=True):
-                await process.wait()
             log.warning(
                 "notify: %s took over %g s and was killed", argv[0][:80], self.config.timeout
             )
-            return
-        if process.returncode != 0:
+        elif process.returncode != 0:
             log.warning(
                 "notify: %s exited %s: %s",
                 argv[0][:80],

@@ -306,7 +306,7 @@ class Broker:
         self._sessions_dir = self.home.sessions_dir
         self.states = SessionStates(self._sessions_dir, to_thread=self.to_thread)
         self.capacity = Capacity.for_config(self.config.broker)
-        self.notifier = Notifier(self.config.notify, self.home.root)
+        self.notifier = Notifier(self.config.notify, self.home.root, self.config.workspace)
 
     @property
     def workspace(self) -> Path:
