@@ -17,6 +17,7 @@ from boxmaker.cli.demo import demo
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
+from boxmaker.cli.why import why
 from boxmaker.printable import PrintableStream
 
 app = App(
@@ -28,7 +29,7 @@ app = App(
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
-for command in (demo, up, down, chat, approvals, approve, refuse, status, sessions):
+for command in (demo, up, down, chat, approvals, approve, refuse, status, sessions, why):
     app.command(command)
 
 
