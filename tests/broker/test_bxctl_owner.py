@@ -177,6 +177,24 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
         assert f"brokerd serve --home {home.root}" in err
 
 
+async def test_status_json_is_an_object_even_when_brokerd_is_down(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await bxctl(home, "status", "--json") == 3
+    out, err = capsys.readouterr()
+    status = orjson.loads(out)
+    assert status["daemons"] == {
+        "model": False,
+        "brokerd": False,
+        "inferproxy": False,
+        "loopd": False,
+    }
+    assert status["down"] == ["model", "brokerd", "inferproxy", "loopd"]
+    assert (status["version"], status["head"], status["pending"]) == (None, None, None)
+    assert status["problem"].startswith(f"brokerd is unreachable at {home.admin_sock}")
+    assert err == ""
+
+
 async def test_watch_prints_the_list_again_when_it_changes(
     asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
