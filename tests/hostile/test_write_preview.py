@@ -4,7 +4,7 @@ link or a huge file at that path; brokerd may run as root. The preview reads the
 the way the write would reach it and describes what it cannot read safely: it never
 follows a link out, never hangs on a FIFO, never reads more than 1 MiB, never shows a
 file with other names, never drives the owner's terminal, and reads at most 32 files
-per ``approvals`` answer.
+per ``approvals`` answer, within 2 s.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def test_a_hard_link_is_not_shown(outside: Path) -> None:
 
 
 def test_the_model_cannot_make_the_diff_slow(tmp_path: Path) -> None:
+    # Interleaved lines that repeat: difflib's slow case (seconds at 5,000 lines).
     lines = MAX_COMPARED_LINES
     (tmp_path / "a.txt").write_text("".join(f"{n % 7}\n{n}\n" for n in range(lines // 2)))
     content = "".join(f"{n}\n{n % 7}\n" for n in range(lines // 2))
@@ -106,10 +107,39 @@ def test_the_model_cannot_make_the_diff_slow(tmp_path: Path) -> None:
     preview = preview_write(tmp_path, RULES, "a.txt", content)
     assert time.monotonic() - started < 2.0
     assert len(preview.lines) == 200
-    # Past the bound, the texts are not compared at all.
-    too_many = "x\n" * (MAX_COMPARED_LINES + 1)
-    summary = preview_write(tmp_path, RULES, "a.txt", too_many).summary
-    assert summary.endswith(f"over {MAX_COMPARED_LINES} lines: the new content")
+    # More changed lines than that: not compared at all, the new content is shown.
+    (tmp_path / "b.txt").write_text("".join(f"{n % 7}\n{n}\n" for n in range(3000)))
+    content = "".join(f"{n}\n{n % 7}\n" for n in range(3000))
+    started = time.monotonic()
+    summary = preview_write(tmp_path, RULES, "b.txt", content).summary
+    assert time.monotonic() - started < 1.0
+    assert summary == (
+        f"replaces 19890 bytes with 19890 bytes; over {MAX_COMPARED_LINES} changed lines: "
+        "the new content"
+    )
+
+
+def test_an_edit_in_a_big_file_is_a_small_diff_with_the_files_line_numbers(
+    tmp_path: Path,
+) -> None:
+    before = [f"line {n}" for n in range(60_000)]  # 0.7 MB, under the 1 MiB read
+    (tmp_path / "big.txt").write_text("\n".join(before) + "\n")
+    after = before.copy()
+    after[40_000] = "changed"
+    started = time.monotonic()
+    preview = preview_write(tmp_path, RULES, "big.txt", "\n".join(after) + "\n")
+    assert time.monotonic() - started < 2.0
+    assert preview.lines[2:] == [
+        "@@ -39998,7 +39998,7 @@",
+        " line 39997",
+        " line 39998",
+        " line 39999",
+        "-line 40000",
+        "+changed",
+        " line 40001",
+        " line 40002",
+        " line 40003",
+    ]
 
 
 async def bxctl(home: Home, *args: str) -> int:
@@ -153,7 +183,7 @@ async def test_many_waiting_writes_read_at_most_32_files_per_list(
     assert (
         summaries[MAX_PREVIEWS:]
         == [
-            f"not shown: only the first {MAX_PREVIEWS} waiting writes are read; "
+            f"not shown: only the first writes are read (at most {MAX_PREVIEWS}, 2 s); "
             "answer some of them first"
         ]
         * 3

@@ -19,6 +19,7 @@ record of a call, in order.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Final
 
 import trio
@@ -71,6 +72,8 @@ LATER_REQUEST_S: Final = 60.0
 SEND_S: Final = 10.0
 MAX_PREVIEWS: Final = 32
 """write_file previews read per ``approvals`` answer (:func:`_with_previews`)."""
+PREVIEWS_S: Final = 2.0
+"""Seconds of previews per ``approvals`` answer; the later writes are not shown."""
 CALL_ENDED: Final = "the call ended before its approval was recorded (is brokerd stopping?)"
 
 
@@ -146,17 +149,21 @@ async def _with_previews(broker: Broker, live: list[PendingEntry]) -> list[Appro
     workspace, rules = broker.workspace, broker.config.labels
 
     def read_all() -> dict[str, ChangePreview]:
-        return {
-            entry.approval: preview_write(
-                workspace, rules, str(entry.arguments["path"]), str(entry.arguments["content"])
-            )
-            for entry in shown
-        }
+        # A time budget as well: each preview is bounded, 32 of them at their worst are
+        # not (the owner would wait seconds for the list).
+        previews: dict[str, ChangePreview] = {}
+        ends = time.monotonic() + PREVIEWS_S
+        for entry in shown:
+            if time.monotonic() >= ends:
+                break
+            path, content = str(entry.arguments["path"]), str(entry.arguments["content"])
+            previews[entry.approval] = preview_write(workspace, rules, path, content)
+        return previews
 
     previews = await broker.to_thread(read_all) if shown else {}
     skipped = ChangePreview(
-        summary=f"not shown: only the first {MAX_PREVIEWS} waiting writes are read; "
-        "answer some of them first"
+        summary=f"not shown: only the first writes are read (at most {MAX_PREVIEWS}, "
+        f"{PREVIEWS_S:g} s); answer some of them first"
     )
     return [
         approval_view(

@@ -94,10 +94,11 @@ def _change_lines(entry: ApprovalView) -> list[str]:
     preview = entry.preview
     if preview is None:
         content = str(entry.arguments.get("content", ""))
+        lines = content.split("\n")
         preview = ChangePreview(
             summary=f"{len(content.encode('utf-8', 'surrogatepass'))} bytes of content",
-            lines=content.splitlines()[:PREVIEW_FALLBACK_LINES],
-            lines_left_out=max(0, len(content.splitlines()) - PREVIEW_FALLBACK_LINES),
+            lines=lines[:PREVIEW_FALLBACK_LINES],
+            lines_left_out=max(0, len(lines) - PREVIEW_FALLBACK_LINES),
         )
     lines = [f"  change     {preview.summary}"]
     lines += [f"    {line}" for line in preview.lines]
