@@ -5,9 +5,10 @@ When a call starts waiting, brokerd runs the command with the pending approval's
 on stdin: the object ``bxctl approvals --json`` shows for it, its ``preview`` null (the
 file as it is may be secret, and a phone push or a chat bot is another party; the owner
 sees the change in ``bxctl approvals``). The command is the owner's, but it must never
-cost a call anything: :meth:`Notifier.notify` never waits (a full queue drops the
-notice, logged), at most :data:`MAX_RUNNING` commands run at once, each is killed with
-its whole process group after ``[notify] timeout``, and how it ended is only logged.
+cost a call anything: :meth:`Notifier.notify` never waits (a full queue, 64 notices or
+8 MiB, drops the notice, logged), at most :data:`MAX_RUNNING` commands run at once, each
+is killed with its whole process group after ``[notify] timeout``, and how it ended is
+only logged.
 
 Who runs it: the owner. brokerd as an ordinary user runs it as itself (the owner: the
 home is always brokerd's own), in the home. brokerd as root (its home is then root's)
@@ -51,6 +52,8 @@ MAX_RUNNING: Final = 4
 """Notify commands running at once; more wait in the queue."""
 MAX_QUEUED: Final = 64
 """Notices waiting for a free slot; one more is dropped (and logged)."""
+MAX_QUEUED_BYTES: Final = 8 * 1024 * 1024
+"""Their bytes (a write's content is in its JSON: up to 1 MiB each)."""
 STDERR_KEPT: Final = 2000
 """The bytes of the command's stderr kept for the log line."""
 SAFE_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
@@ -110,6 +113,7 @@ class Notifier:
         self.workspace = workspace
         self._send, self._receive = trio.open_memory_channel[bytes](MAX_QUEUED)
         self._who: RunAs | None = None
+        self._queued_bytes = 0
 
     @property
     def enabled(self) -> bool:
@@ -120,12 +124,18 @@ class Notifier:
         """Queue a notice for ``approval`` (its JSON object); never waits."""
         if not self.enabled:
             return
+        payload = orjson.dumps(approval)
+        if self._queued_bytes + len(payload) > MAX_QUEUED_BYTES:
+            log.warning("notify: the waiting notices hold %d bytes; one dropped", MAX_QUEUED_BYTES)
+            return
         try:
-            self._send.send_nowait(orjson.dumps(approval))
+            self._send.send_nowait(payload)
         except trio.WouldBlock:
             log.warning("notify: %d notices already wait; one dropped", MAX_QUEUED)
         except trio.ClosedResourceError:
             pass
+        else:
+            self._queued_bytes += len(payload)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """brokerd's nursery task: :data:`MAX_RUNNING` workers take the notices."""
@@ -144,6 +154,7 @@ class Notifier:
 
     async def _worker(self) -> None:
         async for payload in self._receive.clone():
+            self._queued_bytes -= len(payload)
             try:
                 await self._run_one(payload)
             except Exception:
