@@ -82,6 +82,28 @@ async def test_approvals_shows_the_block_and_approve_runs_the_call(
     await client.aclose()
 
 
+async def test_why_of_a_waiting_call_says_how_to_answer_it(
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    await brokerd.start()
+    client, pending = await pending_call(home)
+    assert await bxctl(home, "why", pending["call"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    approval = pending["approval"]
+    assert lines[2:] == [
+        '  grant read-notes (in grants.toml now: mode ask, note "the owner\'s notes")',
+        "  the session was taint public, trusted",
+        lines[4],
+    ]
+    assert re.fullmatch(
+        rf"waits for you now: approval {approval}, expires \d\d:\d\d:\d\d \(in (29s|30s)\); "
+        rf"bxctl approve {approval}",
+        lines[4],
+    )
+    await client.aclose()
+
+
 async def test_refuse_passes_the_reason_to_the_requester(
     asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:

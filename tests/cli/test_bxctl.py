@@ -45,6 +45,11 @@ def bxctl(*args: str) -> int:
     return int(app(list(args), result_action="return_value"))
 
 
+async def bxctl_in_trio(*args: str) -> int:
+    """An async command (it may ask brokerd) from inside a trio test."""
+    return int(await app.run_async(list(args), result_action="return_value"))
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     root = tmp_path / "home"
@@ -313,7 +318,7 @@ async def test_why_tells_an_approved_call_in_sentences(
     capsys.readouterr()
     # All records within a moment: each is "2m 10s ago" give or take a second.
     when = later_than_the_records(home, monkeypatch, 130)
-    assert bxctl("why", CALL_A, "--home", str(home)) == 0
+    assert await bxctl_in_trio("why", CALL_A, "--home", str(home)) == 0
     lines = capsys.readouterr().out.splitlines()
     ago = r"\d\d:\d\d:\d\d \(2m 1[01]s ago\)"
     expected = [
@@ -338,7 +343,7 @@ async def test_why_tells_a_denial_and_json_has_the_records(
     await write_calls(home)
     capsys.readouterr()
     later_than_the_records(home, monkeypatch, 5)
-    assert bxctl("why", CALL_B, "--home", str(home)) == 0
+    assert await bxctl_in_trio("why", CALL_B, "--home", str(home)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert (
         lines[0] == f'call {CALL_B}: read_file {{"path":"notes.txt"}}, asked by session {SESSION_2}'
@@ -350,7 +355,7 @@ async def test_why_tells_a_denial_and_json_has_the_records(
     ]
     assert "True" not in "".join(lines)
     assert "None" not in "".join(lines)
-    assert bxctl("why", CALL_A, "--home", str(home), "--json") == 0
+    assert await bxctl_in_trio("why", CALL_A, "--home", str(home), "--json") == 0
     story = orjson.loads(capsys.readouterr().out)
     assert (story["call"], story["earlier"]) == (CALL_A, [])
     assert story["decision"]["grant"] == {

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import orjson
 
+from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.audit import select_records
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.clock import local_time, parse_utc, utc_now
@@ -24,6 +25,7 @@ from boxmaker.core.grants import GrantSet
 from boxmaker.grants_file import load_grants
 from boxmaker.home import Home
 from boxmaker.printable import printable
+from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
 REASON_WORDS: Final = {
     "no_grant": "no grant allows it",
@@ -161,12 +163,17 @@ def _result_words(result: dict[str, Any], now: Any) -> list[str]:
     return lines
 
 
-def describe_life(life: dict[str, Any], now: Any) -> list[str]:
-    """The sentences of one life of a call."""
+def describe_life(life: dict[str, Any], now: Any, waiting: ApprovalView | None = None) -> list[str]:
+    """The sentences of one life of a call; ``waiting``: its entry when it waits now."""
     lines = [f"call {life['call']}: ", *_decision_words(life["decision"], now)]
     lines[0] += lines.pop(1)
     if life["approval"] is not None:
         lines += _approval_words(life["approval"], now)
+    elif waiting is not None:
+        lines.append(
+            f"waits for you now: approval {waiting.approval}, expires "
+            f"{local_time(waiting.expires_at, now)}; bxctl approve {waiting.approval}"
+        )
     elif life["decision"].get("verdict") == "ask":
         lines.append("no answer recorded yet: it waits, or brokerd stopped first")
     if life["result"] is not None:
@@ -178,7 +185,18 @@ def describe_life(life: dict[str, Any], now: Any) -> list[str]:
     return lines
 
 
-def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
+async def _waiting(home: Home, call: str) -> ApprovalView | None:
+    """The call's pending entry, when brokerd answers and the call waits."""
+    try:
+        answer = await ask_broker(home, ApprovalsRequest())
+    except DaemonUnreachable:
+        return None
+    if not isinstance(answer, ApprovalsAnswer):
+        return None
+    return next((entry for entry in answer.entries if entry.call == call), None)
+
+
+async def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
     """Why a call ended as it did, from the ledger: the decision and the grant that
     decided it, the session's taint and trust, the owner's answer, the result.
 
@@ -200,10 +218,11 @@ def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
         # The latest life; an id used again in a later boot keeps the earlier ones.
         print_json({**lives[-1], "earlier": lives[:-1]})
         return Exit.DONE
+    last = lives[-1]
+    pending = last["approval"] is None and last["decision"].get("verdict") == "ask"
+    waiting = await _waiting(home, call) if pending else None
     now = utc_now()
-    print(
-        "\n\n".join(
-            "\n".join(printable(line) for line in describe_life(life, now)) for life in lives
-        )
-    )
+    stories = [describe_life(life, now) for life in lives[:-1]]
+    stories.append(describe_life(last, now, waiting))
+    print("\n\n".join("\n".join(printable(line) for line in story) for story in stories))
     return Exit.DONE
