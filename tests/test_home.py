@@ -8,6 +8,7 @@ import stat
 import tomllib
 from pathlib import Path
 
+import attrs
 import pytest
 
 from boxmaker.core.labels import LabelRules
@@ -208,9 +209,24 @@ def test_the_default_text_is_all_comments_and_says_the_defaults(home: Home) -> N
     uncommented = re.sub(r"(?m)^# (\w+ = )", r"\1", text)
     assert tomllib.loads(uncommented)["broker"]["pending_timeout"] == 300.0
     config = parse_config(uncommented, home)
-    # The two keys without a default value in TOML show an example instead.
+    # The keys without a default value in TOML show an example instead.
     expected = attrs_evolve_model_url(Config.defaults(home), "http://127.0.0.1:8080")
-    assert config == attrs_evolve_token_file(expected, "proxy.token")
+    expected = attrs_evolve_token_file(expected, "proxy.token")
+    notify = ("notify-send", "boxmaker", "a call waits: bxctl approvals")
+    assert config == attrs.evolve(expected, notify=attrs.evolve(expected.notify, command=notify))
+
+
+def test_a_notify_command_is_an_argv_with_an_absolute_or_bare_program(home: Home) -> None:
+    config = parse_config('[notify]\ncommand = ["notify-send", "boxmaker"]\n', home)
+    assert config.notify.command == ("notify-send", "boxmaker")
+    for bad, problem in [
+        ('"notify-send boxmaker"', "expected a list"),
+        ('["./notify.sh"]', "the program is an absolute path or a bare name"),
+        ('["notify-send", ""]', "expected a list of non-empty strings (argv)"),
+    ]:
+        with pytest.raises(ConfigError) as raised:
+            parse_config(f"[notify]\ncommand = {bad}\n", home)
+        assert str(raised.value) == f"config.toml: [notify] command: {problem}"
 
 
 def attrs_evolve_model_url(config: Config, url: str) -> Config:

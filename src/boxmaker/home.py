@@ -333,6 +333,25 @@ class RunnerConfig:
     """CPU seconds of each sandboxed process (RLIMIT_CPU); None: shell_timeout rounded up."""
 
 
+def _argv(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if any(not part or "\0" in part for part in value):
+        raise InvalidField(attribute.name, "expected a list of non-empty strings (argv)")
+    # A relative path would be looked up from the command's working directory.
+    if value and "/" in value[0] and not value[0].startswith("/"):
+        raise InvalidField(attribute.name, "the program is an absolute path or a bare name")
+
+
+@attrs.frozen(kw_only=True)
+class NotifyConfig:
+    """``[notify]``: a command brokerd runs, with the pending approval's JSON on stdin,
+    when a call starts waiting for the owner (docs/runbook.md#notify). An argv list, run
+    without a shell; empty: none."""
+
+    command: tuple[str, ...] = attrs.field(default=(), validator=_argv)
+    timeout: float = attrs.field(default=10.0, validator=_positive)
+    """Seconds the command may take; then it (its whole process group) is killed."""
+
+
 @attrs.frozen(kw_only=True)
 class Config:
     """config.toml (docs/runbook.md#config). ``workspace`` is absolute: a relative one in
@@ -345,6 +364,7 @@ class Config:
     proxy: ProxyConfig = attrs.Factory(ProxyConfig)
     labels: LabelRules = attrs.Factory(LabelRules)
     runner: RunnerConfig = attrs.Factory(RunnerConfig)
+    notify: NotifyConfig = attrs.Factory(NotifyConfig)
 
     @classmethod
     def defaults(cls, home: Home) -> Config:
@@ -518,6 +538,15 @@ def default_config_text() -> str:
 # cpu_time_limit (whole seconds): default shell_timeout rounded up.
 # sandbox_uid: the host uid (and gid) the sandbox runs as when brokerd runs as root,
 # never 0; default the workspace's owner. See docs/runbook.md#sandbox-as-root
+
+[notify]
+# A command run (no shell) when a call starts waiting for you, with the pending
+# approval's JSON (as `bxctl approvals --json` shows it, without the write preview)
+# on stdin; as the home's owner, cwd the home, in a clean environment but DISPLAY,
+# WAYLAND_DISPLAY, DBUS_SESSION_BUS_ADDRESS and XDG_RUNTIME_DIR. It never delays or
+# denies a call; see docs/runbook.md#notify. For example, a desktop notification:
+# command = ["notify-send", "boxmaker", "a call waits: bxctl approvals"]
+# timeout = 10.0
 """
 
 

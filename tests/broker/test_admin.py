@@ -205,6 +205,9 @@ async def test_two_owners_answering_one_approval_at_once_one_wins(
             "outcome": "ask",
             "call": frame["call"],
             "reason": None,
+            "detail": None,
+            "tool": "read_file",
+            "ran": {"outcome": "ok", "reason": None, "detail": None},
         }
         assert (final["outcome"], final["content"]) == ("ok", "hello\n")
     else:

@@ -3,6 +3,7 @@ approvals, approve, refuse, status, sessions, and exit 3 when brokerd is down.""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -52,7 +53,13 @@ async def test_approvals_shows_the_block_and_approve_runs_the_call(
     assert await bxctl(home, "approvals") == 0
     block = capsys.readouterr().out
     approval = pending["approval"]
-    assert block.startswith(f"{approval}  read_file  (")
+    assert block.startswith(f"{approval}  read_file  expires ")
+    # The local time, and how long is left (the test home's pending_timeout is 30 s).
+    assert re.fullmatch(
+        rf"{approval}  read_file  expires \d\d:\d\d:\d\d \(in (29s|30s)\)",
+        block.splitlines()[0],
+    )
+    assert re.search(r"asked \d\d:\d\d:\d\d \((now|1s ago)\)", block)
     assert '"path":"notes.txt"' in block
     assert "read-notes (mode ask): the owner's notes" in block
     assert f"{SESSION}: taint public, trusted" in block
@@ -69,9 +76,31 @@ async def test_approvals_shows_the_block_and_approve_runs_the_call(
 
     # The id as printed, or without its prefix.
     assert await bxctl(home, "approve", approval.removeprefix("a-")) == 0
-    assert capsys.readouterr().out.strip() == f"{pending['call']}: ask"
+    assert capsys.readouterr().out.strip() == f"approved {pending['call']}: read_file ran (ok)"
     answer = await client.final()
     assert (answer["outcome"], answer["content"]) == ("ok", "hello\n")
+    await client.aclose()
+
+
+async def test_why_of_a_waiting_call_says_how_to_answer_it(
+    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    await brokerd.start()
+    client, pending = await pending_call(home)
+    assert await bxctl(home, "why", pending["call"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    approval = pending["approval"]
+    assert lines[2:] == [
+        '  grant read-notes (in grants.toml now: mode ask, note "the owner\'s notes")',
+        "  the session was taint public, trusted",
+        lines[4],
+    ]
+    assert re.fullmatch(
+        rf"waits for you now: approval {approval}, expires \d\d:\d\d:\d\d \(in (29s|30s)\); "
+        rf"bxctl approve {approval}",
+        lines[4],
+    )
     await client.aclose()
 
 
@@ -83,7 +112,9 @@ async def test_refuse_passes_the_reason_to_the_requester(
     client, pending = await pending_call(home)
     code = await bxctl(home, "refuse", pending["approval"], "--reason", "not today")
     assert code == 0
-    assert capsys.readouterr().out.strip() == f"{pending['call']}: refused"
+    assert capsys.readouterr().out.strip() == (
+        f"refused {pending['call']}: the model is told: not today"
+    )
     answer = await client.final()
     assert (answer["outcome"], answer["reason"], answer["detail"]) == (
         "denied",
@@ -112,7 +143,10 @@ async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
     client, pending = await pending_call(home)
     write_grants(home, "")
     assert await bxctl(home, "approve", pending["approval"]) == 1
-    assert capsys.readouterr().out.strip() == f"{pending['call']}: denied (no_grant)"
+    assert capsys.readouterr().out.strip() == (
+        f"approved {pending['call']}, but brokerd decided again and denied it: "
+        "no_grant — no grant allows read_file on notes.txt"
+    )
     await client.expect_denied("no_grant")
 
 
@@ -122,8 +156,11 @@ async def test_status_and_sessions(
     home = asking_home
     broker = await brokerd.start()
     client, _ = await pending_call(home)
-    assert await bxctl(home, "status", "--json") == 0
+    # Exit 1: loopd, inferproxy and the model are down (brokerd runs alone here).
+    assert await bxctl(home, "status", "--json") == 1
     status = orjson.loads(capsys.readouterr().out)
+    assert status["down"] == ["model", "inferproxy", "loopd"]
+    assert status["problem"] is None
     assert (status["boot"], status["pending"], status["sessions"]) == (broker.boot, 1, 1)
     assert status["daemons"] == {
         "model": False,
@@ -136,7 +173,11 @@ async def test_status_and_sessions(
     write_grants(home, "[[grant]]\nid = 'x'\n")
     assert await bxctl(home, "status") == 1
     out = capsys.readouterr().out
-    assert "grants_valid   False" in out
+    assert "grants_valid   no" in out
+    assert "grants.toml, grant 'x', key 'tool': required key missing" in out
+    assert "True" not in out
+    assert "None" not in out
+    assert "ledger_usable  yes" in out
     assert out.splitlines()[0] == (
         "daemons        model down, brokerd up, inferproxy down, loopd down"
     )
@@ -156,6 +197,24 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
             )
         assert "brokerd is unreachable" in err
         assert f"brokerd serve --home {home.root}" in err
+
+
+async def test_status_json_is_an_object_even_when_brokerd_is_down(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await bxctl(home, "status", "--json") == 3
+    out, err = capsys.readouterr()
+    status = orjson.loads(out)
+    assert status["daemons"] == {
+        "model": False,
+        "brokerd": False,
+        "inferproxy": False,
+        "loopd": False,
+    }
+    assert status["down"] == ["model", "brokerd", "inferproxy", "loopd"]
+    assert (status["version"], status["head"], status["pending"]) == (None, None, None)
+    assert status["problem"].startswith(f"brokerd is unreachable at {home.admin_sock}")
+    assert err == ""
 
 
 async def test_watch_prints_the_list_again_when_it_changes(

@@ -397,9 +397,19 @@ async def test_ask_then_approve_runs_with_outcome_ask(
         "expires_at": pending["expires_at"],
         "taint": "public",
         "untrusted": False,
+        "preview": None,
     }
     approved = await admin(home, {"kind": "approve", "approval": a})
-    assert approved == {"kind": "approved", "outcome": "ask", "call": c, "reason": None}
+    # The answer comes after the run, and says how it ended.
+    assert approved == {
+        "kind": "approved",
+        "outcome": "ask",
+        "call": c,
+        "reason": None,
+        "detail": None,
+        "tool": "read_file",
+        "ran": {"outcome": "ok", "reason": None, "detail": None},
+    }
     assert await client.receive() == ok_answer(c, "hello\n")
     assert await client.at_eof()
     await client.aclose()
@@ -447,6 +457,9 @@ async def test_approve_after_the_grant_was_removed_is_denied(
         "outcome": "denied",
         "call": c,
         "reason": "no_grant",
+        "detail": "no grant allows read_file on notes.txt",
+        "tool": "read_file",
+        "ran": None,
     }
     assert await client.receive() == denied(c, "no_grant", "no grant allows read_file on notes.txt")
     await client.aclose()
@@ -472,7 +485,11 @@ async def test_approve_after_the_taint_rose_past_max_taint_is_denied(
         "outcome": "denied",
         "call": c,
         "reason": "taint_exceeded",
+        "detail": approved["detail"],
+        "tool": "read_file",
+        "ran": None,
     }
+    assert approved["detail"].startswith("the session's taint secret is above grant")
     await client.expect_denied("taint_exceeded")
     await brokerd.stop()
     assert [body(r) for r in records_of(home, c)][1:] == [
@@ -506,6 +523,9 @@ async def test_last_look_after_approve_requester_gone_runs_nothing(
         "outcome": "withdrawn",
         "call": c,
         "reason": "requester_gone",
+        "detail": None,
+        "tool": "write_file",
+        "ran": None,
     }
     await brokerd.stop()
     assert not (home.default_workspace / "x.txt").exists()

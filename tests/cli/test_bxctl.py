@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import stat
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,9 @@ import orjson
 import pytest
 import trio
 
+from boxmaker.cli import why as why_module
 from boxmaker.cli.app import app
+from boxmaker.clock import parse_utc
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.ledger.records import (
@@ -37,6 +43,11 @@ BOOT = "b-" + "0" * 16
 
 def bxctl(*args: str) -> int:
     return int(app(list(args), result_action="return_value"))
+
+
+async def bxctl_in_trio(*args: str) -> int:
+    """An async command (it may ask brokerd) from inside a trio test."""
+    return int(await app.run_async(list(args), result_action="return_value"))
 
 
 @pytest.fixture
@@ -263,6 +274,109 @@ async def test_show_by_call_session_and_tail(
     result_line = capsys.readouterr().out.strip()
     assert 'label={"taint":"internal","untrusted":false}' in result_line
     assert "taint_after=internal" in result_line
+    assert "untrusted_after=false" in result_line  # JSON's words, not Python's False
+    assert "False" not in result_line
+
+
+def test_show_of_a_call_not_in_the_ledger_exits_1(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = "c-" + "f" * 16
+    assert bxctl("audit", "show", "--home", str(home), "--call", unknown) == 1
+    err = capsys.readouterr().err
+    assert err == f"bxctl: no records of call {unknown} in the ledger ({home}/ledger/audit.jsonl)\n"
+
+
+# --- why ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def utc_owner(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def later_than_the_records(home: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> str:
+    """``why``'s now, ``seconds`` after the last record; that record's local time."""
+    last = orjson.loads((home / "ledger" / "audit.jsonl").read_bytes().splitlines()[-1])
+    at = parse_utc(last["at"])
+    monkeypatch.setattr(why_module, "utc_now", lambda: at + dt.timedelta(seconds=seconds))
+    return at.strftime("%H:%M:%S")
+
+
+@pytest.mark.usefixtures("utc_owner")
+async def test_why_tells_an_approved_call_in_sentences(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await write_calls(home)
+    (home / "grants.toml").write_text(
+        '[[grant]]\nid = "read-notes"\ntool = "read_file"\nmode = "ask"\nnote = "my notes"\n'
+    )
+    capsys.readouterr()
+    # All records within a moment: each is "2m 10s ago" give or take a second.
+    when = later_than_the_records(home, monkeypatch, 130)
+    assert await bxctl_in_trio("why", CALL_A, "--home", str(home)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ago = r"\d\d:\d\d:\d\d \(2m 1[01]s ago\)"
+    expected = [
+        f'call {CALL_A}: read_file {{"path":"notes.txt"}}, asked by session {SESSION_1}',
+        rf"decided {ago}: ask",
+        '  grant read-notes (in grants.toml now: mode ask, note "my notes")',
+        "  the session was taint public, trusted",
+        rf"approved by the owner; it ran on their word {ago} \(approval a-12345678, by owner\)",
+        "  decided again on the session at taint public, trusted",
+        rf"ran {when} \(2m 10s ago\): ok, 5 bytes of output, labelled internal",
+        "  the session is now taint internal, trusted",
+    ]
+    assert lines[0] == expected[0]
+    for line, pattern in zip(lines[1:], expected[1:], strict=True):
+        assert re.fullmatch(pattern, line) or line == pattern, (line, pattern)
+
+
+@pytest.mark.usefixtures("utc_owner")
+async def test_why_tells_a_denial_and_json_has_the_records(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await write_calls(home)
+    capsys.readouterr()
+    later_than_the_records(home, monkeypatch, 5)
+    assert await bxctl_in_trio("why", CALL_B, "--home", str(home)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[0] == f'call {CALL_B}: read_file {{"path":"notes.txt"}}, asked by session {SESSION_2}'
+    )
+    assert lines[2:] == [
+        "  no grant decided it",
+        "  denied because no_grant (no grant allows it)",
+        "  the session was taint public, trusted",
+    ]
+    assert "True" not in "".join(lines)
+    assert "None" not in "".join(lines)
+    assert await bxctl_in_trio("why", CALL_A, "--home", str(home), "--json") == 0
+    story = orjson.loads(capsys.readouterr().out)
+    assert (story["call"], story["earlier"]) == (CALL_A, [])
+    assert story["decision"]["grant"] == {
+        "id": "read-notes",
+        "mode": None,
+        "note": None,
+        "in_grants_now": False,
+    }
+    assert (story["approval"]["outcome"], story["approval"]["by"]) == ("ask", "owner")
+    assert (story["result"]["status"], story["result"]["output_bytes"]) == ("ok", 5)
+
+
+def test_why_of_an_unknown_call_exits_1_and_a_bad_id_2(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = "c-" + "f" * 16
+    assert bxctl("why", unknown, "--home", str(home)) == 1
+    assert capsys.readouterr().err == (
+        f"bxctl: no call {unknown} in the ledger ({home}/ledger/audit.jsonl)\n"
+    )
+    assert bxctl("why", "c-123", "--home", str(home)) == 2
 
 
 def test_show_rejects_a_tail_below_one(home: Path) -> None:

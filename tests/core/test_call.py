@@ -383,10 +383,8 @@ def test_approve_looks_last_records_tells_the_owner_then_runs(
     state = now.decision.state
     assert call.handle(m.Looked(gone=False)) == [body(outcome, None, ApprovalBy.OWNER, state)]
     assert call.phase is Phase.APPROVAL
-    assert call.handle(m.Recorded()) == [
-        m.ReplyAdmin(m.ApprovedReply(outcome, None)),
-        m.RunVerdict(now, approved=approved),
-    ]
+    # The owner hears after the run, how it ended (not before it, with nothing to say).
+    assert call.handle(m.Recorded()) == [m.RunVerdict(now, approved=approved)]
     assert call.phase is Phase.RUNNING
 
 
@@ -411,7 +409,9 @@ def test_approve_whose_re_decision_denies_takes_no_look_and_answers_its_reason()
         body(ApprovalOutcome.DENIED, "denied_by_grant", ApprovalBy.OWNER, STATE)
     ]
     assert call.handle(m.Recorded()) == [
-        m.ReplyAdmin(m.ApprovedReply(ApprovalOutcome.DENIED, Reason.DENIED_BY_GRANT)),
+        m.ReplyAdmin(
+            m.ApprovedReply(ApprovalOutcome.DENIED, Reason.DENIED_BY_GRANT, now.decision.detail)
+        ),
         m.Send(Answer(AnswerOutcome.DENIED, Reason.DENIED_BY_GRANT, now.decision.detail)),
         CLOSE,
     ]
@@ -450,15 +450,58 @@ def test_an_unrecorded_approval_tells_the_owner_and_denies_audit_unavailable(
     assert "docs/runbook.md#audit-unavailable" in REFUSAL_UNRECORDED
 
 
-def test_an_approved_call_runs_on_as_a_run_does() -> None:
+def approved_and_ran(outcome: m.RunOutcome) -> Call:
     call = waiting()
-    now = ask_verdict()
-    call.handle(m.OwnerApproved(now))
+    call.handle(m.OwnerApproved(ask_verdict()))
     call.handle(m.Looked(gone=False))
     call.handle(m.Recorded())
-    assert call.handle(m.Ran(m.RunOutcome(True, None, None, "x", LABEL))) == [
-        m.RaiseState(SESSION, LABEL)
+    assert call.handle(m.Ran(outcome)) == [m.RaiseState(SESSION, LABEL)]
+    return call
+
+
+def test_an_approved_call_runs_on_as_a_run_does_and_tells_the_owner_how_it_ended() -> None:
+    call = approved_and_ran(m.RunOutcome(True, None, None, "x", LABEL))
+    assert [type(effect) for effect in call.handle(m.StateRaised(STATE))] == [m.Record]
+    ok = m.ApprovedReply(ApprovalOutcome.ASK, None, ran=m.RanReply(True))
+    assert call.handle(m.Recorded()) == [
+        m.ReplyAdmin(ok),
+        m.Send(Answer(AnswerOutcome.OK, content="x", label=LABEL)),
+        CLOSE,
     ]
+
+
+def test_an_approved_call_that_failed_tells_the_owner_its_reason() -> None:
+    call = approved_and_ran(m.RunOutcome(False, Reason.NOT_FOUND, "gone", "", LABEL))
+    call.handle(m.StateRaised(STATE))
+    failed = m.RanReply(False, Reason.NOT_FOUND, "gone")
+    assert call.handle(m.Recorded())[0] == m.ReplyAdmin(
+        m.ApprovedReply(ApprovalOutcome.ASK, None, ran=failed)
+    )
+    call = approved_and_ran(m.RunOutcome(True, None, None, "x", LABEL))
+    call.handle(m.StateRaised(STATE))
+    unrecorded = m.RanReply(False, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
+    assert call.handle(m.RecordFailed())[0] == m.ReplyAdmin(
+        m.ApprovedReply(ApprovalOutcome.ASK, None, ran=unrecorded)
+    )
+    call = approved_and_ran(m.RunOutcome(True, None, None, "x", LABEL))
+    effects = call.handle(m.StateUnrecordable("disk full"))
+    assert effects[0] == m.ReplyAdmin(
+        m.ApprovedReply(
+            ApprovalOutcome.ASK,
+            None,
+            ran=m.RanReply(False, Reason.RESULT_UNRECORDED, m.RESULT_UNRECORDED_DETAIL),
+        )
+    )
+
+
+def test_an_auto_run_tells_no_admin() -> None:
+    call = new_call()
+    call.handle(m.Decided(run_verdict()))
+    call.handle(m.Recorded())
+    call.handle(m.Looked(gone=False))
+    call.handle(m.Ran(m.RunOutcome(True, None, None, "x", LABEL)))
+    call.handle(m.StateRaised(STATE))
+    assert not any(isinstance(e, m.ReplyAdmin) for e in call.handle(m.Recorded()))
 
 
 # --- what the table refuses, and the rules beside it -----------------------------------

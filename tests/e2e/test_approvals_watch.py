@@ -46,7 +46,7 @@ async def test_the_owner_chooses_the_second_approval_and_approves_it(home: Home)
             await screen.send("Down")
             await screen.wait_for(f"▶ {second['approval']}")
             await screen.send("y")
-            after = await screen.wait_for(f"approved {second['approval']}: ")
+            after = await screen.wait_for(f"approved {second['call']}: read_file ran (ok)")
             await screen.send("q")
             code = await screen.exit_code()
             left = await screen.text()
@@ -57,7 +57,7 @@ async def test_the_owner_chooses_the_second_approval_and_approves_it(home: Home)
     assert "pending approvals (1)" in after
     assert second["approval"] not in after.split("approved ")[0]
     assert code == 0
-    assert f"approved {second['approval']}: " in left
+    assert f"approved {second['call']}: read_file ran (ok)" in left
     assert turns["todo"][-1] == {"kind": "reply", "final": True, "text": "Call mum."}
     assert "notes" not in turns
 
@@ -79,5 +79,5 @@ async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
             after = await screen.wait_for(NONE_PENDING)
             await screen.send("q")
             assert await screen.exit_code() == 0
-    assert f"refused {entry['approval']}: {entry['call']}" in after
+    assert f"refused {entry['call']}: the model is told: private" in after
     assert "denied: refused — private" in fake.requests[1]["messages"][-1]["content"]

@@ -36,7 +36,7 @@ async def test_a_waiting_call_is_approved_with_y_in_the_chat(home: Home) -> None
     assert rang
     assert code == 0
     assert "grant      notes (mode ask): the notes" in asked
-    assert "approved: " in shown
+    assert re.search(r"^  approved c-[0-9a-f]{16}: read_file ran \(ok\)$", shown, re.M)
     assert "Your notes say: buy milk." in shown
 
 
@@ -62,7 +62,8 @@ async def test_n_refuses_with_the_reason_typed_and_the_model_is_told(home: Home)
         code = await screen.exit_code()
         shown = await screen.text()
     assert code == 0
-    assert "  refused: c-" in shown
+    told = r"^  refused c-[0-9a-f]{16}: the model is told: not my notes today$"
+    assert re.search(told, shown, re.M)
     assert "  <- denied: refused" in shown
     assert "     not my notes today" in shown
     assert "not my notes today" in fake.requests[1]["messages"][-1]["content"]

@@ -152,7 +152,9 @@ def test_no_outside_text_drives_the_terminal_or_forges_a_log_line(home: Home) ->
     write = wait_for_approval(home, seen)
     assert write["arguments"] == {"path": "out.txt", "content": HOSTILE}
     approvals = run("approvals")
-    assert '"content":"\\u001b]2;PWNED\\u0007\\u001b[2J\\u202e' in approvals
+    # The content is shown as the lines it writes (a new file: "+" lines).
+    assert "    +\\u001b]2;PWNED\\u0007\\u001b[2J\\u202e" in approvals
+    assert "    +FORGED" in approvals.splitlines()
     assert "the note \\u001b[2J\\u202e of the owner" in approvals
     run("approve", write["approval"], "--note", "fine " + HOSTILE)
     shell = wait_for_approval(home, seen)

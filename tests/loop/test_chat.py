@@ -68,8 +68,15 @@ async def test_a_waiting_call_shows_the_command_that_approves_it(
     out = capsys.readouterr().out
     assert f"waiting for the owner: approval {approval} (grant notes)" in out
     assert f"approve: bxctl approve {approval}" in out
+    # bxctl approve answers once the call has run, so its line falls among the chat's.
+    call = listed["entries"][0]["call"]
+    approved = f"approved {call}: read_file ran (ok)"
+    assert approved in out.splitlines()
+    chat_lines = [line for line in out.splitlines() if line != approved]
     assert (
-        timeless(out).rstrip().endswith("  <- ok (N s)\n     | Buy milk.\nMilk.\n  [step 2: N s]")
+        timeless("\n".join(chat_lines))
+        .rstrip()
+        .endswith("  <- ok (N s)\n     | Buy milk.\nMilk.\n  [step 2: N s]")
     )
     assert codes == [0]
 

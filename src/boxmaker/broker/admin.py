@@ -19,11 +19,13 @@ record of a call, in order.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Final
 
 import trio
 
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand
+from boxmaker.broker.preview import preview_write
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
@@ -47,11 +49,13 @@ from boxmaker.wire import (
     Approve,
     Approved,
     BadFrame,
+    ChangePreview,
     ErrorCode,
     ErrorFrame,
     GrantRef,
     Refuse,
     Refused,
+    RunEnd,
     SessionsAnswer,
     SessionsRequest,
     SessionView,
@@ -66,6 +70,10 @@ log = logging.getLogger("boxmaker.brokerd")
 FIRST_REQUEST_S: Final = 5.0
 LATER_REQUEST_S: Final = 60.0
 SEND_S: Final = 10.0
+MAX_PREVIEWS: Final = 32
+"""write_file previews read per ``approvals`` answer (:func:`_with_previews`)."""
+PREVIEWS_S: Final = 2.0
+"""Seconds of previews per ``approvals`` answer; the later writes are not shown."""
 CALL_ENDED: Final = "the call ended before its approval was recorded (is brokerd stopping?)"
 
 
@@ -121,7 +129,7 @@ async def answer_request(broker: Broker, request: AdminRequest) -> AdminAnswer:
     """The answer to one admin request."""
     if isinstance(request, ApprovalsRequest):
         live = broker.table.live(trio.current_time())
-        return ApprovalsAnswer(entries=[approval_view(entry) for entry in live])
+        return ApprovalsAnswer(entries=await _with_previews(broker, live))
     if isinstance(request, Approve | Refuse):
         return await _take(broker, request)
     if isinstance(request, StatusRequest):
@@ -131,7 +139,42 @@ async def answer_request(broker: Broker, request: AdminRequest) -> AdminAnswer:
     raise TypeError(f"unhandled admin request {type(request).__name__}")  # pragma: no cover
 
 
-def approval_view(entry: PendingEntry) -> ApprovalView:
+async def _with_previews(broker: Broker, live: list[PendingEntry]) -> list[ApprovalView]:
+    """The entries as ``approvals`` lists them, each write_file with the change it would
+    make to the file as it is now (preview.py), read in one worker thread. At most
+    :data:`MAX_PREVIEWS` are read per answer: a model that made thousands of writes wait
+    must not make each list read thousands of files."""
+    writes = [entry for entry in live if entry.tool == "write_file"]
+    shown = writes[:MAX_PREVIEWS]
+    workspace, rules = broker.workspace, broker.config.labels
+
+    def read_all() -> dict[str, ChangePreview]:
+        # A time budget as well: each preview is bounded, 32 of them at their worst are
+        # not (the owner would wait seconds for the list).
+        previews: dict[str, ChangePreview] = {}
+        ends = time.monotonic() + PREVIEWS_S
+        for entry in shown:
+            if time.monotonic() >= ends:
+                break
+            path, content = str(entry.arguments["path"]), str(entry.arguments["content"])
+            previews[entry.approval] = preview_write(workspace, rules, path, content)
+        return previews
+
+    previews = await broker.to_thread(read_all) if shown else {}
+    skipped = ChangePreview(
+        summary=f"not shown: only the first writes are read (at most {MAX_PREVIEWS}, "
+        f"{PREVIEWS_S:g} s); answer some of them first"
+    )
+    return [
+        approval_view(
+            entry,
+            previews.get(entry.approval, skipped) if entry.tool == "write_file" else None,
+        )
+        for entry in live
+    ]
+
+
+def approval_view(entry: PendingEntry, preview: ChangePreview | None = None) -> ApprovalView:
     """The entry as an ``approvals`` answer lists it."""
     grant = entry.grant
     return ApprovalView(
@@ -145,6 +188,7 @@ def approval_view(entry: PendingEntry) -> ApprovalView:
         expires_at=entry.expires_at_wall,
         taint=entry.taint,
         untrusted=entry.untrusted,
+        preview=preview,
     )
 
 
@@ -175,7 +219,17 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
     if isinstance(reply, NotRecorded):
         return _error(ErrorCode.INTERNAL, reply.detail)
     if isinstance(reply, ApprovedReply):
-        return Approved(outcome=reply.outcome, call=call, reason=reply.reason)
+        ran = reply.ran
+        return Approved(
+            outcome=reply.outcome,
+            call=call,
+            reason=reply.reason,
+            detail=reply.detail,
+            tool=ended.entry.tool,
+            ran=None
+            if ran is None
+            else RunEnd(outcome="ok" if ran.ok else "failed", reason=ran.reason, detail=ran.detail),
+        )
     return Refused(call=call)
 
 

@@ -28,10 +28,12 @@ from typing import Final
 
 import trio
 
+from boxmaker.broker.admin import approval_view
 from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
-from boxmaker.broker.runner import RunSpec
+from boxmaker.broker.runner import RunSpec, look_before_write
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
+from boxmaker.convert import converter
 from boxmaker.core import call as machine
 from boxmaker.core.approvals import GrantRef, PendingEntry
 from boxmaker.core.call import (
@@ -51,6 +53,7 @@ from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame
 from boxmaker.unix_sockets import DISCONNECTS, check_peer
 from boxmaker.wire import (
     Answer,
+    ApprovalView,
     BadFrame,
     CatalogueAnswer,
     CatalogueRequest,
@@ -280,6 +283,17 @@ async def _evaluate(broker: Broker, request: ToolRequest) -> Verdict:
     )
 
 
+async def _before_asking(broker: Broker, ask: Ask) -> Verdict:
+    """A write_file into a directory that does not exist could only fail once approved:
+    it is denied ``not_found`` now, before the owner is asked (the same walk as the
+    write's, :func:`~boxmaker.broker.runner.look_before_write`, in a worker thread)."""
+    path = str(ask.decision.arguments["path"])
+    target = await broker.to_thread(look_before_write, broker.workspace, path, None)
+    if target.missing_directory is None:
+        return ask
+    return ask.cannot_run(target.missing_directory)
+
+
 def _log_decision(decision: Decision) -> None:
     # The ledger, not the log, is the record of every call: a call that runs on an auto
     # grant is logged at debug level (docs/decisions.md), denials and asks at info.
@@ -323,6 +337,8 @@ class _Driver:
             return machine.Stopping()
         verdict = await _evaluate(broker, request)
         full: str | None = None
+        if isinstance(verdict, Ask) and verdict.decision.tool == "write_file":
+            verdict = await _before_asking(broker, verdict)
         if isinstance(verdict, Ask):
             # The ask holds a pending slot and its request's bytes from here (before
             # its record is awaited) to the end of its call.
@@ -369,7 +385,10 @@ class _Driver:
             return machine.StateRaised(raised)
         if isinstance(effect, machine.Enqueue):
             made = self._entry(effect.ask)
-            return machine.Enqueued(made, closed=not broker.pending.add(made))
+            added = broker.pending.add(made)
+            if added and broker.notifier.enabled:
+                broker.notifier.notify(converter.unstructure(approval_view(made), ApprovalView))
+            return machine.Enqueued(made, closed=not added)
         if isinstance(effect, machine.ReplyAdmin):
             if self.reply is not None:
                 report(self.reply, effect.reply)

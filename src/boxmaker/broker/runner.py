@@ -627,6 +627,98 @@ def _write_file(spec: RunSpec, args: WriteFileArgs, host: Host) -> RunResult:
     return RunResult.success(f"wrote {len(data)} bytes to {args.path}", spec.label)
 
 
+# --- looking before a write (brokerd, before the owner is asked) ----------------------
+
+
+@attrs.frozen
+class WriteTarget:
+    """What a write_file's path leads to now, reached as :func:`_write_file` would
+    reach it. ``missing_directory``: the first directory of the path that does not
+    exist (the write would fail ``not_found``); ``problem``: why the file cannot be
+    looked at (an escape, not a regular file, other names, too large); else ``data``,
+    the file's bytes (None: no file there yet), ``opened`` its real workspace path."""
+
+    missing_directory: str | None = None
+    problem: str | None = None
+    data: bytes | None = None
+    opened: str | None = None
+
+
+def look_before_write(
+    workspace: Path, path: str, limit: int | None, host: Host | None = None
+) -> WriteTarget:
+    """Blocking (a worker thread). ``limit``: the most bytes to read of an existing file;
+    None only checks the directories. Never follows a symlink out, never opens a FIFO
+    for reading without O_NONBLOCK, reads only a regular file with one name."""
+    try:
+        return _look(workspace, path, limit, host or REAL_HOST)
+    except _Failed as failed:
+        return WriteTarget(problem=failed.detail)
+    except OSError as exc:
+        return WriteTarget(problem=f"{path}: {exc.strerror or exc}")
+
+
+def _look(workspace: Path, path: str, limit: int | None, host: Host) -> WriteTarget:
+    if path == ROOT:
+        raise _Failed(Reason.TOOL_ERROR, f"{path}: is a directory")
+    parent_path, name = _split(path)
+    root, real_parent = host.real_relative(workspace, parent_path)
+    missing = _first_missing(root, real_parent)
+    if missing is not None or limit is None:
+        return WriteTarget(missing_directory=missing)
+    dir_fd = _walk(root, real_parent, path)
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return WriteTarget()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Failed(
+                Reason.PATH_ESCAPE, f"{path}: a symlink (the write replaces the link itself)"
+            ) from None
+        raise _os_failure(exc, path) from None
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(fd)
+        opened = _opened_relative(fd, root, _join(real_parent, name), path, host.opened_path)
+        if stat.S_ISDIR(info.st_mode):
+            raise _Failed(Reason.TOOL_ERROR, f"{path}: is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise _Failed(Reason.TOOL_ERROR, f"{path}: not a regular file")
+        if info.st_nlink > 1:
+            raise _Failed(Reason.TOOL_ERROR, f"{path}: the file has other names (hard links)")
+        # One byte more than the limit tells a file that grew past it since fstat.
+        data = b"" if info.st_size > limit else _read_up_to(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if info.st_size > limit or len(data) > limit:
+        raise _Failed(Reason.TOO_LARGE, f"{path}: over {limit} bytes")
+    return WriteTarget(data=data, opened=opened)
+
+
+def _first_missing(root: str, relative: str) -> str | None:
+    """The first directory of ``relative`` (real, under ``root``) that does not exist,
+    or None. A segment that is there but not a directory, or a symlink, is left to the
+    write's own walk (it fails with its own reason)."""
+    fd = os.open(root, _DIR_FLAGS)
+    walked: list[str] = []
+    try:
+        for segment in [] if relative == ROOT else relative.split("/"):
+            walked.append(segment)
+            try:
+                child = os.open(segment, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                return "/".join(walked)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    return None
+
+
 # --- shell ---------------------------------------------------------------------------
 
 

@@ -196,6 +196,7 @@ async def serve_broker(
             nursery.start_soon(_watch_grants, broker)
             nursery.start_soon(_stop_when_refused, broker)
             await nursery.start(broker.sandboxes.run)
+            await nursery.start(broker.notifier.run)
             if handle_signals:
                 nursery.start_soon(_signals, broker)
             await _serve_connections(broker, listeners[0], listeners[1], task_status)

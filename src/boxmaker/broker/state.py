@@ -20,6 +20,7 @@ import trio
 from boxmaker import state_files
 from boxmaker.broker import runner
 from boxmaker.broker.limits import Capacity
+from boxmaker.broker.notify import Notifier
 from boxmaker.broker.pending import PendingCalls
 from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.approvals import ApprovalsTable
@@ -294,6 +295,8 @@ class Broker:
     """The session states read this boot (:class:`SessionStates`)."""
     capacity: Capacity = attrs.field(init=False)
     """broker.sock's caps and what is used of them (limits.py)."""
+    notifier: Notifier = attrs.field(init=False)
+    """Runs ``[notify] command`` when a call starts waiting (notify.py)."""
     _stop: trio.Event = attrs.Factory(trio.Event)
 
     _sessions_dir: Path = attrs.field(init=False)
@@ -303,6 +306,7 @@ class Broker:
         self._sessions_dir = self.home.sessions_dir
         self.states = SessionStates(self._sessions_dir, to_thread=self.to_thread)
         self.capacity = Capacity.for_config(self.config.broker)
+        self.notifier = Notifier(self.config.notify, self.home.root, self.config.workspace)
 
     @property
     def workspace(self) -> Path:

@@ -20,6 +20,7 @@ from boxmaker.cli.init import init
 from boxmaker.cli.logs import logs
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
 from boxmaker.cli.runbook import runbook
+from boxmaker.cli.why import why
 from boxmaker.printable import PrintableStream
 
 app = App(
@@ -31,7 +32,7 @@ app = App(
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
-for command in (demo, up, down, restart, reload, logs, chat, approvals, approve, refuse):
+for command in (demo, up, down, restart, reload, logs, chat, approvals, approve, refuse, why):
     app.command(command)
 app.command(status)
 app.command(sessions)

@@ -105,9 +105,11 @@ def _records(path: Path) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
         yield line, record if isinstance(record, dict) else None
 
 
-def _selected(
+def select_records(
     path: Path, call: str | None, session: str | None, tail: int | None
 ) -> list[tuple[bytes, dict[str, Any] | None]]:
+    """The records ``show`` selects, each line with its parsed record (None: not a
+    record); also what ``bxctl why`` reads."""
     # Approvals and results name only the call; the session is on its decision.
     calls_of_session: set[str] = set()
     kept: collections.deque[tuple[bytes, dict[str, Any] | None]] = collections.deque(maxlen=tail)
@@ -135,9 +137,8 @@ def _describe(record: dict[str, Any]) -> str:
     for name in SHOWN_FIELDS:
         if record.get(name) is not None:
             value = record[name]
-            # JSON's words for the structured values and the booleans (untrusted=false),
-            # never Python's.
-            shown = orjson.dumps(value).decode() if isinstance(value, dict | list | bool) else value
+            # JSON's words for JSON's values: true/false, not Python's True/False.
+            shown = value if isinstance(value, str) else orjson.dumps(value).decode()
             parts.append(f"{name}={shown}")
     return printable("  ".join(parts))
 
@@ -155,7 +156,7 @@ def show(
     Parameters
     ----------
     call
-        Only the records of this call (c-…).
+        Only the records of this call (c-…); exit 1 when it has none.
     session
         Only the records of this session's calls (s-…).
     tail
@@ -165,9 +166,11 @@ def show(
         return fail("--tail takes a number of records, 1 or more", Exit.USAGE)
     path = common.resolve().audit_log
     try:
-        selected = _selected(path, call, session, tail)
+        selected = select_records(path, call, session, tail)
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    if call is not None and not selected:
+        return fail(f"no records of call {call} in the ledger ({path})", Exit.FAILED)
     for line, record in selected:
         if common.json:
             # A record's own JSON, its controls escaped as JSON escapes them: the same JSON.

@@ -23,11 +23,11 @@ import attrs
 import orjson
 import trio
 
-from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
+from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
-from boxmaker.cli.owner import approval_block, describe_approved
+from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive, until_interrupted
-from boxmaker.clock import format_utc, utc_now
+from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import SESSION_ID
 from boxmaker.home import Home
 from boxmaker.ndjson import FrameError, FrameReader
@@ -37,7 +37,6 @@ from boxmaker.wire import (
     ApprovalsAnswer,
     ApprovalsRequest,
     Approve,
-    Approved,
     BadFrame,
     ErrorFrame,
     LoopEvent,
@@ -46,7 +45,6 @@ from boxmaker.wire import (
     OutputHead,
     ProgressEvent,
     Refuse,
-    Refused,
     ReplyDeltaEvent,
     ReplyEvent,
     Say,
@@ -139,7 +137,7 @@ def describe(event: LoopEvent) -> str | None:
             printable(line)
             for line in [
                 f"  .. waiting for the owner: approval {event.approval} (grant {event.grant}), "
-                f"until {format_utc(event.expires_at)}",
+                f"until {local_time(event.expires_at, utc_now())}",
                 f"     approve: bxctl approve {event.approval}",
                 f'     refuse:  bxctl refuse {event.approval} --reason "…"',
             ]
@@ -288,16 +286,11 @@ class ApprovalPrompt:
 
     async def _send(self, decision: Approve | Refuse) -> None:
         try:
-            answer = await ask_broker(self.home, decision)
+            answer = await answer_waiting_call(self.home, decision)
         except DaemonUnreachable as exc:
             print(printable(f"  !! {exc}"))
             return
-        if isinstance(answer, Approved):
-            print(printable(f"  approved: {describe_approved(answer)}"))
-        elif isinstance(answer, Refused):
-            print(printable(f"  refused: {answer.call}"))
-        elif isinstance(answer, ErrorFrame):
-            print(printable(f"  !! brokerd: {answer.code}: {answer.detail}"))
+        print("  " + describe_answer(decision, answer))
 
 
 OnEvent = Callable[[LoopEvent], Awaitable[None]]

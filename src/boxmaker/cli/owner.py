@@ -4,18 +4,25 @@ approvals, approve, refuse, status, sessions."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 import orjson
 import trio
 
-from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
+from boxmaker.cli.admin_client import (
+    REPLY_TIMEOUT,
+    DaemonUnreachable,
+    approve_timeout,
+    ask_broker,
+)
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemons import daemon_states
 from boxmaker.cli.terminal import is_interactive
-from boxmaker.clock import format_utc, utc_now
+from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
+from boxmaker.core.call import ApprovalOutcome
+from boxmaker.home import ConfigError, Home, HomeError, load_config
 from boxmaker.printable import printable
 from boxmaker.wire import (
     AdminAnswer,
@@ -25,6 +32,7 @@ from boxmaker.wire import (
     ApprovalView,
     Approve,
     Approved,
+    ChangePreview,
     ErrorFrame,
     Refuse,
     Refused,
@@ -35,6 +43,9 @@ from boxmaker.wire import (
 )
 
 WATCH_INTERVAL = 1.0
+PREVIEW_FALLBACK_LINES: Final = 200
+RAN: Final = frozenset({ApprovalOutcome.ASK, ApprovalOutcome.ALLOWED})
+"""Approve outcomes that let the call run."""
 
 AnswerT = TypeVar("AnswerT", bound=AdminAnswer)
 
@@ -45,9 +56,12 @@ class _Failed(Exception):
         self.code = code
 
 
-async def _request(common: Common, request: AdminRequest, expected: type[AnswerT]) -> AnswerT:
+async def _request(
+    common: Common, request: AdminRequest, expected: type[AnswerT], *, timeout: float | None = None
+) -> AnswerT:
+    home = common.resolve()
     try:
-        answer = await ask_broker(common.resolve(), request)
+        answer = await ask_broker(home, request, timeout=timeout or REPLY_TIMEOUT)
     except DaemonUnreachable as exc:
         raise _Failed(Exit.UNREACHABLE, str(exc)) from None
     if isinstance(answer, ErrorFrame):
@@ -65,39 +79,56 @@ def _approval_id(text: str) -> str:
     return candidate
 
 
-def _time_left(expires_at: dt.datetime, now: dt.datetime) -> str:
-    """
-    >>> now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    >>> _time_left(now + dt.timedelta(seconds=272.4), now)
-    '4m 32s left'
-    >>> _time_left(now - dt.timedelta(seconds=1), now)
-    'expired'
-    """
-    seconds = int((expires_at - now).total_seconds())
-    if seconds < 0:
-        return "expired"
-    minutes, seconds = divmod(seconds, 60)
-    return f"{minutes}m {seconds:02d}s left" if minutes else f"{seconds}s left"
+def _arguments_shown(entry: ApprovalView) -> str:
+    """The arguments as JSON; a write_file's content is left to the change below it."""
+    arguments = entry.arguments
+    if entry.tool == "write_file" and "content" in arguments:
+        arguments = {key: value for key, value in arguments.items() if key != "content"}
+    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _change_lines(entry: ApprovalView) -> list[str]:
+    """A write_file's change: brokerd's preview, or (from a brokerd without one) the
+    content as lines."""
+    if entry.tool != "write_file":
+        return []
+    preview = entry.preview
+    if preview is None:
+        content = str(entry.arguments.get("content", ""))
+        lines = content.split("\n")
+        preview = ChangePreview(
+            summary=f"{len(content.encode('utf-8', 'surrogatepass'))} bytes of content",
+            lines=lines[:PREVIEW_FALLBACK_LINES],
+            lines_left_out=max(0, len(lines) - PREVIEW_FALLBACK_LINES),
+        )
+    lines = [f"  change     {preview.summary}"]
+    lines += [f"    {line}" for line in preview.lines]
+    if preview.lines_left_out:
+        more = preview.lines_left_out
+        lines.append(f"    … {more} more line{'s' if more != 1 else ''}")
+    return lines
 
 
 def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
-    """What the owner sees of one pending entry: enough to decide on."""
+    """What the owner sees of one pending entry: enough to decide on. Times in the
+    owner's local zone (:func:`~boxmaker.clock.local_time`)."""
     grant = f"{entry.grant.id} (mode {entry.grant.mode})"
     if entry.grant.note:
         grant += f": {entry.grant.note}"
     trust = "untrusted" if entry.untrusted else "trusted"
-    arguments = orjson.dumps(entry.arguments, option=orjson.OPT_SORT_KEYS).decode()
     # The arguments are the model's: JSON escapes control characters but not bidi
     # overrides, which could make a path read as another one. Each line is escaped on
-    # its own: a newline in the tool name or the grant's note cannot start a line.
+    # its own: a newline in the tool name, the grant's note or the file cannot start a
+    # line.
     return "\n".join(
         printable(line)
         for line in [
-            f"{entry.approval}  {entry.tool}  ({_time_left(entry.expires_at, now)})",
-            f"  arguments  {arguments}",
+            f"{entry.approval}  {entry.tool}  expires {local_time(entry.expires_at, now)}",
+            f"  arguments  {_arguments_shown(entry)}",
+            *_change_lines(entry),
             f"  grant      {grant}",
             f"  session    {entry.session}: taint {entry.taint}, {trust}",
-            f"  call       {entry.call}, asked {format_utc(entry.requested_at)}",
+            f"  call       {entry.call}, asked {local_time(entry.requested_at, now)}",
             f"  approve:   bxctl approve {entry.approval}",
             f'  refuse:    bxctl refuse {entry.approval} --reason "…"',
         ]
@@ -147,10 +178,49 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
     return Exit.DONE
 
 
+_WITHDRAWN: Final = {
+    "requester_gone": "the requester left (its chat or turn ended) before it could run",
+    "broker_stopping": "brokerd is stopping",
+}
+
+
 def describe_approved(answer: Approved) -> str:
-    """What approving did, as the owner reads it (escaped)."""
-    suffix = f" ({answer.reason})" if answer.reason else ""
-    return printable(f"{answer.call}: {answer.outcome}{suffix}")
+    """What approving did, in words (escaped): it ran and how it ended, or why it did
+    not run. Never a bare outcome code."""
+    tool = answer.tool or "the call"
+    call = answer.call
+    reason = f"{answer.reason}" if answer.reason else "no reason given"
+    if answer.detail:
+        reason += f" — {answer.detail}"
+    if answer.outcome == ApprovalOutcome.DENIED:
+        text = f"approved {call}, but brokerd decided again and denied it: {reason}"
+    elif answer.outcome == ApprovalOutcome.WITHDRAWN:
+        why = _WITHDRAWN.get(str(answer.reason), str(answer.reason))
+        text = f"withdrawn {call}: {why}; nothing ran"
+    elif answer.ran is None:
+        text = f"approved {call}: {tool} runs"
+    elif answer.ran.outcome == "ok":
+        text = f"approved {call}: {tool} ran (ok)"
+    else:
+        failed = str(answer.ran.reason)
+        if answer.ran.detail:
+            failed += f" — {answer.ran.detail}"
+        text = f"approved {call}: {tool} ran and failed: {failed}"
+    if answer.outcome == ApprovalOutcome.ALLOWED:
+        text += " (a grant now lets it run without asking)"
+    return printable(text)
+
+
+def describe_answer(decision: Approve | Refuse, answer: AdminAnswer) -> str:
+    """What the owner's answer to a waiting call did, in words (escaped): the same line on
+    every screen that answers one."""
+    if isinstance(answer, Approved):
+        return describe_approved(answer)
+    if isinstance(answer, Refused) and isinstance(decision, Refuse):
+        return printable(f"refused {answer.call}: the model is told: {decision.reason}")
+    if isinstance(answer, ErrorFrame):
+        return printable(f"{decision.approval}: {answer.code}: {answer.detail}")
+    return printable(f"{decision.approval}: brokerd answered {type(answer).__name__}")
 
 
 async def approve(approval: str, /, *, note: str | None = None, common: Common = DEFAULT) -> Exit:
@@ -166,7 +236,8 @@ async def approve(approval: str, /, *, note: str | None = None, common: Common =
     """
     try:
         request = Approve(approval=_approval_id(approval), note=note)
-        answer = await _request(common, request, Approved)
+        timeout = approve_timeout(common.resolve())
+        answer = await _request(common, request, Approved, timeout=timeout)
     except _Failed as exc:
         return fail(str(exc), exc.code)
     if common.json:
@@ -174,7 +245,7 @@ async def approve(approval: str, /, *, note: str | None = None, common: Common =
     else:
         print(describe_approved(answer))
     # Approving something that is then denied or withdrawn did not do what was asked.
-    return Exit.DONE if answer.outcome in {"ask", "allowed"} else Exit.FAILED
+    return Exit.DONE if answer.outcome in RAN else Exit.FAILED
 
 
 async def refuse(approval: str, /, *, reason: str, common: Common = DEFAULT) -> Exit:
@@ -200,31 +271,59 @@ async def refuse(approval: str, /, *, reason: str, common: Common = DEFAULT) -> 
     if common.json:
         print_json(converter.unstructure(answer, Refused))
     else:
-        print(printable(f"{answer.call}: refused"))
+        print(describe_answer(request, answer))
     return Exit.DONE
+
+
+def _needed(home: Home, running: dict[str, bool]) -> dict[str, bool]:
+    """The daemons this home runs: the built-in model only without ``[model] url``."""
+    try:
+        external = load_config(home).model.url is not None
+    except (ConfigError, HomeError):
+        external = False
+    return {name: up for name, up in running.items() if not (external and name == "model")}
+
+
+def _shown(value: object) -> str:
+    """A status value as a person reads it: yes/no, "none", not Python's True/None."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "none"
+    return str(value)
 
 
 async def status(*, common: Common = DEFAULT) -> Exit:
     """Which daemons run (the model, brokerd, inferproxy, loopd), and brokerd's state:
     version, boot, ledger head and usability, grants, pending calls. Exit 3 when brokerd
-    is down, 1 when it cannot record or decide."""
-    running = daemon_states(common.resolve())
+    is unreachable; 1 when another daemon is down, or brokerd cannot record or decide.
+    With --json an object in every case: brokerd's fields are null when it is down."""
+    home = common.resolve()
+    running = daemon_states(home)
+    down = [name for name, up in _needed(home, running).items() if not up]
+    data: dict[str, Any] = dict.fromkeys(attrs.fields_dict(StatusAnswer))
+    problem: str | None = None
     try:
         answer = await _request(common, StatusRequest(), StatusAnswer)
     except _Failed as exc:
-        if not common.json:
-            print(_daemons_line(running))
-        return fail(str(exc), exc.code)
-    data: dict[str, Any] = attrs.asdict(answer)
-    if common.json:
-        print_json({**data, "daemons": running})
+        code, problem = exc.code, str(exc)
     else:
-        print(_daemons_line(running))
-        data["uptime_s"] = round(answer.uptime_s, 1)
-        for key, value in data.items():
-            print(printable(f"{key:14} {value}"))
-    # A broker that cannot record or decide is up but failing: say so in the exit code.
-    return Exit.DONE if answer.ledger_usable and answer.grants_valid else Exit.FAILED
+        data = attrs.asdict(answer)
+        usable = answer.ledger_usable and answer.grants_valid
+        # A broker that cannot record or decide is up but failing: the exit code says so.
+        code = Exit.DONE if usable and not down else Exit.FAILED
+    if common.json:
+        print_json({**data, "daemons": running, "down": down, "problem": problem})
+        return code
+    print(_daemons_line(running))
+    if problem is not None:
+        return fail(problem, code)
+    data["uptime_s"] = round(data["uptime_s"], 1)
+    for key, value in data.items():
+        print(printable(f"{key:14} {_shown(value)}"))
+    if down:
+        return fail(f"down: {', '.join(down)}; `bxctl up` starts what is missing", code)
+    return code
 
 
 def _daemons_line(running: dict[str, bool]) -> str:

@@ -12,9 +12,9 @@ from typing import Final
 import attrs
 import trio
 
-from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
+from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
 from boxmaker.cli.common import Exit, fail
-from boxmaker.cli.owner import approval_block, describe_approved
+from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, until_interrupted
 from boxmaker.clock import utc_now
 from boxmaker.home import Home
@@ -25,10 +25,8 @@ from boxmaker.wire import (
     ApprovalsRequest,
     ApprovalView,
     Approve,
-    Approved,
     ErrorFrame,
     Refuse,
-    Refused,
 )
 
 REFRESH_S: Final = 1.0
@@ -98,13 +96,12 @@ class ApprovalsWatch:
             if reason is None or not reason.strip():
                 return
             request = Refuse(approval=entry.approval, reason=reason)
-        answer = await ask_broker(self.home, request)
-        if isinstance(answer, Approved):
-            self.message = printable(f"approved {entry.approval}: {describe_approved(answer)}")
-        elif isinstance(answer, Refused):
-            self.message = printable(f"refused {entry.approval}: {answer.call}")
-        elif isinstance(answer, ErrorFrame):
-            self.message = printable(f"{entry.approval}: {answer.code}: {answer.detail}")
+        try:
+            answer = await answer_waiting_call(self.home, request)
+        except DaemonUnreachable as exc:
+            self.message = printable(str(exc))
+        else:
+            self.message = describe_answer(request, answer)
         self.done.append(self.message)
         await self.refresh()
 

@@ -55,10 +55,12 @@ The transition table (phase, event → effects → next phase)::
                                     requester gone: nothing to send; else (and refused)
                                     send denied audit_unavailable; close        → DONE
     APPROVAL (the approval record of an approve)
-      Recorded                    → reply approved (outcome, reason); then
-                                    denied: send denied (the re-decision's reason); close
-                                    withdrawn: close                            → DONE
-                                    ask/allowed: run the re-decision (approved) → RUNNING
+      Recorded                    → denied: reply approved (outcome, reason,
+                                    detail); send denied (the re-decision's
+                                    reason); close                              → DONE
+                                    withdrawn: reply approved; close            → DONE
+                                    ask/allowed: run the re-decision (approved);
+                                    the reply waits for the run's end           → RUNNING
       RecordFailed                → reply not recorded (APPROVAL_UNRECORDED);
                                     send denied audit_unavailable; close        → DONE
     LOOK_RUN
@@ -70,10 +72,13 @@ The transition table (phase, event → effects → next phase)::
       Ran(outcome)                → raise the session's state by its label      → RAISING
     RAISING
       StateRaised(state)          → record the result                           → RESULT
-      StateUnrecordable(detail)   → send failed result_unrecorded; close        → DONE
+      StateUnrecordable(detail)   → (approved: reply approved, ran failed)
+                                    send failed result_unrecorded; close        → DONE
     RESULT
-      Recorded                    → send ok (content) or failed (reason); close → DONE
-      RecordFailed                → send failed audit_unavailable (the content is
+      Recorded                    → (approved: reply approved, ran ok / failed)
+                                    send ok (content) or failed (reason); close → DONE
+      RecordFailed                → (approved: reply approved, ran failed)
+                                    send failed audit_unavailable (the content is
                                     never passed on unrecorded); close          → DONE
 
 An approve's last look comes before its record, so the record says what happened: a
@@ -213,11 +218,24 @@ Body: TypeAlias = Decision | ApprovalBody | ResultBody
 
 
 @attrs.frozen
+class RanReply:
+    """How an approved call's run ended, as its answer to the model said: ``ok``, or
+    ``failed`` with the reason and detail."""
+
+    ok: bool
+    reason: Reason | None = None
+    detail: str | None = None
+
+
+@attrs.frozen
 class ApprovedReply:
-    """The ``approved`` admin answer."""
+    """The ``approved`` admin answer: the approval's outcome and, when the re-decision
+    denied, its reason and detail; for an approval that ran, how the run ended."""
 
     outcome: ApprovalOutcome
     reason: Reason | None
+    detail: str | None = None
+    ran: RanReply | None = None
 
 
 @attrs.frozen
@@ -600,7 +618,8 @@ class Call:
         decision = verdict.decision
         # The state the re-decision saw (UNKNOWN when it could not be decided on one).
         state = decision.state if decision.recordable else UNKNOWN
-        self._approved = ApprovedReply(outcome, reason)
+        detail = decision.detail if outcome is ApprovalOutcome.DENIED else None
+        self._approved = ApprovedReply(outcome, reason, detail)
         reason_text = reason.value if reason is not None else None
         body = ApprovalBody(entry.approval, outcome, reason_text, ApprovalBy.OWNER, state)
         return Phase.APPROVAL, [Record(body)]
@@ -614,9 +633,10 @@ class Call:
             return Phase.DONE, [reply, Send(_denied(verdict.decision)), _CLOSE]
         if approved.outcome is ApprovalOutcome.WITHDRAWN:
             return Phase.DONE, [reply, _CLOSE]
-        # The last look was taken just before the approval record.
+        # The last look was taken just before the approval record. The owner hears
+        # after the run (:meth:`_tell_owner`), so approve can say how it ended.
         approved_ask = approved.outcome is ApprovalOutcome.ASK
-        return Phase.RUNNING, [reply, RunVerdict(verdict, approved=approved_ask)]
+        return Phase.RUNNING, [RunVerdict(verdict, approved=approved_ask)]
 
     def _approval_failed(self, event: RecordFailed) -> _Row:
         return Phase.DONE, [
@@ -656,9 +676,19 @@ class Call:
         )
         return Phase.RESULT, [Record(body)]
 
+    def _tell_owner(self, answer: Answer) -> list[Effect]:
+        """An approved call's ``approved`` reply, once its answer is known: the owner
+        hears how the run ended, the answer the model gets. Nothing for an auto run."""
+        approved = self._approved
+        if approved is None:
+            return []
+        ok = answer.outcome is AnswerOutcome.OK
+        ran = RanReply(ok, None if ok else answer.reason, None if ok else answer.detail)
+        return [ReplyAdmin(attrs.evolve(approved, ran=ran))]
+
     def _state_unrecordable(self, event: StateUnrecordable) -> _Row:
         failed = Answer(AnswerOutcome.FAILED, Reason.RESULT_UNRECORDED, RESULT_UNRECORDED_DETAIL)
-        return Phase.DONE, [Send(failed), _CLOSE]
+        return Phase.DONE, [*self._tell_owner(failed), Send(failed), _CLOSE]
 
     def _result_recorded(self, event: Recorded) -> _Row:
         ran = self._ran
@@ -667,12 +697,12 @@ class Call:
             answer = Answer(AnswerOutcome.OK, content=ran.content, label=ran.label)
         else:
             answer = Answer(AnswerOutcome.FAILED, ran.reason or Reason.TOOL_ERROR, ran.detail)
-        return Phase.DONE, [Send(answer), _CLOSE]
+        return Phase.DONE, [*self._tell_owner(answer), Send(answer), _CLOSE]
 
     def _result_failed(self, event: RecordFailed) -> _Row:
         # An unrecorded result's content is never passed on.
         failed = Answer(AnswerOutcome.FAILED, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
-        return Phase.DONE, [Send(failed), _CLOSE]
+        return Phase.DONE, [*self._tell_owner(failed), Send(failed), _CLOSE]
 
 
 _Row: TypeAlias = tuple[Phase, list[Effect]]

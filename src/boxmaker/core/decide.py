@@ -117,13 +117,22 @@ class Ask:
     def too_many_pending(self, detail: str) -> Deny:
         """This ask, denied ``too_many_pending`` (the pending caps are full): on the
         grant it matched and the state it was decided on."""
+        return self.denied(Reason.TOO_MANY_PENDING, detail)
+
+    def cannot_run(self, missing_directory: str) -> Deny:
+        """This write_file ask, denied ``not_found`` before the owner is asked: the
+        directory it would write in does not exist, so approving it could only fail."""
+        path = self.decision.arguments.get("path")
+        detail = (
+            f"{path}: the directory {missing_directory} does not exist "
+            "(write_file does not create directories)"
+        )
+        return self.denied(Reason.NOT_FOUND, detail)
+
+    def denied(self, reason: Reason, detail: str) -> Deny:
+        """This ask, denied ``reason`` on the grant it matched and its state."""
         return Deny(
-            attrs.evolve(
-                self.decision,
-                verdict=VerdictCode.DENY,
-                reason=Reason.TOO_MANY_PENDING,
-                detail=detail,
-            )
+            attrs.evolve(self.decision, verdict=VerdictCode.DENY, reason=reason, detail=detail)
         )
 
 

@@ -67,8 +67,21 @@ class GrantRef:
 
 
 @attrs.frozen(kw_only=True)
+class ChangePreview:
+    """What a pending ``write_file`` would change, read when the list was asked for:
+    ``summary`` in words ("creates 12 bytes", "replaces 40 bytes with 52", "cannot
+    show: …"), ``lines`` a unified diff against the file as it is (``+`` lines only for
+    a new file), bounded, ``lines_left_out`` what the bound left out."""
+
+    summary: str
+    lines: list[str] = attrs.Factory(list)
+    lines_left_out: int = attrs.field(default=0, validator=non_negative)
+
+
+@attrs.frozen(kw_only=True)
 class ApprovalView:
-    """One pending entry in an ``approvals`` answer."""
+    """One pending entry in an ``approvals`` answer; ``preview`` for a write_file
+    (brokerd's own look at the file, never the model's words), else None."""
 
     approval: str = attrs.field(validator=valid_approval_id)
     call: str = attrs.field(validator=valid_call_id)
@@ -80,6 +93,7 @@ class ApprovalView:
     expires_at: dt.datetime = attrs.field(converter=to_ms)
     taint: labels.Taint
     untrusted: bool
+    preview: ChangePreview | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -89,13 +103,28 @@ class ApprovalsAnswer:
 
 
 @attrs.frozen(kw_only=True)
+class RunEnd:
+    """How an approved call's run ended: ``ok``, or ``failed`` with its reason and
+    detail (what the model was answered)."""
+
+    outcome: Literal["ok", "failed"]
+    reason: Reason | None = None
+    detail: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class Approved:
-    """``approved``: the outcome of the re-decision and the last look."""
+    """``approved``: the outcome of the re-decision and the last look; ``detail`` the
+    re-decision's when it denied; ``tool`` the call's; ``ran`` how the run ended when
+    the approval let it run (the answer comes after the run)."""
 
     KIND: ClassVar[str] = "approved"
     outcome: ApprovalOutcome = attrs.field(validator=attrs.validators.in_(APPROVE_OUTCOMES))
     call: str = attrs.field(validator=valid_call_id)
     reason: Reason | None
+    detail: str | None = None
+    tool: str | None = None
+    ran: RunEnd | None = None
 
 
 @attrs.frozen(kw_only=True)
