@@ -28,7 +28,7 @@ from tests.harness.broker import (
 from tests.harness.homes import grant, write_grants
 
 from boxmaker.broker.pending import (
-    REMEMBER_EXPIRED,
+    REMEMBER_ENDED,
     ApproveCommand,
     PendingCalls,
     RefuseCommand,
@@ -116,13 +116,27 @@ def test_expired_ids_are_remembered_up_to_a_bound() -> None:
     pending.add(first)
     pending.end(first.approval, m.Expired())
     assert pending.was_expired(first.approval)
-    for number in range(1, REMEMBER_EXPIRED + 1):
+    for number in range(1, REMEMBER_ENDED + 1):
         entry = make(f"a-{number:08x}")
         pending.add(entry)
         pending.end(entry.approval, m.Expired())
         pending.forget(entry.approval)
     assert not pending.was_expired(first.approval)
-    assert pending.was_expired(f"a-{REMEMBER_EXPIRED:08x}")
+    assert pending.was_expired(f"a-{REMEMBER_ENDED:08x}")
+
+
+def test_an_entry_whose_requester_left_is_remembered_as_withdrawn() -> None:
+    pending = PendingCalls()
+    left, answered = make("a-00000001"), make("a-00000002")
+    pending.add(left)
+    pending.add(answered)
+    pending.end(left.approval, m.RequesterGone())
+    send, _ = channel()
+    pending.end(answered.approval, RefuseCommand("no", send), now=0.0)
+    assert pending.earlier_end(left.approval) is m.EarlierEnd.WITHDRAWN
+    assert not pending.was_expired(left.approval)
+    # An owner's answer is not remembered: the other owner hears no_such_approval.
+    assert pending.earlier_end(answered.approval) is None
 
 
 def test_withdraw_all_ends_every_entry_and_closes_the_table() -> None:

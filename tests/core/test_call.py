@@ -549,11 +549,11 @@ def test_only_an_ending_or_an_approve_is_taken_while_waiting() -> None:
 
 
 def test_a_late_owner_answer_hears_expired_only_after_an_expiry() -> None:
-    assert m.late_owner_answer("a-00000001", expired=True) == (
+    assert m.late_owner_answer("a-00000001", m.EarlierEnd.EXPIRED) == (
         "expired",
         "approval a-00000001 expired",
     )
-    assert m.late_owner_answer("a-00000001", expired=False) == (
+    assert m.late_owner_answer("a-00000001", None) == (
         "no_such_approval",
         "no pending approval a-00000001",
     )

@@ -85,11 +85,13 @@ async def test_ctrl_c_while_a_call_waits_ends_the_turn_and_withdraws_the_call(ho
         late = await admin(home, {"kind": "approve", "approval": entry["approval"]})
     assert code == 130
     assert "bxctl: interrupted: the turn is ended" in shown
-    # brokerd saw its requester gone and recorded the call withdrawn: no approval is left.
+    # brokerd saw its requester gone and recorded the call withdrawn; a late approve
+    # hears that, not only that the approval is gone.
     assert late == {
         "kind": "error",
         "code": "no_such_approval",
-        "detail": f"no pending approval {entry['approval']}",
+        "detail": f"approval {entry['approval']} was withdrawn: its requester left before "
+        "anyone answered; nothing ran",
     }
     assert len(fake.requests) == 1
     [ended] = [r for r in records(home) if r["kind"] == "approval"]

@@ -277,7 +277,7 @@ class CallMachine(RuleBasedStateMachine):
         assert model.replies == []
         # A late approve hears ``expired``; one that never was hears ``no_such_approval``.
         assert self.pending.end(entry.approval, ApproveCommand(None, send), now=0.0) is None
-        assert machine.late_owner_answer(entry.approval, expired=True)[0] == "expired"
+        assert machine.late_owner_answer(entry.approval, machine.EarlierEnd.EXPIRED)[0] == "expired"
         send.close()
         receive.close()
 

@@ -31,6 +31,7 @@ from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
     AdminReply,
     ApprovedReply,
+    EarlierEnd,
     NotRecorded,
     late_owner_answer,
 )
@@ -208,8 +209,10 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
             # Gone, or at or after its deadline (then the call's task records the
             # expiry, once: it is the only one that writes this call's records).
             send.close()
-            expired = ended is not None or broker.pending.was_expired(approval)
-            code, detail = late_owner_answer(approval, expired=expired)
+            earlier = EarlierEnd.EXPIRED if ended is not None else None
+            code, detail = late_owner_answer(
+                approval, earlier or broker.pending.earlier_end(approval)
+            )
             return _error(ErrorCode(code), detail)
         try:
             reply = await receive.receive()

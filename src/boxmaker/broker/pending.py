@@ -29,10 +29,11 @@ import trio
 
 from boxmaker.convert import new_approval_id
 from boxmaker.core.approvals import ApprovalsTable, Missing, PendingEntry, Taken
-from boxmaker.core.call import AdminReply, Expired, RequesterGone, Stopping
+from boxmaker.core.call import AdminReply, EarlierEnd, Expired, RequesterGone, Stopping
 
-REMEMBER_EXPIRED: Final = 4096
-"""How many expired approval ids are kept, so a late approve hears ``expired``."""
+REMEMBER_ENDED: Final = 4096
+"""How many expired or withdrawn approval ids are kept, so a late approve hears how the
+entry ended (``expired``; withdrawn because its requester left)."""
 
 
 @attrs.frozen
@@ -81,7 +82,7 @@ class PendingCalls:
         self._new_id = new_id
         self.table = ApprovalsTable()
         self._slots: dict[str, _Slot] = {}
-        self._expired: dict[str, None] = {}
+        self._ended: dict[str, EarlierEnd] = {}
         self.closed = False
         """Set once brokerd stops: no entry is added any more."""
 
@@ -93,7 +94,7 @@ class PendingCalls:
     def new_approval_id(self) -> str:
         while True:
             approval = self._new_id()
-            if approval not in self.table and approval not in self._expired:
+            if approval not in self.table and approval not in self._ended:
                 return approval
 
     def add(self, entry: PendingEntry) -> bool:
@@ -128,7 +129,9 @@ class PendingCalls:
 
     def _deliver(self, approval: str, command: Command) -> None:
         if isinstance(command, Expired):
-            self._note_expired(approval)
+            self._note_ended(approval, EarlierEnd.EXPIRED)
+        elif isinstance(command, RequesterGone):
+            self._note_ended(approval, EarlierEnd.WITHDRAWN)
         slot = self._slots[approval]  # an entry's slot lives as long as it does
         slot.command = command
         if slot.scope is not None:
@@ -164,14 +167,19 @@ class PendingCalls:
             slot.close()
 
     def was_expired(self, approval: str) -> bool:
-        return approval in self._expired
+        return self._ended.get(approval) is EarlierEnd.EXPIRED
 
-    def _note_expired(self, approval: str) -> None:
+    def earlier_end(self, approval: str) -> EarlierEnd | None:
+        """How this entry ended, if it expired or was withdrawn (and is remembered)."""
+        return self._ended.get(approval)
+
+    def _note_ended(self, approval: str, how: EarlierEnd) -> None:
         """Remember an expiry, so an approve racing it (both at expires_at) answers
-        ``error expired`` whichever of the two took the entry first."""
-        self._expired[approval] = None
-        while len(self._expired) > REMEMBER_EXPIRED:
-            del self._expired[next(iter(self._expired))]
+        ``error expired`` whichever of the two took the entry first; and a withdrawal, so
+        an approve after the chat ended hears why the call is gone."""
+        self._ended[approval] = how
+        while len(self._ended) > REMEMBER_ENDED:
+            del self._ended[next(iter(self._ended))]
 
     def withdraw_all(self) -> int:
         """Shutdown: every pending entry ends :class:`Stopping` (withdrawn,

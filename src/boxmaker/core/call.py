@@ -462,12 +462,29 @@ class IllegalEvent(RuntimeError):
         self.event = event
 
 
-def late_owner_answer(approval: str, *, expired: bool) -> tuple[str, str]:
+class EarlierEnd(enum.Enum):
+    """How an entry ended before an owner's answer came, as brokerd remembers it."""
+
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+def late_owner_answer(approval: str, earlier: EarlierEnd | None) -> tuple[str, str]:
     """What an approve or refuse of an entry no longer in the table hears: ``expired``
     when it expired (so one racing the expiry hears the same whichever took the entry
-    first), else ``no_such_approval``. (error code, detail)."""
-    if expired:
+    first); ``no_such_approval`` otherwise, saying so when its requester left first (a
+    chat ended with Ctrl-C). (error code, detail).
+
+    >>> late_owner_answer("a-00000001", EarlierEnd.WITHDRAWN)[1]
+    'approval a-00000001 was withdrawn: its requester left before anyone answered; nothing ran'
+    """
+    if earlier is EarlierEnd.EXPIRED:
         return "expired", f"approval {approval} expired"
+    if earlier is EarlierEnd.WITHDRAWN:
+        return "no_such_approval", (
+            f"approval {approval} was withdrawn: its requester left before anyone answered; "
+            "nothing ran"
+        )
     return "no_such_approval", f"no pending approval {approval}"
 
 
