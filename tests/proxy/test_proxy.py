@@ -98,7 +98,8 @@ async def test_a_chat_request_is_pinned_to_the_model_and_its_length_capped(
     }
     line = next(r.getMessage() for r in caplog.records if request_id in r.getMessage())
     assert "method=POST path=/v1/chat/completions status=200" in line
-    assert "prompt_tokens=42 completion_tokens=7" in line
+    assert fake.usage == [{"prompt_tokens": 42, "completion_tokens": 19, "total_tokens": 61}]
+    assert "prompt_tokens=42 completion_tokens=19" in line
     assert "upstream_ms=" in line
     assert "upstream_ms=-" not in line
 
@@ -118,17 +119,22 @@ async def test_a_streamed_answer_passes_through_as_events(
     fake = FakeLlama(script=[{"content": "the notes say hello"}])
     async with (
         proxy_on(home, fake) as client,
-        client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response,
+        client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json=chat(stream=True, stream_options={"include_usage": True}),
+        ) as response,
     ):
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/event-stream"
         events = [line async for line in response.aiter_lines() if line]
     assert events[-1] == "data: [DONE]"
-    words = [orjson.loads(e[5:])["choices"][0]["delta"].get("content") for e in events[:-1]]
-    assert "".join(w for w in words if w) == "the notes say hello "
+    chunks = [orjson.loads(e[5:])["choices"] for e in events[:-1]]
+    words = [choices[0]["delta"].get("content") for choices in chunks if choices]
+    assert "".join(w for w in words if w) == "the notes say hello"
     assert fake.requests[-1]["stream"] is True
     line = next(r.getMessage() for r in caplog.records if "status=200" in r.getMessage())
-    assert "prompt_tokens=42 completion_tokens=7" in line
+    assert "prompt_tokens=42 completion_tokens=5" in line
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/slots", "/health"])
@@ -139,7 +145,13 @@ async def test_the_three_gets_are_forwarded(home: Home, path: str) -> None:
     assert response.status_code == 200
     assert fake.paths == [f"GET {path}"]
     if path == "/v1/models":
-        assert response.json()["data"][0]["id"] == MODEL_ID
+        # [model] name, the one model a request gets here; never the server's own id
+        # (llama-server's is the path of the weights' file).
+        assert response.json() == {
+            "object": "list",
+            "data": [{"id": "default", "object": "model", "owned_by": "boxmaker"}],
+        }
+        assert MODEL_ID not in response.text
     if path == "/slots":
         assert response.json()[0]["is_processing"] is False
 

@@ -24,7 +24,7 @@ from boxmaker.core.call import AnswerOutcome
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
-from boxmaker.loop.model_client import ModelFailure
+from boxmaker.loop.model_client import ModelFailure, OnProgress
 from boxmaker.wire import (
     ErrorCode,
     ErrorFrame,
@@ -63,6 +63,13 @@ TOOL_CALL_PREFILL: Final = "<tool_call>\n"
 """What a first step with ``first_step = "tool"`` puts in the model's mouth (README.md):
 llama-server continues a trailing assistant message, and a tiny model then writes a
 tool call instead of prose."""
+TOOL_CALL_END: Final = "</tool_call>"
+"""Where a step's generation stops (the request's ``stop``): a step makes one call, and
+the built-in model never ends a turn by itself after its call. llama-server's grammar
+for a ``<tool_call>`` template allows one call after another whatever
+``parallel_tool_calls`` says, so the model wrote its call again and again until
+``max_tokens`` (1,024 tokens, 34 s on two cores); stopped here it writes the call's own
+few dozen tokens, and llama-server still parses the call (docs/performance.md)."""
 INVALID_ARGUMENTS: Final = "invalid_arguments"
 
 
@@ -92,8 +99,8 @@ def request_payload(
     inferproxy's to set.
 
     >>> p = request_payload([{"role": "user", "content": "hi"}], [], force_tool=True)
-    >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"]
-    ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True)
+    >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"], p["stop"]
+    ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True, ['</tool_call>'])
     """
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, *history]
     payload: dict[str, Any] = {
@@ -102,6 +109,7 @@ def request_payload(
         "id_slot": 0,
         "cache_prompt": True,
         "parallel_tool_calls": False,
+        "stop": [TOOL_CALL_END],
     }
     if force_tool:
         payload["tool_choice"] = "required"
@@ -199,7 +207,9 @@ class Broker(Protocol):
 
 
 class Model(Protocol):
-    async def complete(self, payload: dict[str, Any]) -> dict[str, Any] | ModelFailure: ...
+    async def complete(
+        self, payload: dict[str, Any], *, on_progress: OnProgress | None = None
+    ) -> dict[str, Any] | ModelFailure: ...
 
 
 Emit = Callable[[LoopEvent], Awaitable[None]]

@@ -2,7 +2,9 @@
 and a narrow one.
 
 It forwards only ``POST /v1/chat/completions`` (a streamed answer passes through as it
-comes), ``GET /v1/models``, ``GET /health`` and ``GET /slots``; everything else is a 404
+comes), ``GET /v1/models`` (answered with ``[model] name``, the one model a request can
+get here, never the server's own id: llama-server's is the weights' file path), ``GET
+/health`` and ``GET /slots``; everything else is a 404
 JSON error, and nothing is forwarded but the body (no query string, no client headers:
 a caller cannot smuggle options or credentials past the proxy). A chat request is pinned
 to the configured model and its ``max_tokens`` capped, and may carry only the keys
@@ -12,7 +14,8 @@ option (``n_probs``, ``lora``, ``ignore_eos``, …) gets past the proxy. On the 
 TCP listener, a configured token is required (``Authorization: Bearer``; 401
 ``unauthorized`` otherwise). A body over 4 MiB is 413; an unreachable model is 502
 ``upstream_unreachable`` pointing at the runbook. One log line a request: id, method,
-path, status, upstream ms, prompt and completion tokens.
+path, status, upstream ms, prompt and completion tokens. A client that leaves before its
+answer is complete ends the upstream request at once (the model's slot is free again).
 
 The app holds no socket of its own: serve.py gives it an ``httpx.AsyncClient`` (which
 ignores proxy settings of the environment; for a ``unix://`` model, one bound to that
@@ -38,7 +41,8 @@ log = logging.getLogger("boxmaker.inferproxy")
 MAX_BODY: Final = 4 * 1024 * 1024
 """A request body over 4 MiB is refused with 413."""
 CHAT_PATH: Final = "/v1/chat/completions"
-GET_PATHS: Final = frozenset({"/v1/models", "/health", "/slots"})
+MODELS_PATH: Final = "/v1/models"
+GET_PATHS: Final = frozenset({MODELS_PATH, "/health", "/slots"})
 RUNBOOK_MODEL: Final = "docs/runbook.md#model-unreachable"
 TOKEN_CAPS: Final = ("max_tokens", "max_completion_tokens")
 """The request keys that bound a completion's length (OpenAI's two)."""
@@ -54,6 +58,7 @@ CHAT_KEYS: Final = frozenset(
         "top_p",
         "stop",
         "stream",
+        "stream_options",
         "seed",
         "response_format",
     }
@@ -290,24 +295,29 @@ class InferProxy:
             return
         exchange.status = response.status_code
         headers = [*_passed_headers(response), (b"x-request-id", exchange.id.encode())]
+        last = bytearray()
         try:
-            if streamed:
-                last = bytearray()
-                async with trio.open_nursery() as nursery:
-                    # A client that leaves stops the model's work: the upstream stream
-                    # is closed when this is cancelled.
-                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            async with trio.open_nursery() as nursery:
+                # A client that leaves stops the model's work: the upstream request is
+                # closed when this is cancelled (llama-server then frees the slot).
+                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                if streamed:
                     await _pass_stream(response, send, headers, last)
-                    nursery.cancel_scope.cancel()
-                tail = bytes(last)
-            else:
-                tail = await response.aread()
-                headers.append((b"content-length", str(len(tail)).encode()))
-                await send(
-                    {"type": "http.response.start", "status": exchange.status, "headers": headers}
-                )
-                await send({"type": "http.response.body", "body": tail})
-            exchange.note_usage(_last_usage(tail, streamed=streamed))
+                else:
+                    last += await response.aread()
+                    if exchange.path == MODELS_PATH and exchange.status == 200:
+                        last[:] = _models_answer(self.settings.model)
+                    headers.append((b"content-length", str(len(last)).encode()))
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": exchange.status,
+                            "headers": headers,
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": bytes(last)})
+                nursery.cancel_scope.cancel()
+            exchange.note_usage(_last_usage(bytes(last), streamed=streamed))
         except httpx.TransportError as exc:
             # The answer had begun: its status is sent, so the stream just ends.
             log.warning("request %s: the model server broke off: %s", exchange.id, exc)
@@ -329,6 +339,16 @@ class InferProxy:
         headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _models_answer(model: str) -> bytes:
+    """``GET /v1/models`` as inferproxy serves it: the configured model only.
+
+    >>> _models_answer("default")
+    b'{"object":"list","data":[{"id":"default","object":"model","owned_by":"boxmaker"}]}'
+    """
+    entry = {"id": model, "object": "model", "owned_by": "boxmaker"}
+    return orjson.dumps({"object": "list", "data": [entry]})
 
 
 def _on_tcp(scope: Scope) -> bool:
