@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -503,3 +504,71 @@ async def test_the_clients_headers_never_reach_the_model(home: Home) -> None:
             "content-length",
             "content-type",
         }, (path, received)
+
+
+async def slot_busy(client: httpx.AsyncClient) -> bool:
+    answer = await client.get("/slots")
+    return bool(answer.json()[0]["is_processing"])
+
+
+async def wait_slot_free(client: httpx.AsyncClient, within: float) -> float:
+    """Seconds until the model's slot 0 is free again; fails after ``within``."""
+    started = trio.current_time()
+    with trio.fail_after(within):
+        # The slot is the model server's state: polled, there is no event to wait on.
+        while await slot_busy(client):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    return trio.current_time() - started
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_leaves_frees_the_models_slot_at_once(home: Home, stream: bool) -> None:
+    # 64 tokens of a second each: the answer would take a minute.
+    fake = FakeLlama(script=[{"content": "x" * 256}], token_delay=1.0)
+    async with proxy_on(home, fake) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(client.post, "/v1/chat/completions", json=chat(stream=stream))
+            )
+            with trio.fail_after(5):
+                while not await slot_busy(client):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()  # the client goes: its connection is closed
+        assert await wait_slot_free(client, within=2.0) < 1.0
+    assert fake.generations == 0
+
+
+async def test_it_follows_a_model_that_restarts_on_the_same_socket(home: Home) -> None:
+    """The built-in model restarted (same run/model.sock): no 502 once it is back."""
+    sock = home.run_dir / "model.sock"
+    first = FakeLlama(script=[{"content": "one"}, {"content": "one again"}])
+    second = FakeLlama(script=[{"content": "two"}])
+
+    async def serving(fake: FakeLlama, task_status: Any) -> None:
+        await fake.serve(uds=sock, task_status=task_status)
+
+    async with proxy_on(home, upstream=f"unix://{sock}") as client:
+        async with trio.open_nursery() as model:
+            await model.start(serving, first)
+            before = await client.post("/v1/chat/completions", json=chat())
+            model.cancel_scope.cancel()
+        # Back before inferproxy noticed: its kept connection is to the old server.
+        async with trio.open_nursery() as model:
+            await model.start(serving, first)
+            restarted = await client.post("/v1/chat/completions", json=chat())
+            model.cancel_scope.cancel()
+        gone = await client.post("/v1/chat/completions", json=chat())
+        async with trio.open_nursery() as model:
+            await model.start(serving, second)
+            after = [
+                await client.post("/v1/chat/completions", json=chat()),
+                await client.get("/health"),
+                await client.post("/v1/chat/completions", json=chat(stream=True)),
+            ]
+            model.cancel_scope.cancel()
+    assert before.json()["choices"][0]["message"]["content"] == "one"
+    assert restarted.json()["choices"][0]["message"]["content"] == "one again"
+    assert gone.status_code == 502
+    assert error_of(gone)["type"] == "upstream_unreachable"
+    assert [answer.status_code for answer in after] == [200, 200, 200]
+    assert after[0].json()["choices"][0]["message"]["content"] == "two"

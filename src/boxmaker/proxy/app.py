@@ -283,6 +283,23 @@ class InferProxy:
         streamed: bool,
     ) -> None:
         started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            # A client that leaves stops the model's work: the upstream request is
+            # closed when this is cancelled, from the first moment (llama-server sends
+            # a whole answer's status only at its end), and llama-server frees the slot.
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            await self._pass_answer(exchange, send, request, started, streamed=streamed)
+            nursery.cancel_scope.cancel()
+
+    async def _pass_answer(
+        self,
+        exchange: _Exchange,
+        send: Send,
+        request: httpx.Request,
+        started: float,
+        *,
+        streamed: bool,
+    ) -> None:
         try:
             response = await self.client.send(request, stream=True)
         except httpx.TransportError as exc:
@@ -297,26 +314,17 @@ class InferProxy:
         headers = [*_passed_headers(response), (b"x-request-id", exchange.id.encode())]
         last = bytearray()
         try:
-            async with trio.open_nursery() as nursery:
-                # A client that leaves stops the model's work: the upstream request is
-                # closed when this is cancelled (llama-server then frees the slot).
-                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                if streamed:
-                    await _pass_stream(response, send, headers, last)
-                else:
-                    last += await response.aread()
-                    if exchange.path == MODELS_PATH and exchange.status == 200:
-                        last[:] = _models_answer(self.settings.model)
-                    headers.append((b"content-length", str(len(last)).encode()))
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": exchange.status,
-                            "headers": headers,
-                        }
-                    )
-                    await send({"type": "http.response.body", "body": bytes(last)})
-                nursery.cancel_scope.cancel()
+            if streamed:
+                await _pass_stream(response, send, headers, last)
+            else:
+                last += await response.aread()
+                if exchange.path == MODELS_PATH and exchange.status == 200:
+                    last[:] = _models_answer(self.settings.model)
+                headers.append((b"content-length", str(len(last)).encode()))
+                await send(
+                    {"type": "http.response.start", "status": exchange.status, "headers": headers}
+                )
+                await send({"type": "http.response.body", "body": bytes(last)})
             exchange.note_usage(_last_usage(bytes(last), streamed=streamed))
         except httpx.TransportError as exc:
             # The answer had begun: its status is sent, so the stream just ends.
