@@ -325,11 +325,12 @@ class InferProxy:
                     {"type": "http.response.start", "status": exchange.status, "headers": headers}
                 )
                 await send({"type": "http.response.body", "body": bytes(last)})
-            exchange.note_usage(_last_usage(bytes(last), streamed=streamed))
         except httpx.TransportError as exc:
             # The answer had begun: its status is sent, so the stream just ends.
             log.warning("request %s: the model server broke off: %s", exchange.id, exc)
         finally:
+            # Here, not after the last send: the client's end may cancel this right then.
+            exchange.note_usage(_last_usage(bytes(last), streamed=streamed))
             exchange.upstream_ms = (time.perf_counter() - started) * 1000
             await response.aclose()
 
