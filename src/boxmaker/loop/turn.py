@@ -13,6 +13,7 @@ The message shaping is pure (:func:`request_payload`, :func:`parse_tool_calls`,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -90,6 +91,49 @@ class BadToolCall:
 def model_tools() -> list[dict[str, Any]]:
     """The tools the model is offered: the catalogue's and ``call_tool``."""
     return [*catalogue_tools(), CALL_TOOL]
+
+
+_TARGET: Final = re.compile(
+    r"""
+      "[^"\n]{1,200}"                      # a quoted name: "notes.txt"
+    | (?<!\w)'[^'\s][^'\n]{0,199}'(?!\w)   # 'notes.txt' (not the ' of what's)
+    | `[^`\n]{1,200}`                      # `ls -l`
+    | \bhttps?://                           # a URL
+    | [\w.~-]*/[\w.~/-]*                    # a path: src/main.py, ./x, /etc
+    | \b[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7}\b  # a file name: notes.txt, README.md
+    """,
+    re.VERBOSE,
+)
+
+
+def names_a_target(text: str) -> bool:
+    """Do the owner's words name something a tool works on: a quoted name, a path, a
+    file name or a URL? (``first_step = "named"``: only then is the first step asked
+    for a tool call; a tiny model asked so invents a call for "hello".)
+
+    >>> [names_a_target(t) for t in ('Read the file at path "notes.txt".', "read notes.txt",
+    ...  "list src/", "get https://example.com", "run `ls`", "list the folder 'docs'")]
+    [True, True, True, True, True, True]
+    >>> [names_a_target(t) for t in ("hello", "hi, who are you?", "what's 2+2?", "thanks!")]
+    [False, False, False, False]
+    """
+    return _TARGET.search(text) is not None
+
+
+def forces_tool_step(first_step: str, step: int, text: str) -> bool:
+    """Is step ``step`` of a turn on the owner's ``text`` asked for a tool call
+    (``[loop] first_step``)?
+
+    >>> forces_tool_step("named", 1, "read notes.txt"), forces_tool_step("named", 1, "hi")
+    (True, False)
+    >>> forces_tool_step("tool", 1, "hi"), forces_tool_step("tool", 2, "hi")
+    (True, False)
+    >>> forces_tool_step("auto", 1, "read notes.txt")
+    False
+    """
+    if step != 1:
+        return False
+    return first_step == "tool" or (first_step == "named" and names_a_target(text))
 
 
 def request_payload(
