@@ -66,6 +66,8 @@ CHAT_KEYS: Final = frozenset(
 """The chat request keys forwarded from anyone: those of OpenAI's API that clients use.
 llama-server reads many more from the same body (``n_probs``, ``lora``, ``ignore_eos``,
 ``t_max_predict_ms``, ``n_predict``, …), none of which a caller needs."""
+STREAM_OPTION_KEYS: Final = frozenset({"include_usage"})
+"""What ``stream_options`` may hold: nothing hides inside it either."""
 LOOPD_KEYS: Final = CHAT_KEYS | {"id_slot", "cache_prompt"}
 """What loopd sends on infer.sock besides (its slot and prompt cache: loop/turn.py);
 never from the TCP listener, whose callers must not take or read loopd's slot."""
@@ -158,12 +160,17 @@ def pin_request(
     'inferproxy does not forward these keys: lora, n_probs'
     >>> pin_request([1], s)
     'the body must be a JSON object'
+    >>> pin_request({"messages": [], "stream_options": {"include_usage": True, "n_probs": 5}}, s)
+    'stream_options may hold only "include_usage"'
     """
     if not isinstance(body, dict):
         return "the body must be a JSON object"
     refused = sorted(str(key)[:64] for key in body if key not in allowed)
     if refused:
         return "inferproxy does not forward these keys: " + ", ".join(refused[:20])
+    options = body.get("stream_options", {})
+    if not isinstance(options, dict) or not options.keys() <= STREAM_OPTION_KEYS:
+        return 'stream_options may hold only "include_usage"'
     pinned = dict(body)
     pinned["model"] = settings.model
     pinned.setdefault("max_tokens", settings.max_tokens)
