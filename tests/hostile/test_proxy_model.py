@@ -6,7 +6,8 @@
   the TCP listener.
 - ``GET /v1/models`` tells a caller (on the TCP listener: any local user holding the
   token) only ``[model] name``: llama-server's own answer names the weights' file by its
-  path (the owner's home, the virtual environment) and carries the model's metadata.
+  path (the owner's home, the virtual environment) and carries the model's metadata. The
+  built-in model's chat answers, whole or streamed, name it ``[model] name`` too.
 - A caller that starts a long generation and goes away does not keep the model's one
   slot (loopd's): inferproxy closes the upstream request at once, whole answer or
   stream, and the slot is free again.
@@ -118,10 +119,22 @@ async def test_nothing_hides_inside_stream_options(home: Home, options: Any) -> 
 
 @pytest.mark.slow
 @pytest.mark.skipif(bool(MISSING), reason=f"the built-in model is not installed: {MISSING}")
-async def test_models_names_the_configured_model_never_the_weights_path(home: Home) -> None:
+async def test_the_model_is_named_by_its_configured_name_never_the_weights_path(home: Home) -> None:
+    home.config_toml.write_text('[model]\nname = "default"\n')
     with builtin_model(home), trio.fail_after(GUARD):
         async with proxy(home, f"unix://{home.model_sock}") as clients:
             answers = [await client.get("/v1/models") for client in clients.values()]
+            chats = [
+                await clients["tcp"].post(
+                    "/v1/chat/completions",
+                    json={"messages": MESSAGES, "max_tokens": 2, "stream": stream},
+                )
+                for stream in (False, True)
+            ]
+    assert chats[0].json()["model"] == "default"
+    assert '"model":"default"' in chats[1].text
+    for chat in chats:
+        assert "gguf" not in chat.text.lower()
     for answer in answers:
         assert answer.status_code == 200
         assert answer.json() == {
