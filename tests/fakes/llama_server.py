@@ -16,7 +16,8 @@ turns.json [--port N] [--record requests.jsonl]`` prints ``listening URL`` when 
 
 A turn is ``{"content": "text"}``, ``{"tool_calls": [{"name": …, "arguments": {…} or
 "raw string"}]}``, or ``{"status": 400, "error": {...}}``; after the last turn every
-request gets ``{"content": "(the script has ended)"}``.
+request gets ``{"content": "(the script has ended)"}``. ``"cut_after": N`` in a turn
+ends its stream after N tokens without its end, as a server that broke off.
 
 Like llama-server it *writes* its answer token by token (a token here: up to
 :data:`TOKEN_CHARS` characters), a tool call as ``<tool_call>\n{"name": …, "arguments":
@@ -190,13 +191,15 @@ class FakeLlama:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_end_on_disconnect, receive, nursery.cancel_scope)
             if request.get("stream") is True:
-                await self._stream(answer, request, send)
+                await self._stream(answer, request, send, turn.get("cut_after"))
             else:
                 await trio.sleep(self.token_delay * answer.tokens)
                 await _json(send, 200, answer.body(request.get("model", MODEL_ID)))
             nursery.cancel_scope.cancel()
 
-    async def _stream(self, answer: Answer, request: dict[str, Any], send: Send) -> None:
+    async def _stream(
+        self, answer: Answer, request: dict[str, Any], send: Send, cut_after: int | None
+    ) -> None:
         await send(
             {
                 "type": "http.response.start",
@@ -204,7 +207,11 @@ class FakeLlama:
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
-        for delta in answer.deltas():
+        for sent, delta in enumerate(answer.deltas()):
+            if sent == cut_after:
+                # The server broke off: the stream ends here, without its end.
+                await send({"type": "http.response.body", "body": b""})
+                return
             await trio.sleep(self.token_delay)
             await _event(send, {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         final = {"choices": [{"index": 0, "delta": {}, "finish_reason": answer.finish_reason}]}

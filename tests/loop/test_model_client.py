@@ -111,6 +111,15 @@ async def test_failures_are_said_in_words(home: Home) -> None:
     assert gone.detail.startswith(f"inferproxy is not running on {home.infer_sock}")
 
 
+async def test_a_stream_that_breaks_off_is_a_failure_not_half_a_message(home: Home) -> None:
+    fake = FakeLlama(script=[{"content": "Your notes say: buy milk.", "cut_after": 3}])
+    async with client_on(home, fake) as client:
+        message = await client.complete(ASK)
+    assert message == ModelFailure(
+        ErrorCode.MODEL_UNREACHABLE, "the model's answer broke off before its end"
+    )
+
+
 async def test_a_cancelled_call_frees_the_models_slot_at_once(home: Home) -> None:
     fake = FakeLlama(script=[{"content": "x" * 256}], token_delay=1.0)
     async with client_on(home, fake) as client:

@@ -207,6 +207,9 @@ class ModelClient:
             return ModelFailure(ErrorCode.MODEL_ERROR, f"the model's stream is broken: {exc}")
         if failure is not None:
             return failure
+        if not done:
+            detail = "the model's answer broke off before its end"
+            return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
         if streamed.choices == 0:
             return ModelFailure(ErrorCode.MODEL_ERROR, "the model's answer has no message")
         return streamed.message()
