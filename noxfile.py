@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -100,8 +102,27 @@ def mutate(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmarks with ratios against baselines measured in the same run (docs/performance.md)."""
+    """Benchmarks with ratios against baselines measured in the same run (docs/performance.md),
+    the built-in model's among them."""
     _install(session)
+    _install_model(session)
     # Each script exits 1 when its target is missed; run them all so every figure prints.
-    for script in ("bench_decide", "bench_ledger", "bench_runner", "bench_broker"):
+    for script in (
+        "bench_decide",
+        "bench_ledger",
+        "bench_runner",
+        "bench_broker",
+        "bench_proxy",
+        "bench_model",
+    ):
         session.run("python", f"tools/{script}.py", success_codes=[0, 1])
+
+
+@nox.session(python=PYTHON, default=False)
+def device(session: nox.Session) -> None:
+    """The device check (tools/check-device.sh) against a real llama.cpp server: the one at
+    BOXMAKER_MODEL_URL when set, else the built-in model, which the check starts."""
+    _install(session)
+    _install_model(session)
+    python = str(Path(session.bin) / "python")
+    session.run("bash", "tools/check-device.sh", env={"PYTHON": python}, external=True)

@@ -24,6 +24,7 @@ from boxmaker.home import (
     ProxyConfig,
     RunnerConfig,
     default_config_text,
+    initial_config_text,
     load_config,
     parse_config,
     resolve_home,
@@ -171,7 +172,12 @@ def test_write_defaults_writes_0600_once(home: Home) -> None:
     home.create()
     assert home.write_defaults() == [home.config_toml, home.grants_toml]
     assert mode(home.config_toml) == mode(home.grants_toml) == 0o600
-    assert home.config_toml.read_text() == default_config_text()
+    # The defaults, with the one key the built-in model needs set (README.md).
+    assert home.config_toml.read_text() == initial_config_text()
+    assert initial_config_text() == default_config_text().replace(
+        '# first_step = "auto"', 'first_step = "named"'
+    )
+    assert load_config(home).loop.first_step == "named"
     assert home.grants_toml.read_text() == DEFAULT_GRANTS_TEXT
     home.config_toml.write_text("# mine\n")
     assert home.write_defaults() == []
@@ -330,7 +336,10 @@ def test_a_workspace_that_exposes_the_home_is_refused(home: Home, workspace: str
         ("[model]\nmax_tokens = '5'", "[model] max_tokens: expected an integer"),
         ("[model]\nmax_tokens = 0", "[model] max_tokens: expected at least 1"),
         ("[model]\nurl = 8080", "[model] url: expected a string"),
-        ("[loop]\nfirst_step = 'always'", '[loop] first_step: expected "auto" or "tool"'),
+        (
+            "[loop]\nfirst_step = 'always'",
+            '[loop] first_step: expected "auto" or "tool" or "named"',
+        ),
         ("[loop]\nmax_steps = 0", "[loop] max_steps: expected at least 1"),
         ("[proxy]\ntcp_port = 70000", "[proxy] tcp_port: expected a port"),
         ("[runner]\noutput_cap = 'big'", "[runner] output_cap: expected an integer"),

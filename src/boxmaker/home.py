@@ -196,7 +196,7 @@ class Home:
         (``bxctl init``). Returns the files written; an existing file is never touched."""
         written = []
         for path, text in (
-            (self.config_toml, default_config_text()),
+            (self.config_toml, initial_config_text()),
             (self.grants_toml, DEFAULT_GRANTS_TEXT),
         ):
             try:
@@ -299,7 +299,12 @@ let it squat the owner's sockets. So the key is refused by name rather than igno
 class LoopConfig:
     max_steps: int = attrs.field(default=16, validator=_at_least(1))
     reply_timeout: float = attrs.field(default=10.0, validator=_positive)
-    first_step: Literal["auto", "tool"] = "auto"
+    first_step: Literal["auto", "tool", "named"] = "auto"
+    """The first model call of a turn: ``auto`` lets the model choose; ``tool`` asks it
+    for a tool call; ``named`` asks so only when the owner's words name something a
+    tool works on (a quoted name, a path, a file name, a URL: loop/turn.py,
+    :func:`~boxmaker.loop.turn.names_a_target`). ``bxctl init`` writes ``named`` for
+    the built-in model, which calls a tool only when asked for one (README.md)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -474,6 +479,25 @@ def _toml_list(items: tuple[str, ...]) -> str:
     return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
 
+FIRST_STEP_HELP: Final = """\
+# The first model call of a turn. "auto": the model chooses; "tool": it is asked for a
+# tool call; "named": asked so only when your words name a file, a path or a URL
+# ('Read the file at path "notes.txt"'), else the model chooses. The built-in model
+# calls a tool only when asked for one: "named" suits it. A capable model at [model]
+# url does best with "auto".\
+"""
+
+
+def initial_config_text() -> str:
+    """What ``bxctl init`` writes: :func:`default_config_text`, with the one key the
+    built-in model needs set (``[loop] first_step = "named"``).
+
+    >>> 'first_step = "named"' in initial_config_text().splitlines()
+    True
+    """
+    return default_config_text().replace('# first_step = "auto"', 'first_step = "named"')
+
+
 def default_config_text() -> str:
     """A config.toml with every key, commented out at its default (``bxctl init``).
 
@@ -512,7 +536,7 @@ def default_config_text() -> str:
 [loop]
 # max_steps = 16
 # reply_timeout = 10.0
-# "tool": the first model call of a turn asks for a tool call (for tiny models).
+{FIRST_STEP_HELP}
 # first_step = "auto"
 
 [proxy]

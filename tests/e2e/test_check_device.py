@@ -1,6 +1,7 @@
 """tools/check-device.sh against the scripted llama-server, so that it
 cannot rot: it passes when the model asks for the file, and it stops at once when slot 0
-is busy."""
+is busy; and without BOXMAKER_MODEL_URL against the built-in model (llama.cpp's real
+server: its /slots, its tool-call parsing), as ``nox -s device`` runs it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from tests.fakes.llama_server import as_process
+from tests.harness.model import MISSING
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +32,11 @@ def model(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
         yield url
 
 
-def check(url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "BOXMAKER_MODEL_URL": url, "PYTHON": sys.executable}
+def check(url: str | None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("BOXMAKER_MODEL_URL", None)
+    if url is not None:
+        env["BOXMAKER_MODEL_URL"] = url
     return subprocess.run(
         ["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=300, check=False
     )
@@ -53,3 +58,17 @@ def test_the_check_stops_when_slot_0_is_busy(model: str) -> None:
     assert done.returncode == 1
     assert "device check: FAILED: slot 0 is not idle" in done.stderr
     assert "bxctl" not in done.stdout
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"the built-in model is not installed: {MISSING}")
+def test_without_a_url_the_check_meets_the_built_in_model() -> None:
+    done = check(None)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    model = next(line for line in lines if line.startswith("the built-in model: "))
+    assert model.startswith("the built-in model: unix:///tmp/bx-check-")
+    assert model.endswith("/run/model.sock")
+    assert lines[lines.index(model) + 1] == "slot 0 is idle"
+    assert "grant      check-read (mode ask): the device check" in done.stdout
+    assert lines[-1].startswith("device check: passed (call c-")
+    assert lines[-1].endswith(": decision approval result)")

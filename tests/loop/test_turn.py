@@ -111,6 +111,7 @@ async def turn(
     *,
     history: list[dict[str, Any]] | None = None,
     config: LoopConfig | None = None,
+    text: str = "what do my notes say?",
 ) -> tuple[list[LoopEvent], list[dict[str, Any]]]:
     events: list[LoopEvent] = []
 
@@ -120,7 +121,7 @@ async def turn(
     added: list[dict[str, Any]] = []
     await run_turn(
         session=SESSION,
-        text="what do my notes say?",
+        text=text,
         history=history or [],
         broker=broker,
         model=model,
@@ -263,6 +264,20 @@ async def test_first_step_tool_asks_for_a_tool_with_a_prefill_on_the_first_call_
     assert first["messages"][-1] == {"role": "assistant", "content": TOOL_CALL_PREFILL}
     assert "tool_choice" not in second
     assert TOOL_CALL_PREFILL not in [m.get("content") for m in added]
+
+
+@pytest.mark.parametrize(
+    ("said", "forced"),
+    [("read notes.txt", True), ('what is in "notes"?', True), ("hello", False)],
+)
+async def test_first_step_named_asks_for_a_tool_only_when_the_owner_names_a_target(
+    said: str, forced: bool
+) -> None:
+    model = ScriptedModel([text("fine")])
+    await turn(model, ScriptedBroker({}), config=LoopConfig(first_step="named"), text=said)
+    [first] = model.payloads
+    assert (first.get("tool_choice") == "required") is forced
+    assert (first["messages"][-1].get("content") == TOOL_CALL_PREFILL) is forced
 
 
 async def test_the_turn_stops_at_max_steps() -> None:

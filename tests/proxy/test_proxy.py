@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -98,7 +99,8 @@ async def test_a_chat_request_is_pinned_to_the_model_and_its_length_capped(
     }
     line = next(r.getMessage() for r in caplog.records if request_id in r.getMessage())
     assert "method=POST path=/v1/chat/completions status=200" in line
-    assert "prompt_tokens=42 completion_tokens=7" in line
+    assert fake.usage == [{"prompt_tokens": 42, "completion_tokens": 19, "total_tokens": 61}]
+    assert "prompt_tokens=42 completion_tokens=19" in line
     assert "upstream_ms=" in line
     assert "upstream_ms=-" not in line
 
@@ -118,17 +120,22 @@ async def test_a_streamed_answer_passes_through_as_events(
     fake = FakeLlama(script=[{"content": "the notes say hello"}])
     async with (
         proxy_on(home, fake) as client,
-        client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response,
+        client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json=chat(stream=True, stream_options={"include_usage": True}),
+        ) as response,
     ):
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/event-stream"
         events = [line async for line in response.aiter_lines() if line]
     assert events[-1] == "data: [DONE]"
-    words = [orjson.loads(e[5:])["choices"][0]["delta"].get("content") for e in events[:-1]]
-    assert "".join(w for w in words if w) == "the notes say hello "
+    chunks = [orjson.loads(e[5:])["choices"] for e in events[:-1]]
+    words = [choices[0]["delta"].get("content") for choices in chunks if choices]
+    assert "".join(w for w in words if w) == "the notes say hello"
     assert fake.requests[-1]["stream"] is True
     line = next(r.getMessage() for r in caplog.records if "status=200" in r.getMessage())
-    assert "prompt_tokens=42 completion_tokens=7" in line
+    assert "prompt_tokens=42 completion_tokens=5" in line
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/slots", "/health"])
@@ -139,7 +146,13 @@ async def test_the_three_gets_are_forwarded(home: Home, path: str) -> None:
     assert response.status_code == 200
     assert fake.paths == [f"GET {path}"]
     if path == "/v1/models":
-        assert response.json()["data"][0]["id"] == MODEL_ID
+        # [model] name, the one model a request gets here; never the server's own id
+        # (llama-server's is the path of the weights' file).
+        assert response.json() == {
+            "object": "list",
+            "data": [{"id": "default", "object": "model", "owned_by": "boxmaker"}],
+        }
+        assert MODEL_ID not in response.text
     if path == "/slots":
         assert response.json()[0]["is_processing"] is False
 
@@ -491,3 +504,71 @@ async def test_the_clients_headers_never_reach_the_model(home: Home) -> None:
             "content-length",
             "content-type",
         }, (path, received)
+
+
+async def slot_busy(client: httpx.AsyncClient) -> bool:
+    answer = await client.get("/slots")
+    return bool(answer.json()[0]["is_processing"])
+
+
+async def wait_slot_free(client: httpx.AsyncClient, within: float) -> float:
+    """Seconds until the model's slot 0 is free again; fails after ``within``."""
+    started = trio.current_time()
+    with trio.fail_after(within):
+        # The slot is the model server's state: polled, there is no event to wait on.
+        while await slot_busy(client):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    return trio.current_time() - started
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_leaves_frees_the_models_slot_at_once(home: Home, stream: bool) -> None:
+    # 64 tokens of a second each: the answer would take a minute.
+    fake = FakeLlama(script=[{"content": "x" * 256}], token_delay=1.0)
+    async with proxy_on(home, fake) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(client.post, "/v1/chat/completions", json=chat(stream=stream))
+            )
+            with trio.fail_after(5):
+                while not await slot_busy(client):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()  # the client goes: its connection is closed
+        assert await wait_slot_free(client, within=2.0) < 1.0
+    assert fake.generations == 0
+
+
+async def test_it_follows_a_model_that_restarts_on_the_same_socket(home: Home) -> None:
+    """The built-in model restarted (same run/model.sock): no 502 once it is back."""
+    sock = home.run_dir / "model.sock"
+    first = FakeLlama(script=[{"content": "one"}, {"content": "one again"}])
+    second = FakeLlama(script=[{"content": "two"}])
+
+    async def serving(fake: FakeLlama, task_status: Any) -> None:
+        await fake.serve(uds=sock, task_status=task_status)
+
+    async with proxy_on(home, upstream=f"unix://{sock}") as client:
+        async with trio.open_nursery() as model:
+            await model.start(serving, first)
+            before = await client.post("/v1/chat/completions", json=chat())
+            model.cancel_scope.cancel()
+        # Back before inferproxy noticed: its kept connection is to the old server.
+        async with trio.open_nursery() as model:
+            await model.start(serving, first)
+            restarted = await client.post("/v1/chat/completions", json=chat())
+            model.cancel_scope.cancel()
+        gone = await client.post("/v1/chat/completions", json=chat())
+        async with trio.open_nursery() as model:
+            await model.start(serving, second)
+            after = [
+                await client.post("/v1/chat/completions", json=chat()),
+                await client.get("/health"),
+                await client.post("/v1/chat/completions", json=chat(stream=True)),
+            ]
+            model.cancel_scope.cancel()
+    assert before.json()["choices"][0]["message"]["content"] == "one"
+    assert restarted.json()["choices"][0]["message"]["content"] == "one again"
+    assert gone.status_code == 502
+    assert error_of(gone)["type"] == "upstream_unreachable"
+    assert [answer.status_code for answer in after] == [200, 200, 200]
+    assert after[0].json()["choices"][0]["message"]["content"] == "two"

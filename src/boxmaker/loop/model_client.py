@@ -1,13 +1,18 @@
 """loopd's one way to the model: inferproxy on ``run/infer.sock`` (docs/egress.md).
 
-:meth:`ModelClient.complete` POSTs one chat request and returns the assistant message,
-or a :class:`ModelFailure` saying why there is none (inferproxy not running, the model
+:meth:`ModelClient.complete` POSTs one chat request, streamed (``"stream": true``, the
+answer as server-sent events), and returns the assistant message assembled from it, or a
+:class:`ModelFailure` saying why there is none (inferproxy not running, the model
 unreachable behind it, an error from the model, an answer without a message). It never
-raises for those.
+raises for those. While the model writes, each event is reported to ``on_progress``
+(:class:`ModelProgress`: the tokens so far, the text that came), so the owner can see
+the work and read a reply as it is written. Cancelling it closes the request at once:
+inferproxy then closes its own, and the model's slot is free again.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
@@ -15,14 +20,20 @@ from typing import Any, Final
 import attrs
 import httpx
 import orjson
+import trio
+from httpx_sse import SSEError, aconnect_sse
 
 from boxmaker.wire import ErrorCode
 
 CONNECT_S: Final = 5.0
 ANSWER_S: Final = 600.0
-"""How long one model call may take: a small model on two cores answers in seconds, a
-big one on a slow machine in minutes."""
+"""How long the model may be silent within one call (the time to the first token
+included): a small model on two cores answers in seconds, a big one on a slow machine in
+minutes."""
 START_PROXY: Final = "start it with `inferproxy serve` (or `bxctl up`)"
+STREAM_OPTIONS: Final = {"include_usage": True}
+"""Asks for the usage in a last event of its own (OpenAI's ``stream_options``)."""
+DONE: Final = "[DONE]"
 
 
 @attrs.frozen
@@ -33,15 +44,97 @@ class ModelFailure:
 
 @attrs.frozen
 class ModelProgress:
-    """How far one model call has come, heard while the model generates."""
-
     tokens: int
-    """Completion tokens generated so far in this model call."""
+    """Completion tokens generated so far in this model call (the events that carried a
+    token: llama-server sends one a token)."""
     content: str
-    """This chunk's text delta of the reply ("" when none)."""
+    """This event's text of the reply ("" when none, e.g. a piece of a tool call)."""
 
 
 OnProgress = Callable[[ModelProgress], Awaitable[None]]
+
+
+@attrs.define
+class StreamedMessage:
+    """The assistant message, put together from a stream's chunks as they come.
+
+    >>> message = StreamedMessage()
+    >>> message.add({"choices": [{"delta": {"role": "assistant", "content": None}}]})
+    >>> message.add({"choices": [{"delta": {"content": "Hel"}}]})
+    ModelProgress(tokens=1, content='Hel')
+    >>> message.add({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c",
+    ...     "type": "function", "function": {"name": "read_file", "arguments": "{"}}]}}]})
+    ModelProgress(tokens=2, content='')
+    >>> message.add({"choices": [{"delta": {"tool_calls": [{"index": 0,
+    ...     "function": {"arguments": "}"}}]}, "finish_reason": "tool_calls"}]})
+    ModelProgress(tokens=3, content='')
+    >>> message.add({"choices": [], "usage": {"completion_tokens": 3}})
+    >>> message.message()  # doctest: +NORMALIZE_WHITESPACE
+    {'role': 'assistant', 'content': 'Hel', 'tool_calls': [{'id': 'c', 'type': 'function',
+     'function': {'name': 'read_file', 'arguments': '{}'}}],
+     'finish_reason': 'tool_calls', 'usage': {'completion_tokens': 3}}
+    """
+
+    content: list[str] = attrs.Factory(list)
+    calls: dict[int, dict[str, Any]] = attrs.Factory(dict)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    tokens: int = 0
+    choices: int = 0
+    """Chunks that carried a choice: none means the stream held no message."""
+
+    def add(self, chunk: dict[str, Any]) -> ModelProgress | None:
+        """Take one chunk; the progress it makes when it carries a token."""
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            return None
+        self.choices += 1
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return None
+        text = delta.get("content")
+        text = text if isinstance(text, str) else ""
+        pieces = delta.get("tool_calls")
+        pieces = pieces if isinstance(pieces, list) else []
+        if not text and not pieces:
+            return None
+        self.content.append(text)
+        for piece in pieces:
+            if isinstance(piece, dict):
+                self._add_call_piece(piece)
+        self.tokens += 1
+        return ModelProgress(tokens=self.tokens, content=text)
+
+    def _add_call_piece(self, piece: dict[str, Any]) -> None:
+        index = piece.get("index")
+        index = index if isinstance(index, int) else len(self.calls)
+        call = self.calls.setdefault(
+            index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if isinstance(piece.get("id"), str) and piece["id"]:
+            call["id"] = piece["id"]
+        function = piece.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str):
+                call["function"]["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                call["function"]["arguments"] += function["arguments"]
+
+    def message(self) -> dict[str, Any]:
+        """The message as a non-streamed answer has it, with ``finish_reason`` (and
+        ``usage`` when the stream gave it) added."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.calls:
+            message["tool_calls"] = [self.calls[index] for index in sorted(self.calls)]
+        message["finish_reason"] = self.finish_reason
+        if self.usage is not None:
+            message["usage"] = self.usage
+        return message
 
 
 class ModelClient:
@@ -59,37 +152,118 @@ class ModelClient:
     async def complete(
         self, payload: dict[str, Any], *, on_progress: OnProgress | None = None
     ) -> dict[str, Any] | ModelFailure:
-        """The first choice's assistant message (with ``finish_reason`` added).
-        ``on_progress`` hears the model's progress where it streams (not yet)."""
+        """The first choice's assistant message (with ``finish_reason``, and ``usage``
+        when given), streamed; ``on_progress`` is awaited for each event that carries a
+        token, in order, in a task of its own (so a cancel always finds the stream's
+        reader inside httpx's own read, and no half-read stream is left behind)."""
+        body = {**payload, "stream": True, "stream_options": STREAM_OPTIONS}
+        progress_in, progress_out = trio.open_memory_channel[ModelProgress](math.inf)
         try:
-            response = await self._client.post(
-                "/v1/chat/completions", content=orjson.dumps(payload)
-            )
+            async with trio.open_nursery() as nursery:
+                if on_progress is not None:
+                    nursery.start_soon(_report, progress_out, on_progress)
+                with progress_in:
+                    return await self._read(body, progress_in)
+        except BaseExceptionGroup as group:
+            # on_progress's own failure, or a cancel: as if there were no task.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    async def _read(
+        self, body: dict[str, Any], progress: trio.MemorySendChannel[ModelProgress]
+    ) -> dict[str, Any] | ModelFailure:
+        streamed = StreamedMessage()
+        failure: ModelFailure | None = None
+        try:
+            async with aconnect_sse(
+                self._client, "POST", "/v1/chat/completions", content=orjson.dumps(body)
+            ) as source:
+                response = source.response
+                if response.status_code != 200 or not _is_event_stream(response):
+                    return _whole_answer(response.status_code, await response.aread())
+                # Read to the end, awaiting nothing else (the end comes right after
+                # [DONE]): httpx's reading is async generators inside each other, and
+                # one left half-read is a leak trio warns about.
+                done = False
+                async for event in source.aiter_sse():
+                    if done or failure is not None:
+                        continue
+                    done = event.data == DONE
+                    chunk = _chunk(event.data) if not done else {}
+                    if isinstance(chunk, ModelFailure):
+                        failure = chunk
+                        continue
+                    step = streamed.add(chunk)
+                    if step is not None:
+                        progress.send_nowait(step)
         except httpx.ConnectError as exc:
             detail = f"inferproxy is not running on {self.infer_sock} ({exc}); {START_PROXY}"
             return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
         except httpx.TransportError as exc:
             detail = f"the model call failed: {type(exc).__name__}: {exc}"
             return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
-        try:
-            body = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            body = None
-        if response.status_code != 200:
-            error = body.get("error") if isinstance(body, dict) else None
-            message = error.get("message") if isinstance(error, dict) else None
-            code = (
-                ErrorCode.MODEL_UNREACHABLE
-                if response.status_code == 502
-                else ErrorCode.MODEL_ERROR
-            )
-            return ModelFailure(
-                code, f"HTTP {response.status_code}: {message or 'no error message'}"
-            )
-        try:
-            choice = body["choices"][0]
-            message = dict(choice["message"])
-        except (TypeError, KeyError, IndexError):
+        except SSEError as exc:
+            return ModelFailure(ErrorCode.MODEL_ERROR, f"the model's stream is broken: {exc}")
+        if failure is not None:
+            return failure
+        if not done:
+            detail = "the model's answer broke off before its end"
+            return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
+        if streamed.choices == 0:
             return ModelFailure(ErrorCode.MODEL_ERROR, "the model's answer has no message")
-        message["finish_reason"] = choice.get("finish_reason")
-        return message
+        return streamed.message()
+
+
+async def _report(
+    progress: trio.MemoryReceiveChannel[ModelProgress], on_progress: OnProgress
+) -> None:
+    async with progress:
+        async for step in progress:
+            await on_progress(step)
+
+
+def _is_event_stream(response: httpx.Response) -> bool:
+    kind: str = response.headers.get("content-type", "")
+    return kind.partition(";")[0].strip() == "text/event-stream"
+
+
+def _chunk(data: str) -> dict[str, Any] | ModelFailure:
+    """One event's JSON; an error event (llama-server sends one when it fails mid-way)
+    or an unreadable one is a failure."""
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ModelFailure(ErrorCode.MODEL_ERROR, "the model sent an event that is not JSON")
+    if not isinstance(chunk, dict):
+        return ModelFailure(ErrorCode.MODEL_ERROR, "the model sent an event that is not an object")
+    if "error" in chunk:
+        return ModelFailure(ErrorCode.MODEL_ERROR, f"the model failed: {_error_message(chunk)}")
+    return chunk
+
+
+def _error_message(body: object) -> str:
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message) if message else "no error message"
+
+
+def _whole_answer(status: int, data: bytes) -> dict[str, Any] | ModelFailure:
+    """An answer that is not a stream: an error (inferproxy's or the model's), or a
+    server that does not stream and answered whole."""
+    try:
+        body: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        body = None
+    if status != 200:
+        code = ErrorCode.MODEL_UNREACHABLE if status == 502 else ErrorCode.MODEL_ERROR
+        return ModelFailure(code, f"HTTP {status}: {_error_message(body)}")
+    try:
+        choice = body["choices"][0]
+        message = dict(choice["message"])
+    except (TypeError, KeyError, IndexError):
+        return ModelFailure(ErrorCode.MODEL_ERROR, "the model's answer has no message")
+    message["finish_reason"] = choice.get("finish_reason")
+    if isinstance(body.get("usage"), dict):
+        message["usage"] = body["usage"]
+    return message

@@ -13,6 +13,7 @@ The message shaping is pure (:func:`request_payload`, :func:`parse_tool_calls`,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -68,6 +69,13 @@ TOOL_CALL_PREFILL: Final = "<tool_call>\n"
 """What a first step with ``first_step = "tool"`` puts in the model's mouth (README.md):
 llama-server continues a trailing assistant message, and a tiny model then writes a
 tool call instead of prose."""
+TOOL_CALL_END: Final = "</tool_call>"
+"""Where a step's generation stops (the request's ``stop``): a step makes one call, and
+the built-in model never ends a turn by itself after its call. llama-server's grammar
+for a ``<tool_call>`` template allows one call after another whatever
+``parallel_tool_calls`` says, so the model wrote its call again and again until
+``max_tokens`` (1,024 tokens, 34 s on two cores); stopped here it writes the call's own
+few dozen tokens, and llama-server still parses the call (docs/performance.md)."""
 INVALID_ARGUMENTS: Final = "invalid_arguments"
 PROGRESS_S: Final = 0.5
 """At most one ``progress`` event this often while the model works."""
@@ -94,6 +102,49 @@ def model_tools() -> list[dict[str, Any]]:
     return [*catalogue_tools(), CALL_TOOL]
 
 
+_TARGET: Final = re.compile(
+    r"""
+      "[^"\n]{1,200}"                      # a quoted name: "notes.txt"
+    | (?<!\w)'[^'\s][^'\n]{0,199}'(?!\w)   # 'notes.txt' (not the ' of what's)
+    | `[^`\n]{1,200}`                      # `ls -l`
+    | \bhttps?://                           # a URL
+    | [\w.~-]*/[\w.~/-]*                    # a path: src/main.py, ./x, /etc
+    | \b[\w-]+\.[A-Za-z][A-Za-z0-9]{0,7}\b  # a file name: notes.txt, README.md
+    """,
+    re.VERBOSE,
+)
+
+
+def names_a_target(text: str) -> bool:
+    """Do the owner's words name something a tool works on: a quoted name, a path, a
+    file name or a URL? (``first_step = "named"``: only then is the first step asked
+    for a tool call; a tiny model asked so invents a call for "hello".)
+
+    >>> [names_a_target(t) for t in ('Read the file at path "notes.txt".', "read notes.txt",
+    ...  "list src/", "get https://example.com", "run `ls`", "list the folder 'docs'")]
+    [True, True, True, True, True, True]
+    >>> [names_a_target(t) for t in ("hello", "hi, who are you?", "what's 2+2?", "thanks!")]
+    [False, False, False, False]
+    """
+    return _TARGET.search(text) is not None
+
+
+def forces_tool_step(first_step: str, step: int, text: str) -> bool:
+    """Is step ``step`` of a turn on the owner's ``text`` asked for a tool call
+    (``[loop] first_step``)?
+
+    >>> forces_tool_step("named", 1, "read notes.txt"), forces_tool_step("named", 1, "hi")
+    (True, False)
+    >>> forces_tool_step("tool", 1, "hi"), forces_tool_step("tool", 2, "hi")
+    (True, False)
+    >>> forces_tool_step("auto", 1, "read notes.txt")
+    False
+    """
+    if step != 1:
+        return False
+    return first_step == "tool" or (first_step == "named" and names_a_target(text))
+
+
 def request_payload(
     history: list[dict[str, Any]], tools: list[dict[str, Any]], *, force_tool: bool
 ) -> dict[str, Any]:
@@ -101,8 +152,8 @@ def request_payload(
     inferproxy's to set.
 
     >>> p = request_payload([{"role": "user", "content": "hi"}], [], force_tool=True)
-    >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"]
-    ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True)
+    >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"], p["stop"]
+    ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True, ['</tool_call>'])
     """
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, *history]
     payload: dict[str, Any] = {
@@ -111,6 +162,7 @@ def request_payload(
         "id_slot": 0,
         "cache_prompt": True,
         "parallel_tool_calls": False,
+        "stop": [TOOL_CALL_END],
     }
     if force_tool:
         payload["tool_choice"] = "required"
@@ -301,7 +353,7 @@ async def run_turn(
     added.append({"role": "user", "content": text})
     tools = model_tools()
     for step in range(1, config.max_steps + 1):
-        force_tool = step == 1 and config.first_step == "tool"
+        force_tool = forces_tool_step(config.first_step, step, text)
         payload = request_payload([*history, *added], tools, force_tool=force_tool)
         message = await _model_step(model, payload, step, emit)
         if isinstance(message, ModelFailure):

