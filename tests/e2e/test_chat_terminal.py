@@ -129,19 +129,22 @@ async def test_the_calls_output_detail_and_times_are_on_screen(home: Home) -> No
         shown = await screen.text()
     assert code == 0
     lines = re.sub(r"\b\d+\.\d s\b", "N s", shown).split("\n")
-    start = lines.index("  [step 1: N s]")
+    start = next(n for n, line in enumerate(lines) if line.startswith("  [step 1: "))
     assert lines[start : start + 12] == [
-        "  [step 1: N s]",
+        "  [step 1: N s, 5 tokens]",
         '  -> read_file {"path":"notes.txt"}',
         "  <- ok (N s)",
         *[f"     | line {n}" for n in range(1, 9)],
         "     | … 12 lines in all",
     ]
     denied = lines.index("  <- denied: no_grant (N s)")
-    assert lines[denied - 2 : denied] == ["  [step 2: N s]", '  -> read_file {"path":"secret.txt"}']
+    assert lines[denied - 2 : denied] == [
+        "  [step 2: N s, 6 tokens]",
+        '  -> read_file {"path":"secret.txt"}',
+    ]
     assert lines[denied + 1].startswith("     ")
     assert "secret.txt" in lines[denied + 1]
-    assert lines[denied + 2 : denied + 4] == ["Done.", "  [step 3: N s]"]
+    assert lines[denied + 2 : denied + 4] == ["Done.", "  [step 3: N s, 2 tokens]"]
 
 
 async def test_progress_shows_on_one_line_and_the_reply_streams_as_it_comes(home: Home) -> None:

@@ -152,7 +152,8 @@ def test_an_ask_is_shown_to_the_owner_approved_run_and_recorded(stack: Stack) ->
     bxctl(stack.home, "approve", entry["approval"])
     code, events = events_of(chat)
     assert code == 0
-    assert [e["kind"] for e in events] == [
+    # reply_delta and progress: as many as the timing makes.
+    assert [e["kind"] for e in events if e["kind"] not in {"reply_delta", "progress"}] == [
         "session",
         "model",
         "model_done",

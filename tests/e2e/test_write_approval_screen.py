@@ -5,6 +5,7 @@ programs as processes (bxctl up) against the scripted llama-server."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,7 +116,7 @@ def test_the_owner_sees_the_diff_then_what_approving_did(home: Home) -> None:
     assert f"approved {call}: write_file ran (ok)" in lines
     out, err = chat.communicate(timeout=WAIT_S)
     assert chat.returncode == 0, err
-    assert out.rstrip().endswith("Added bread.")
+    assert re.search(r"\nAdded bread\.\n  \[step 2: \d+\.\d s, 3 tokens\]$", out.rstrip())
     assert (home.default_workspace / "notes.txt").read_text() == "Buy milk.\nBuy bread.\n"
 
 

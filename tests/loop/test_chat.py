@@ -38,12 +38,12 @@ async def test_one_turn_shows_the_call_its_outcome_and_the_reply(
     lines = timeless(capsys.readouterr().out).splitlines()
     assert re.fullmatch(r"session s-[0-9a-f]{12}", lines[0])
     assert lines[1:] == [
-        "  [step 1: N s]",
+        "  [step 1: N s, 5 tokens]",
         '  -> read_file {"path":"notes.txt"}',
         "  <- ok (N s)",
         "     | Buy milk.",
         "Your notes say: buy milk.",
-        "  [step 2: N s]",
+        "  [step 2: N s, 7 tokens]",
     ]
 
 
@@ -76,7 +76,7 @@ async def test_a_waiting_call_shows_the_command_that_approves_it(
     assert (
         timeless("\n".join(chat_lines))
         .rstrip()
-        .endswith("  <- ok (N s)\n     | Buy milk.\nMilk.\n  [step 2: N s]")
+        .endswith("  <- ok (N s)\n     | Buy milk.\nMilk.\n  [step 2: N s, 2 tokens]")
     )
     assert codes == [0]
 
@@ -88,7 +88,10 @@ async def test_json_prints_each_event_as_it_comes(
     async with stack(home, fake):
         assert await bxctl(home, "chat", "--say", "hi", "--json") == 0
     events = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [e["kind"] for e in events] == ["session", "model", "model_done", "reply"]
+    # The reply streams (reply_delta, as many as the timing makes), then comes whole.
+    shown = [e["kind"] for e in events if e["kind"] not in {"reply_delta", "progress"}]
+    assert shown == ["session", "model", "model_done", "reply"]
+    assert "".join(e["text"] for e in events if e["kind"] == "reply_delta") == "Hello."
 
 
 async def test_a_failed_turn_exits_1_with_the_error_on_stderr(

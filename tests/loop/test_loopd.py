@@ -4,7 +4,7 @@ scripted llama-server behind them (loop.sock: docs/protocol.md)."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import trio
@@ -18,9 +18,17 @@ from boxmaker.loop.model_client import ModelFailure
 from boxmaker.ndjson import FrameReader
 from boxmaker.wire import ErrorCode
 
+STREAMED: Final = {"reply_delta", "progress"}
+"""Events whose number depends on timing (the model streams; loopd coalesces)."""
+
 
 def kinds(events: list[dict[str, Any]]) -> list[str]:
-    return [event["kind"] for event in events]
+    """The events' kinds, but those whose number depends on timing."""
+    return [event["kind"] for event in events if event["kind"] not in STREAMED]
+
+
+def streamed_reply(events: list[dict[str, Any]]) -> str:
+    return "".join(event["text"] for event in events if event["kind"] == "reply_delta")
 
 
 async def test_a_granted_read_reaches_the_model_and_the_reply_the_owner(home: Home) -> None:
@@ -39,6 +47,9 @@ async def test_a_granted_read_reaches_the_model_and_the_reply_the_owner(home: Ho
         "model_done",
         "reply",
     ]
+    # The reply came as it was generated, then whole.
+    assert streamed_reply(events) == "Your notes say: buy milk."
+    events = [event for event in events if event["kind"] not in STREAMED]
     session = events[0]["session"]
     assert events[3]["tool"] == "read_file"
     assert events[3]["arguments"] == {"path": "notes.txt"}
@@ -99,6 +110,7 @@ async def test_an_ask_waits_for_the_owner_and_runs_once_approved(home: Home) -> 
         "model_done",
         "reply",
     ]
+    events = [event for event in events if event["kind"] not in STREAMED]
     waiting = events[4]
     assert (waiting["approval"], waiting["grant"]) == (entry["approval"], "notes")
     assert events[5]["outcome"] == "ok"

@@ -280,7 +280,9 @@ def _needed(home: Home, running: dict[str, bool]) -> dict[str, bool]:
     try:
         external = load_config(home).model.url is not None
     except (ConfigError, HomeError):
-        external = False
+        # Unknown: the daemons keep the config they started with (a broken file changes
+        # nothing), so only what runs is told, and a model not running is not a fault.
+        external = not running.get("model", False)
     return {name: up for name, up in running.items() if not (external and name == "model")}
 
 
