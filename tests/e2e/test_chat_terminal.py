@@ -40,6 +40,39 @@ async def test_a_waiting_call_is_approved_with_y_in_the_chat(home: Home) -> None
     assert "Your notes say: buy milk." in shown
 
 
+async def test_a_waiting_write_shows_its_change_in_the_chat_before_the_owner_decides(
+    home: Home,
+) -> None:
+    write_grants(home, grant("notes", "write_file", "ask", note="my notes"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    content = "Buy milk.\nBuy bread.\n"
+    write = {
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "notes.txt", "content": content}}
+        ]
+    }
+    fake = FakeLlama(script=[write, {"content": "Added bread."}])
+    async with stack(home, fake), terminal(chat_argv(home, "--say", "add bread")) as screen:
+        asked = await screen.wait_for(APPROVE_PROMPT)
+        await screen.send("y")
+        code = await screen.exit_code()
+        shown = await screen.text()
+    assert code == 0
+    lines = [line.rstrip() for line in asked.splitlines()]
+    start = lines.index("  change     replaces 10 bytes with 21 bytes")
+    assert lines[start : start + 7] == [
+        "  change     replaces 10 bytes with 21 bytes",
+        "    --- notes.txt (now)",
+        "    +++ notes.txt (written)",
+        "    @@ -1 +1,2 @@",
+        "     Buy milk.",
+        "    +Buy bread.",
+        "  grant      notes (mode ask): my notes",
+    ]
+    assert re.search(r"^  approved c-[0-9a-f]{16}: write_file ran \(ok\)$", shown, re.M)
+    assert (home.default_workspace / "notes.txt").read_text() == content
+
+
 async def wait_for_approval(home: Home) -> dict[str, object]:
     with trio.fail_after(20):
         while not (listed := await admin(home, {"kind": "approvals"}))["entries"]:  # noqa: ASYNC110
