@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -50,7 +52,10 @@ async def serve_once(loop: Loop, stream: trio.SocketStream) -> None:
         await handle_loop_connection(loop, stream)
 
 
-async def test_a_client_that_leaves_cancels_the_model_request_at_once(home: Home) -> None:
+@asynccontextmanager
+async def connected(home: Home) -> AsyncIterator[tuple[HangingModel, trio.SocketStream]]:
+    """loopd's connection handler on one end of a socket pair, with a model that never
+    answers: (the model, the client's end)."""
     home.create()
     model = HangingModel()
     loop = Loop(
@@ -60,6 +65,11 @@ async def test_a_client_that_leaves_cancels_the_model_request_at_once(home: Home
     client, server = trio.SocketStream(ours), trio.SocketStream(theirs)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(serve_once, loop, server)
+        yield model, client
+
+
+async def test_a_client_that_leaves_cancels_the_model_request_at_once(home: Home) -> None:
+    async with connected(home) as (model, client):
         say = {"kind": "say", "session": SESSION, "text": "tell me a long story"}
         await client.send_all(orjson.dumps(say) + b"\n")
         reader = FrameReader(client)
@@ -79,15 +89,7 @@ async def test_a_client_that_leaves_cancels_the_model_request_at_once(home: Home
 
 
 async def test_bytes_after_the_say_do_not_end_the_turn(home: Home) -> None:
-    home.create()
-    model = HangingModel()
-    loop = Loop(
-        home=home, config=load_config(home), owner_uid=os.getuid(), broker=NoBroker(), model=model
-    )
-    ours, theirs = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    client, server = trio.SocketStream(ours), trio.SocketStream(theirs)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve_once, loop, server)
+    async with connected(home) as (model, client):
         say = {"kind": "say", "session": SESSION, "text": "hi"}
         await client.send_all(orjson.dumps(say) + b"\nmore bytes\n")
         with trio.fail_after(10):
