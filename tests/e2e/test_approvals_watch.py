@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 from tests.fakes.llama_server import FakeLlama
-from tests.harness.broker import admin
+from tests.harness.broker import waiting_approvals
 from tests.harness.homes import grant, write_grants
 from tests.harness.screen import bxctl_argv, terminal
 from tests.harness.stack import READ_NOTES, say, stack
@@ -16,13 +16,6 @@ from boxmaker.cli.watch import KEYS_HELP, NONE_PENDING, REASON_PROMPT
 from boxmaker.home import Home
 
 READ_TODO = {"tool_calls": [{"name": "read_file", "arguments": {"path": "todo.txt"}}]}
-
-
-async def pending(home: Home, count: int) -> list[dict[str, Any]]:
-    with trio.fail_after(20):
-        while len(entries := (await admin(home, {"kind": "approvals"}))["entries"]) < count:  # noqa: ASYNC110
-            await trio.sleep(0.02)
-    return entries  # type: ignore[no-any-return]
 
 
 async def test_the_owner_chooses_the_second_approval_and_approves_it(home: Home) -> None:
@@ -37,9 +30,9 @@ async def test_the_owner_chooses_the_second_approval_and_approves_it(home: Home)
             turns[name] = await say(home, text)
 
         nursery.start_soon(turn, "notes", "read my notes")
-        await pending(home, 1)
+        await waiting_approvals(home, 1, within=20)
         nursery.start_soon(turn, "todo", "read my todo list")
-        first, second = await pending(home, 2)
+        first, second = await waiting_approvals(home, 2, within=20)
         argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
         async with terminal(argv) as screen:
             listed = await screen.wait_for(second["approval"])
@@ -68,7 +61,7 @@ async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
     fake = FakeLlama(script=[READ_NOTES, {"content": "OK, I will not."}])
     async with stack(home, fake), trio.open_nursery() as nursery:
         nursery.start_soon(say, home, "read my notes")
-        [entry] = await pending(home, 1)
+        [entry] = await waiting_approvals(home, 1, within=20)
         argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
         async with terminal(argv) as screen:
             await screen.wait_for(f"▶ {entry['approval']}")

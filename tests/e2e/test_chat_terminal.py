@@ -4,13 +4,15 @@ scripted model: what the owner sees, and what their keys do."""
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 from tests.fakes.llama_server import FakeLlama
-from tests.harness.broker import admin, records
+from tests.harness.broker import admin, records, waiting_approvals
 from tests.harness.homes import grant, write_grants
-from tests.harness.screen import bxctl_argv, terminal
+from tests.harness.screen import Screen, bxctl_argv, terminal
 from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import READ_NOTES, stack
 
@@ -22,11 +24,23 @@ def chat_argv(home: Home, *args: str) -> list[str]:
     return bxctl_argv("chat", *args, "--home", str(home.root))
 
 
-async def test_a_waiting_call_is_approved_with_y_in_the_chat(home: Home) -> None:
-    write_grants(home, grant("notes", "read_file", "ask", note="the notes"))
+@asynccontextmanager
+async def chat_asked_to_read_notes(
+    home: Home, reply: str, *chat_args: str, **grant_extra: str
+) -> AsyncIterator[tuple[Screen, FakeLlama]]:
+    """The stack, where reading notes.txt needs the owner's yes, and ``bxctl chat
+    CHAT_ARGS`` in a terminal; the model asks to read the notes, then replies ``reply``."""
+    write_grants(home, grant("notes", "read_file", "ask", **grant_extra))
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    fake = FakeLlama(script=[READ_NOTES, {"content": "Your notes say: buy milk."}])
-    async with stack(home, fake), terminal(chat_argv(home, "--say", "read my notes")) as screen:
+    fake = FakeLlama(script=[READ_NOTES, {"content": reply}])
+    async with stack(home, fake), terminal(chat_argv(home, *chat_args)) as screen:
+        yield screen, fake
+
+
+async def test_a_waiting_call_is_approved_with_y_in_the_chat(home: Home) -> None:
+    async with chat_asked_to_read_notes(
+        home, "Your notes say: buy milk.", "--say", "read my notes", note="the notes"
+    ) as (screen, _):
         assert not await screen.rang()
         asked = await screen.wait_for(APPROVE_PROMPT)
         rang = await screen.rang()
@@ -73,19 +87,11 @@ async def test_a_waiting_write_shows_its_change_in_the_chat_before_the_owner_dec
     assert (home.default_workspace / "notes.txt").read_text() == content
 
 
-async def wait_for_approval(home: Home) -> dict[str, object]:
-    with trio.fail_after(20):
-        while not (listed := await admin(home, {"kind": "approvals"}))["entries"]:  # noqa: ASYNC110
-            await trio.sleep(0.02)
-    [entry] = listed["entries"]
-    return entry  # type: ignore[no-any-return]
-
-
 async def test_n_refuses_with_the_reason_typed_and_the_model_is_told(home: Home) -> None:
-    write_grants(home, grant("notes", "read_file", "ask"))
-    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    fake = FakeLlama(script=[READ_NOTES, {"content": "Understood."}])
-    async with stack(home, fake), terminal(chat_argv(home, "--say", "read my notes")) as screen:
+    async with chat_asked_to_read_notes(home, "Understood.", "--say", "read my notes") as (
+        screen,
+        fake,
+    ):
         await screen.wait_for(APPROVE_PROMPT)
         await screen.send("n")
         await screen.wait_for(REASON_PROMPT)
@@ -103,12 +109,9 @@ async def test_n_refuses_with_the_reason_typed_and_the_model_is_told(home: Home)
 
 
 async def test_ctrl_c_while_a_call_waits_ends_the_turn_and_withdraws_the_call(home: Home) -> None:
-    write_grants(home, grant("notes", "read_file", "ask"))
-    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    fake = FakeLlama(script=[READ_NOTES, {"content": "Milk."}])
-    async with stack(home, fake), terminal(chat_argv(home, "--say", "read my notes")) as screen:
+    async with chat_asked_to_read_notes(home, "Milk.", "--say", "read my notes") as (screen, fake):
         await screen.wait_for(APPROVE_PROMPT)
-        entry = await wait_for_approval(home)
+        [entry] = await waiting_approvals(home, within=20)
         await screen.send("C-c")
         code = await screen.exit_code()
         shown = await screen.text()
@@ -136,12 +139,9 @@ async def test_ctrl_c_while_a_call_waits_ends_the_turn_and_withdraws_the_call(ho
 
 
 async def test_a_call_approved_from_another_terminal_takes_the_prompt_away(home: Home) -> None:
-    write_grants(home, grant("notes", "read_file", "ask"))
-    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    fake = FakeLlama(script=[READ_NOTES, {"content": "Milk."}])
-    async with stack(home, fake), terminal(chat_argv(home, "--say", "read my notes")) as screen:
+    async with chat_asked_to_read_notes(home, "Milk.", "--say", "read my notes") as (screen, _):
         await screen.wait_for(APPROVE_PROMPT)
-        entry = await wait_for_approval(home)
+        [entry] = await waiting_approvals(home, within=20)
         approved = await admin(home, {"kind": "approve", "approval": entry["approval"]})
         code = await screen.exit_code()
         shown = await screen.text()
@@ -216,15 +216,12 @@ async def test_progress_shows_on_one_line_and_the_reply_streams_as_it_comes(home
 
 
 async def test_in_the_prompt_loop_ctrl_c_ends_the_turn_and_asks_again(home: Home) -> None:
-    write_grants(home, grant("notes", "read_file", "ask"))
-    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    fake = FakeLlama(script=[READ_NOTES, {"content": "Hello again."}])
-    async with stack(home, fake), terminal(chat_argv(home)) as screen:
+    async with chat_asked_to_read_notes(home, "Hello again.") as (screen, _):
         await screen.wait_for("you> ")
         await screen.type("read my notes")
         await screen.send("Enter")
         await screen.wait_for(APPROVE_PROMPT)
-        await wait_for_approval(home)
+        [_] = await waiting_approvals(home, within=20)
         await screen.send("C-c")
         again = await screen.wait_for(lambda shown: shown.rstrip().endswith("you>"))
         await screen.type("hi")

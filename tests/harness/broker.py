@@ -195,6 +195,15 @@ async def admin(home: Home, frame: dict[str, Any]) -> dict[str, Any]:
         await client.aclose()
 
 
+async def waiting_approvals(home: Home, count: int = 1, *, within: float) -> list[dict[str, Any]]:
+    """The entries of admin ``approvals`` once there are ``count`` or more, polled as
+    ``bxctl approvals --watch`` does (there is no event); ``within`` seconds at most."""
+    with trio.fail_after(within):
+        while len(entries := (await admin(home, {"kind": "approvals"}))["entries"]) < count:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    return entries  # type: ignore[no-any-return]
+
+
 async def eventually(predicate: Callable[[], bool], step: float = 0.01) -> None:
     """Wait (virtual time) until ``predicate()`` holds; the test's guard bounds it."""
     while not predicate():  # noqa: ASYNC110 - a file on disk has no event to wait on

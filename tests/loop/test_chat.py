@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 import pytest
 import trio
 from tests.fakes.llama_server import FakeLlama
-from tests.harness.broker import admin
+from tests.harness.broker import waiting_approvals
 from tests.harness.homes import grant, write_grants
 from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import GUARD, READ_NOTES, stack
 
 from boxmaker.cli.app import app
 from boxmaker.home import Home
+from boxmaker.loop.serve import Loop
 
 
 def timeless(text: str) -> str:
@@ -47,29 +51,37 @@ async def test_one_turn_shows_the_call_its_outcome_and_the_reply(
     ]
 
 
-async def test_a_waiting_call_shows_the_command_that_approves_it(
-    home: Home, capsys: pytest.CaptureFixture[str]
-) -> None:
+@asynccontextmanager
+async def chat_with_a_waiting_call(
+    home: Home,
+) -> AsyncIterator[tuple[Loop, list[dict[str, Any]], list[int]]]:
+    """``bxctl chat --say "read my notes"`` against the stack, once its read_file call
+    waits for the owner: (loopd, the approvals listed then, the chat's exit code once
+    it has ended on the way out)."""
     write_grants(home, grant("notes", "read_file", "ask"))
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
     fake = FakeLlama(script=[READ_NOTES, {"content": "Milk."}])
     codes: list[int] = []
-    async with stack(home, fake), trio.open_nursery() as nursery:
+    async with stack(home, fake) as loop, trio.open_nursery() as nursery:
 
         async def chat() -> None:
             codes.append(await bxctl(home, "chat", "--say", "read my notes"))
 
         nursery.start_soon(chat)
-        with trio.fail_after(GUARD):
-            while not (listed := await admin(home, {"kind": "approvals"}))["entries"]:  # noqa: ASYNC110
-                await trio.sleep(0.02)
-        approval = listed["entries"][0]["approval"]
+        yield loop, await waiting_approvals(home, within=GUARD), codes
+
+
+async def test_a_waiting_call_shows_the_command_that_approves_it(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with chat_with_a_waiting_call(home) as (_, waiting, codes):
+        approval = waiting[0]["approval"]
         assert await bxctl(home, "approve", approval) == 0
     out = capsys.readouterr().out
     assert f"waiting for the owner: approval {approval} (grant notes)" in out
     assert f"approve: bxctl approve {approval}" in out
     # bxctl approve answers once the call has run, so its line falls among the chat's.
-    call = listed["entries"][0]["call"]
+    call = waiting[0]["call"]
     approved = f"approved {call}: read_file ran (ok)"
     assert approved in out.splitlines()
     chat_lines = [line for line in out.splitlines() if line != approved]
@@ -139,19 +151,7 @@ async def test_the_models_words_cannot_drive_the_terminal(
 async def test_a_turn_cut_short_by_loopds_stop_says_why(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_grants(home, grant("notes", "read_file", "ask"))
-    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    fake = FakeLlama(script=[READ_NOTES, {"content": "Milk."}])
-    codes: list[int] = []
-    async with stack(home, fake) as loop, trio.open_nursery() as nursery:
-
-        async def chat() -> None:
-            codes.append(await bxctl(home, "chat", "--say", "read my notes"))
-
-        nursery.start_soon(chat)
-        with trio.fail_after(GUARD):
-            while not (await admin(home, {"kind": "approvals"}))["entries"]:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+    async with chat_with_a_waiting_call(home) as (loop, _, codes):
         loop.request_stop()
     assert codes == [1]
     err = capsys.readouterr().err

@@ -9,7 +9,7 @@ from typing import Any, Final
 import orjson
 import trio
 from tests.fakes.llama_server import FakeLlama
-from tests.harness.broker import SESSION, admin, records
+from tests.harness.broker import SESSION, admin, records, waiting_approvals
 from tests.harness.homes import grant, write_grants
 from tests.harness.stack import GUARD, READ_NOTES, say, stack
 
@@ -91,11 +91,7 @@ async def test_an_ask_waits_for_the_owner_and_runs_once_approved(home: Home) -> 
             events.extend(await say(home, "read my notes"))
 
         nursery.start_soon(turn)
-        with trio.fail_after(GUARD):
-            # The owner polls, as `bxctl approvals --watch` does: there is no event.
-            while not (listed := await admin(home, {"kind": "approvals"}))["entries"]:  # noqa: ASYNC110
-                await trio.sleep(0.02)
-        [entry] = listed["entries"]
+        [entry] = await waiting_approvals(home, within=GUARD)
         assert (entry["tool"], entry["grant"]["id"]) == ("read_file", "notes")
         approved = await admin(home, {"kind": "approve", "approval": entry["approval"]})
         assert approved["outcome"] == "ask"
