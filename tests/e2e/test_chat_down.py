@@ -4,62 +4,27 @@ by ``bxctl up`` against the scripted model."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-from typing import Final
-
-import orjson
 import pytest
-from tests.fakes.llama_server import as_process
-from tests.harness.homes import grant, short_home
-
-from boxmaker.home import Home
+from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
+from tests.harness.homes import grant
+from tests.harness.stack import READ_NOTES
 
 pytestmark = pytest.mark.slow
 
-WAIT_S: Final = 60.0
-
-
-def bxctl(home: Home, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "boxmaker.cli.app", *args, "--home", str(home.root)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-    )
-
 
 def test_bxctl_down_while_a_call_waits_tells_the_chat_why() -> None:
-    with short_home("bx-down-") as home:
-        assert bxctl(home, "init").returncode == 0
-        script = home.root / "script.json"
-        read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
-        script.write_bytes(orjson.dumps([read, {"content": "Milk."}]))
-        with as_process("--script", str(script)) as url:
-            home.config_toml.write_text(f'[model]\nurl = "{url}"\n')
-            home.grants_toml.write_text(grant("notes", "read_file", "ask"))
-            up = bxctl(home, "up")
-            assert up.returncode == 0, up.stderr
-            say = ["chat", "--say", "read my notes", "--home", str(home.root)]
-            chat = subprocess.Popen(
-                [sys.executable, "-m", "boxmaker.cli.app", *say],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            try:
-                deadline = time.monotonic() + WAIT_S
-                while not orjson.loads(bxctl(home, "approvals", "--json").stdout):
-                    assert time.monotonic() < deadline, "no approval appeared"
-                    time.sleep(0.05)
-                down = bxctl(home, "down")
-                out, err = chat.communicate(timeout=WAIT_S)
-            finally:
-                bxctl(home, "down")
-                if chat.poll() is None:
-                    chat.kill()
+    script = [READ_NOTES, {"content": "Milk."}]
+    grants = grant("notes", "read_file", "ask")
+    with scripted_home(script, grants, prefix="bx-down-") as (home, _, _):
+        bxctl(home, "up")
+        chat = start_bxctl(home, "chat", "--say", "read my notes")
+        try:
+            listed_approvals(home)
+            down = bxctl(home, "down", check=False)
+            out, err = chat.communicate(timeout=WAIT_S)
+        finally:
+            if chat.poll() is None:
+                chat.kill()
     assert down.returncode == 0
     assert chat.returncode == 1
     assert "waiting for the owner" in out

@@ -5,36 +5,19 @@ owner would, each a separate process. Real time, every wait bounded."""
 from __future__ import annotations
 
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from tests.fakes.llama_server import as_process
-from tests.harness.homes import short_home
+from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
 
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.slow
 
-WAIT_S = 60.0
 READ_NOTES = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
-
-
-def bxctl(home: Home, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "boxmaker.cli.app", *args, "--home", str(home.root)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stdout, done.stderr)
-    return done
 
 
 class Stack:
@@ -51,25 +34,11 @@ class Stack:
         return [orjson.loads(line) for line in self.home.audit_log.read_bytes().splitlines()]
 
     def chat(self, text: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "boxmaker.cli.app"),
-                *("chat", "--say", text, "--json", "--home", str(self.home.root)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        return start_bxctl(self.home, "chat", "--say", text, "--json")
 
     def wait_for_approval(self) -> dict[str, Any]:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            entries = orjson.loads(bxctl(self.home, "approvals", "--json").stdout)
-            if entries:
-                [entry] = entries
-                return entry  # type: ignore[no-any-return]
-            assert time.monotonic() < deadline, "no approval appeared"
-            time.sleep(0.05)
+        [entry] = listed_approvals(self.home)
+        return entry
 
 
 def events_of(chat: subprocess.Popen[str]) -> tuple[int, list[dict[str, Any]]]:
@@ -82,34 +51,27 @@ def events_of(chat: subprocess.Popen[str]) -> tuple[int, list[dict[str, Any]]]:
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     """Parametrized with (script, grants, pending_timeout)."""
     script, grants, pending_timeout = request.param
-    with short_home("bx-e2e-") as home:
-        bxctl(home, "init")
-        script_file, record = home.root / "script.json", home.root / "requests.jsonl"
-        script_file.write_bytes(orjson.dumps(script))
-        with as_process("--script", str(script_file), "--record", str(record)) as url:
-            home.config_toml.write_text(
-                f'[model]\nurl = "{url}"\n[broker]\npending_timeout = {pending_timeout}\n'
-            )
-            home.grants_toml.write_text(grants)
-            (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-            up = bxctl(home, "up")
-            # The three daemons (no built-in model: [model] url names the fake), then
-            # where the owner finds things.
-            assert [line.split(":")[0] for line in up.stdout.splitlines()] == [
-                *("brokerd", "inferproxy", "loopd"),
-                *("broker socket", "admin socket", "infer socket", "loop socket"),
-                *("logs", "model"),
+    config = f"[broker]\npending_timeout = {pending_timeout}\n"
+    with scripted_home(script, grants, config, prefix="bx-e2e-") as (home, _, record):
+        (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+        up = bxctl(home, "up")
+        # The three daemons (no built-in model: [model] url names the fake), then
+        # where the owner finds things.
+        assert [line.split(":")[0] for line in up.stdout.splitlines()] == [
+            *("brokerd", "inferproxy", "loopd"),
+            *("broker socket", "admin socket", "infer socket", "loop socket"),
+            *("logs", "model"),
+        ]
+        try:
+            yield Stack(home, record)
+        finally:
+            down = bxctl(home, "down")
+            assert down.stdout.splitlines() == [
+                "loopd: stopped",
+                "inferproxy: stopped",
+                "brokerd: stopped",
+                "model: not running",  # [model] url names the fake: no built-in model
             ]
-            try:
-                yield Stack(home, record)
-            finally:
-                down = bxctl(home, "down")
-                assert down.stdout.splitlines() == [
-                    "loopd: stopped",
-                    "inferproxy: stopped",
-                    "brokerd: stopped",
-                    "model: not running",  # [model] url names the fake: no built-in model
-                ]
 
 
 ASK = '[[grant]]\nid = "notes"\ntool = "read_file"\nmode = "ask"\nnote = "my notes"\n'

@@ -4,18 +4,14 @@ programs as processes (bxctl up) against the scripted llama-server."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
-import orjson
 import pytest
-from tests.fakes.llama_server import as_process
-from tests.harness.homes import short_home
+from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
+from tests.harness.screen import shell_pane
 
 from boxmaker.home import Home
 
@@ -24,7 +20,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
 ]
 
-WAIT_S = 60.0
 WRITE = {
     "tool_calls": [
         {
@@ -36,71 +31,26 @@ WRITE = {
 GRANTS = '[[grant]]\nid = "notes"\ntool = "write_file"\nmode = "ask"\nnote = "my notes"\n'
 
 
-def bxctl(home: Home, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "boxmaker.cli.app", *args, "--home", str(home.root)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-    )
-
-
 @pytest.fixture
 def home() -> Iterator[Home]:
-    with short_home("bx-scr-") as home:
-        assert bxctl(home, "init").returncode == 0
-        script_file = home.root / "script.json"
-        script_file.write_bytes(orjson.dumps([WRITE, {"content": "Added bread."}]))
-        with as_process("--script", str(script_file)) as url:
-            home.config_toml.write_text(f'[model]\nurl = "{url}"\n')
-            home.grants_toml.write_text(GRANTS)
-            (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-            assert bxctl(home, "up").returncode == 0
-            try:
-                yield home
-            finally:
-                bxctl(home, "down")
-
-
-def waiting(home: Home) -> dict[str, object]:
-    deadline = time.monotonic() + WAIT_S
-    while not (entries := orjson.loads(bxctl(home, "approvals", "--json").stdout)):
-        assert time.monotonic() < deadline, "no approval appeared"
-        time.sleep(0.05)
-    [entry] = entries
-    return entry  # type: ignore[no-any-return]
+    script = [WRITE, {"content": "Added bread."}]
+    with scripted_home(script, GRANTS, prefix="bx-scr-") as (home, _, _):
+        (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+        bxctl(home, "up")
+        yield home
 
 
 def test_the_owner_sees_the_diff_then_what_approving_did(home: Home) -> None:
-    chat = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "boxmaker.cli.app"),
-            *("chat", "--say", "add bread", "--home", str(home.root)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    entry = waiting(home)
+    chat = start_bxctl(home, "chat", "--say", "add bread")
+    [entry] = listed_approvals(home)
     approval, call = entry["approval"], entry["call"]
-    server = f"bx-scr-{os.getpid()}"
-    tmux = ["tmux", "-L", server, "-f", "/dev/null"]
     bx = f"{sys.executable} -m boxmaker.cli.app"
     command = (
         f"{bx} approvals --home {home.root}; echo; {bx} approve {approval} --home {home.root}; "
         "echo END-OF-SCREEN; sleep 60"
     )
-    subprocess.run(
-        [*tmux, "new-session", "-d", "-x", "200", "-y", "60", "sh", "-c", command], check=True
-    )
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while "END-OF-SCREEN" not in (screen := pane(tmux)):
-            assert time.monotonic() < deadline, screen
-            time.sleep(0.1)
-    finally:
-        subprocess.run([*tmux, "kill-server"], check=False)
+    with shell_pane(command, width=200, height=60) as pane:
+        screen = pane.wait_for("END-OF-SCREEN", WAIT_S)
     lines = [line.rstrip() for line in screen.splitlines()]
     start = lines.index(next(line for line in lines if line.startswith(str(approval))))
     assert lines[start + 1 : start + 9] == [
@@ -118,9 +68,3 @@ def test_the_owner_sees_the_diff_then_what_approving_did(home: Home) -> None:
     assert chat.returncode == 0, err
     assert re.search(r"\nAdded bread\.\n  \[step 2: \d+\.\d s, 3 tokens\]$", out.rstrip())
     assert (home.default_workspace / "notes.txt").read_text() == "Buy milk.\nBuy bread.\n"
-
-
-def pane(tmux: list[str]) -> str:
-    return subprocess.run(
-        [*tmux, "capture-pane", "-p", "-J"], capture_output=True, text=True, check=True
-    ).stdout

@@ -7,7 +7,8 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,29 @@ def bxctl(
     if check:
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     return done
+
+
+def start_bxctl(home: Home | Path, *args: str) -> subprocess.Popen[str]:
+    """``bxctl ARGS --home HOME`` started, its output piped (``communicate``)."""
+    root = home.root if isinstance(home, Home) else home
+    return subprocess.Popen(
+        [sys.executable, "-m", "boxmaker.cli.app", *args, "--home", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def listed_approvals(home: Home, besides: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The entries of ``bxctl approvals --json`` but the approvals ``besides``, once
+    there is one (WAIT_S at most)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        entries = orjson.loads(bxctl(home, "approvals", "--json").stdout)
+        if fresh := [entry for entry in entries if entry["approval"] not in besides]:
+            return fresh
+        assert time.monotonic() < deadline, "no approval appeared"
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -2,15 +2,19 @@
 sent as the owner types them, the screen read back as the owner sees it.
 
 Everything is awaited (tmux is run through trio), so a test can drive the terminal
-while the stack it talks to runs in the same trio run (tests/harness/stack.py).
+while the stack it talks to runs in the same trio run (tests/harness/stack.py). A test
+that is not a trio test reads a shell command's screen with :func:`shell_pane`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -96,3 +100,44 @@ async def terminal(argv: list[str], *, cwd: Path | None = None) -> AsyncIterator
 
 def bxctl_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "boxmaker.cli.app", *args]
+
+
+class Pane:
+    """A tmux pane read without trio (blocking calls)."""
+
+    def __init__(self, tmux: list[str]) -> None:
+        self.tmux = tmux
+
+    def visible(self) -> str:
+        """What the pane shows now, without the lines scrolled off it: a program that
+        cleared the screen leaves nothing of what was there before."""
+        return self._tmux("capture-pane", "-p", "-J")
+
+    def title(self) -> str:
+        return self._tmux("display-message", "-p", "#{pane_title}")
+
+    def wait_for(self, wanted: str, timeout: float = WAIT_S) -> str:
+        """The visible screen once it shows ``wanted``."""
+        deadline = time.monotonic() + timeout
+        while wanted not in (screen := self.visible()):
+            assert time.monotonic() < deadline, screen
+            time.sleep(0.1)
+        return screen
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(
+            [*self.tmux, *args], capture_output=True, text=True, check=True
+        ).stdout
+
+
+@contextlib.contextmanager
+def shell_pane(command: str, *, width: int, height: int) -> Iterator[Pane]:
+    """``sh -c COMMAND`` in a fresh ``width`` x ``height`` tmux pane of its own tmux
+    server, killed on the way out."""
+    tmux = ["tmux", "-L", f"bx-{uuid.uuid4().hex[:12]}", "-f", "/dev/null"]
+    size = ["-x", str(width), "-y", str(height)]
+    subprocess.run([*tmux, "new-session", "-d", *size, "sh", "-c", command], check=True)
+    try:
+        yield Pane(tmux)
+    finally:
+        subprocess.run([*tmux, "kill-server"], check=False)

@@ -20,18 +20,16 @@ import time
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import orjson
 import pytest
-from tests.fakes.llama_server import as_process
-from tests.harness.homes import short_home
+from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
+from tests.harness.screen import shell_pane
 
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.slow
-
-WAIT_S: Final = 60.0
 
 # Window title, clear screen, bidi override and isolate, zero-width space, C1 CSI, DEL,
 # line separator, then a newline that would start a forged line.
@@ -67,16 +65,6 @@ mode = "ask"
 UNSAFE: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
-def bxctl(home: Home, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "boxmaker.cli.app", *args, "--home", str(home.root)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-    )
-
-
 def unsafe_characters(text: str) -> list[str]:
     """Each control, format or separator character in ``text`` but a newline."""
     return [
@@ -95,61 +83,25 @@ def unsafe_in(where: str, text: str) -> list[str]:
     return [f"{where}: {sorted(set(found))}, {len(forged)} forged line(s)"]
 
 
-def wait_for_approval(home: Home, seen: set[str]) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        entries = orjson.loads(bxctl(home, "approvals", "--json").stdout)
-        fresh = [entry for entry in entries if entry["approval"] not in seen]
-        if fresh:
-            [entry] = fresh
-            seen.add(entry["approval"])
-            return entry  # type: ignore[no-any-return]
-        assert time.monotonic() < deadline, "no approval appeared"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def home() -> Iterator[Home]:
     """A home with the scripted model and the three daemons up (bxctl up)."""
-    with short_home("bx-tty-") as home:
-        assert bxctl(home, "init").returncode == 0
-        script_file, record = home.root / "script.json", home.root / "requests.jsonl"
-        script_file.write_bytes(orjson.dumps(SCRIPT))
-        with as_process("--script", str(script_file), "--record", str(record)) as url:
-            home.config_toml.write_text(f'[model]\nurl = "{url}"\n')
-            home.grants_toml.write_text(GRANTS)
-            up = bxctl(home, "up")
-            assert up.returncode == 0, up.stderr
-            try:
-                yield home
-            finally:
-                bxctl(home, "down")
+    with scripted_home(SCRIPT, GRANTS, prefix="bx-tty-") as (home, _, _):
+        bxctl(home, "up")
+        yield home
 
 
 def test_no_outside_text_drives_the_terminal_or_forges_a_log_line(home: Home) -> None:
     shown: dict[str, str] = {}
 
     def run(*args: str, expect: int = 0) -> str:
-        done = bxctl(home, *args)
+        done = bxctl(home, *args, check=False)
         assert done.returncode == expect, (args, done.stdout, done.stderr)
         shown[" ".join(args)] = done.stdout + done.stderr
         return done.stdout
 
-    chat = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "boxmaker.cli.app",
-            *("chat", "--say", "hi"),
-            "--home",
-            str(home.root),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen: set[str] = set()
-    write = wait_for_approval(home, seen)
+    chat = start_bxctl(home, "chat", "--say", "hi")
+    [write] = listed_approvals(home)
     assert write["arguments"] == {"path": "out.txt", "content": HOSTILE}
     approvals = run("approvals")
     # The content is shown as the lines it writes (a new file: "+" lines).
@@ -157,7 +109,7 @@ def test_no_outside_text_drives_the_terminal_or_forges_a_log_line(home: Home) ->
     assert "    +FORGED" in approvals.splitlines()
     assert "the note \\u001b[2J\\u202e of the owner" in approvals
     run("approve", write["approval"], "--note", "fine " + HOSTILE)
-    shell = wait_for_approval(home, seen)
+    [shell] = listed_approvals(home, besides={write["approval"]})
     run("approvals")
     run("refuse", shell["approval"], "--reason", "no " + HOSTILE)
     out, err = chat.communicate(timeout=WAIT_S)
@@ -177,7 +129,7 @@ def test_no_outside_text_drives_the_terminal_or_forges_a_log_line(home: Home) ->
     home.grants_toml.write_text(BAD_GRANTS)
     os.kill(int(home.pid_file("brokerd").read_text()), signal.SIGHUP)
     deadline = time.monotonic() + WAIT_S
-    while (status := bxctl(home, "status")).returncode != 1:
+    while (status := bxctl(home, "status", check=False)).returncode != 1:
         assert time.monotonic() < deadline, status.stdout
         time.sleep(0.05)
     shown["status, grants invalid"] = status.stdout + status.stderr
@@ -185,7 +137,7 @@ def test_no_outside_text_drives_the_terminal_or_forges_a_log_line(home: Home) ->
     run("grants", "check", expect=1)
 
     # A tampered ledger line: verify names what it found in it.
-    bxctl(home, "down")
+    bxctl(home, "down", check=False)
     with home.audit_log.open("ab") as ledger:
         ledger.write(orjson.dumps({"seq": 10**6, "kind": HOSTILE, "call": HOSTILE}) + b"\n")
         ledger.write(b"not json " + HOSTILE.encode() + b"\n")
@@ -210,37 +162,16 @@ def test_no_outside_text_drives_the_terminal_or_forges_a_log_line(home: Home) ->
 def assert_audit_show_leaves_the_owners_terminal_alone(home: Home) -> None:
     """``bxctl audit show`` in a real terminal (tmux): the screen is not cleared, the
     title is not set, and the hostile text reads escaped."""
-    server = f"bx-tty-{os.getpid()}"
-    tmux = ["tmux", "-L", server, "-f", "/dev/null"]
     command = (
         f"echo BEFORE-SHOW; {sys.executable} -m boxmaker.cli.app audit show "
         f"--home {home.root}; echo AFTER-SHOW; sleep 60"
     )
-    subprocess.run(
-        [*tmux, "new-session", "-d", "-x", "250", "-y", "80", "sh", "-c", command], check=True
-    )
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while "AFTER-SHOW" not in (screen := _pane(tmux)):
-            assert time.monotonic() < deadline, screen
-            time.sleep(0.1)
-        title = subprocess.run(
-            [*tmux, "display-message", "-p", "#{pane_title}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        assert "PWNED" not in title
-        assert "BEFORE-SHOW" in screen  # not cleared
-        assert "tool=x\\u001b]2;PWNED\\u0007\\u001b[2J\\u202e" in screen
-    finally:
-        subprocess.run([*tmux, "kill-server"], check=False)
-
-
-def _pane(tmux: list[str]) -> str:
-    return subprocess.run(
-        [*tmux, "capture-pane", "-p", "-J"], capture_output=True, text=True, check=True
-    ).stdout
+    with shell_pane(command, width=250, height=80) as pane:
+        screen = pane.wait_for("AFTER-SHOW", WAIT_S)
+        title = pane.title()
+    assert "PWNED" not in title
+    assert "BEFORE-SHOW" in screen  # not cleared
+    assert "tool=x\\u001b]2;PWNED\\u0007\\u001b[2J\\u202e" in screen
 
 
 def test_a_reader_that_stops_early_ends_bxctl_quietly(tmp_path: Path) -> None:
