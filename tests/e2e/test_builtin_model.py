@@ -7,19 +7,19 @@ once; inferproxy follows the model when it restarts. It needs the optional model
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 import trio
 from tests.harness.homes import short_home
 from tests.harness.model import MISSING, builtin_model, call_text, slot_busy, tokens_of
+from tests.harness.stack import proxied_client
 
 from boxmaker.home import Home
 from boxmaker.loop.model_client import ModelClient, ModelFailure, ModelProgress
 from boxmaker.loop.turn import ToolCall, model_tools, parse_tool_calls, request_payload
-from boxmaker.proxy.serve import ProxyHandle, serve_proxy
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,20 +39,9 @@ def home() -> Iterator[Home]:
         yield fresh
 
 
-@asynccontextmanager
-async def proxied(home: Home) -> AsyncIterator[ModelClient]:
+def proxied(home: Home) -> AbstractAsyncContextManager[ModelClient]:
     """inferproxy in front of the model of ``home``, and loopd's client on it."""
-    upstream = f"unix://{home.model_sock}"
-    async with trio.open_nursery() as nursery:
-        proxy: ProxyHandle = await nursery.start(
-            functools.partial(serve_proxy, home, upstream=upstream)
-        )
-        client = ModelClient(home.infer_sock)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-            proxy.request_stop()
+    return proxied_client(home, f"unix://{home.model_sock}")
 
 
 async def test_a_tool_step_stops_at_the_end_of_its_call(home: Home) -> None:

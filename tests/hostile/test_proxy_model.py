@@ -26,6 +26,7 @@ import trio
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.homes import short_home
 from tests.harness.model import MISSING, builtin_model
+from tests.harness.stack import cancel_once_generating, served
 
 from boxmaker.home import Home
 from boxmaker.proxy.serve import ProxyHandle, serve_proxy
@@ -71,13 +72,6 @@ async def proxy(home: Home, upstream: str) -> AsyncIterator[dict[str, httpx.Asyn
         handle.request_stop()
 
 
-@asynccontextmanager
-async def scripted(fake: FakeLlama) -> AsyncIterator[str]:
-    async with trio.open_nursery() as nursery:
-        yield await nursery.start(fake.serve)
-        nursery.cancel_scope.cancel()
-
-
 @pytest.mark.parametrize(
     "options",
     [
@@ -90,7 +84,7 @@ async def scripted(fake: FakeLlama) -> AsyncIterator[str]:
 async def test_nothing_hides_inside_stream_options(home: Home, options: Any) -> None:
     fake = FakeLlama()
     with trio.fail_after(GUARD):
-        async with scripted(fake) as url, proxy(home, url) as clients:
+        async with served(fake) as url, proxy(home, url) as clients:
             answers = {
                 way: await client.post(
                     "/v1/chat/completions",
@@ -148,24 +142,13 @@ async def test_the_model_is_named_by_its_configured_name_never_the_weights_path(
 async def test_a_caller_that_leaves_does_not_keep_the_models_slot(home: Home, stream: bool) -> None:
     fake = FakeLlama(script=[{"content": "x" * 256}], token_delay=1.0)
     with trio.fail_after(GUARD):
-        async with scripted(fake) as url, proxy(home, url) as clients:
-            tcp = clients["tcp"]
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    functools.partial(
-                        tcp.post,
-                        "/v1/chat/completions",
-                        json={"messages": MESSAGES, "stream": stream},
-                    )
-                )
-                with trio.fail_after(5):
-                    while fake.generations == 0:  # noqa: ASYNC110
-                        await trio.sleep(0.01)
-                nursery.cancel_scope.cancel()
-            left = trio.current_time()
-            with trio.fail_after(2):
-                while fake.generations:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+        async with served(fake) as url, proxy(home, url) as clients:
+            request = functools.partial(
+                clients["tcp"].post,
+                "/v1/chat/completions",
+                json={"messages": MESSAGES, "stream": stream},
+            )
+            left = await cancel_once_generating(fake, request)
             freed_after = trio.current_time() - left
             slots = (await clients["infer.sock"].get("/slots")).json()
     assert freed_after < 1.0

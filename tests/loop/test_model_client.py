@@ -16,12 +16,11 @@ import pytest
 import trio
 from tests.fakes.llama_server import CALL_CLOSE, CALL_OPEN, TOKEN_CHARS, FakeLlama
 from tests.harness.homes import grant, write_config, write_grants
-from tests.harness.stack import say, stack
+from tests.harness.stack import cancel_once_generating, proxied_client, say, served, stack
 
 from boxmaker.home import Home
 from boxmaker.loop.model_client import ModelClient, ModelFailure, ModelProgress
 from boxmaker.loop.turn import model_tools, request_payload
-from boxmaker.proxy.serve import ProxyHandle, serve_proxy
 from boxmaker.wire import ErrorCode
 
 GUARD = 20.0
@@ -33,18 +32,8 @@ READ_NOTES = {"name": "read_file", "arguments": {"path": "notes.txt"}}
 async def client_on(home: Home, fake: FakeLlama) -> AsyncIterator[ModelClient]:
     """The scripted model, inferproxy in front of it, loopd's client on infer.sock."""
     with trio.fail_after(GUARD):
-        async with trio.open_nursery() as nursery:
-            url = await nursery.start(fake.serve)
-            proxy: ProxyHandle = await nursery.start(
-                functools.partial(serve_proxy, home, upstream=url)
-            )
-            client = ModelClient(home.infer_sock)
-            try:
-                yield client
-            finally:
-                await client.aclose()
-                proxy.request_stop()
-                nursery.cancel_scope.cancel()
+        async with served(fake) as url, proxied_client(home, url) as client:
+            yield client
 
 
 async def test_a_streamed_reply_is_the_whole_message_and_each_token_is_reported(
@@ -123,16 +112,7 @@ async def test_a_stream_that_breaks_off_is_a_failure_not_half_a_message(home: Ho
 async def test_a_cancelled_call_frees_the_models_slot_at_once(home: Home) -> None:
     fake = FakeLlama(script=[{"content": "x" * 256}], token_delay=1.0)
     async with client_on(home, fake) as client:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.complete, ASK)
-            with trio.fail_after(5):
-                while fake.generations == 0:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
-        cancelled = trio.current_time()
-        with trio.fail_after(2):
-            while fake.generations:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        cancelled = await cancel_once_generating(fake, functools.partial(client.complete, ASK))
     assert trio.current_time() - cancelled < 1.0
 
 
