@@ -1,5 +1,7 @@
 """bxctl as the owner runs it, for tests: a separate process per command, and a home
-whose model is the scripted llama-server (a process too). Real time, every wait bounded."""
+whose model is the scripted llama-server (a process too). Real time, every wait bounded.
+And bxctl in the test's own trio run (:func:`bxctl_in_process`), for tests whose daemons
+run in process."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import orjson
 from tests.fakes.llama_server import as_process
 from tests.harness.homes import short_home
 
+from boxmaker.cli.app import app
 from boxmaker.home import Home
 
 WAIT_S = 60.0
@@ -40,6 +43,12 @@ def bxctl(
     if check:
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     return done
+
+
+async def bxctl_in_process(home: Home, *args: str) -> int:
+    """``bxctl ARGS --home HOME`` run in this process: its exit code."""
+    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
+    return int(result)
 
 
 def start_bxctl(home: Home | Path, *args: str) -> subprocess.Popen[str]:

@@ -22,21 +22,16 @@ import orjson
 import pytest
 import trio
 from tests.harness.broker import Brokerd, Client, tool_request
+from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker.notify import MAX_RUNNING, RunAs, clean_env, run_as
-from boxmaker.cli.app import app
 from boxmaker.home import Home
 
 NOBODY = 65534
 WAIT_S = 10.0
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="brokerd as root is the case here")
-
-
-async def bxctl(home: Home, *args: str) -> int:
-    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
-    return int(result)
 
 
 @pytest.fixture
@@ -109,7 +104,7 @@ async def test_the_command_gets_exactly_the_approvals_json_as_the_workspaces_own
     await brokerd.start()
     client, frame = await pending(home)
     received = await wait_for(out / "notified.json")
-    assert await bxctl(home, "approvals", "--json") == 0
+    assert await bxctl_in_process(home, "approvals", "--json") == 0
     [listed] = orjson.loads(capsys.readouterr().out)
     assert orjson.loads(received) == listed
     assert listed["approval"] == frame["approval"]
@@ -133,7 +128,7 @@ async def test_a_failing_or_hanging_command_never_blocks_or_denies_a_call(
     await brokerd.start()
     client, frame = await pending(home)
     child = int((await wait_for(out / "child.pid")).decode())
-    assert await bxctl(home, "approve", frame["approval"]) == 0
+    assert await bxctl_in_process(home, "approve", frame["approval"]) == 0
     assert capsys.readouterr().out.strip() == f"approved {frame['call']}: read_file ran (ok)"
     assert (await client.final())["outcome"] == "ok"
     await client.aclose()
@@ -153,7 +148,7 @@ async def test_a_command_that_fails_or_does_not_exist_costs_nothing(
     notify_with(home, out, ["/nonexistent/notify-send", "boxmaker"])
     await brokerd.start()
     client, frame = await pending(home)
-    assert await bxctl(home, "refuse", frame["approval"], "--reason", "no") == 0
+    assert await bxctl_in_process(home, "refuse", frame["approval"], "--reason", "no") == 0
     assert (await client.final())["reason"] == "refused"
     await client.aclose()
     await trio.sleep(0.2)

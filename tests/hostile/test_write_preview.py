@@ -19,11 +19,11 @@ import pytest
 import trio
 import trio.lowlevel
 from tests.harness.broker import Brokerd, Client, tool_request
+from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
 
 from boxmaker.broker.admin import MAX_PREVIEWS
 from boxmaker.broker.preview import MAX_COMPARED_LINES, preview_write
-from boxmaker.cli.app import app
 from boxmaker.core.labels import LabelRules
 from boxmaker.home import Home
 
@@ -142,11 +142,6 @@ def test_an_edit_in_a_big_file_is_a_small_diff_with_the_files_line_numbers(
     ]
 
 
-async def bxctl(home: Home, *args: str) -> int:
-    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
-    return int(result)
-
-
 async def test_escapes_in_the_file_and_the_content_never_reach_the_terminal(
     home: Home, brokerd: Brokerd, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -156,7 +151,7 @@ async def test_escapes_in_the_file_and_the_content_never_reach_the_terminal(
     client = await Client.open(home.broker_sock)
     arguments = {"path": "notes.txt", "content": "\x1b[2Jclear\n"}
     assert (await client.ask(tool_request("write_file", arguments)))["kind"] == "pending"
-    assert await bxctl(home, "approvals") == 0
+    assert await bxctl_in_process(home, "approvals") == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out
     assert "\u202e" not in out
@@ -176,7 +171,7 @@ async def test_many_waiting_writes_read_at_most_32_files_per_list(
         request = tool_request("write_file", {"path": f"f{n}.txt", "content": "x"})
         assert (await client.ask(request))["kind"] == "pending"
         clients.append(client)
-    assert await bxctl(home, "approvals", "--json") == 0
+    assert await bxctl_in_process(home, "approvals", "--json") == 0
     entries = orjson.loads(capsys.readouterr().out)
     summaries = [entry["preview"]["summary"] for entry in entries]
     assert summaries[:MAX_PREVIEWS] == ["creates 1 byte"] * MAX_PREVIEWS

@@ -12,11 +12,11 @@ import pytest
 import trio
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.broker import waiting_approvals
+from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
 from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import GUARD, READ_NOTES, stack
 
-from boxmaker.cli.app import app
 from boxmaker.home import Home
 from boxmaker.loop.serve import Loop
 
@@ -26,11 +26,6 @@ def timeless(text: str) -> str:
     return re.sub(r"\b\d+\.\d s\b", "N s", text)
 
 
-async def bxctl(home: Home, *args: str) -> int:
-    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
-    return int(result)
-
-
 async def test_one_turn_shows_the_call_its_outcome_and_the_reply(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -38,7 +33,7 @@ async def test_one_turn_shows_the_call_its_outcome_and_the_reply(
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
     fake = FakeLlama(script=[READ_NOTES, {"content": "Your notes say: buy milk."}])
     async with stack(home, fake):
-        assert await bxctl(home, "chat", "--say", "what do my notes say?") == 0
+        assert await bxctl_in_process(home, "chat", "--say", "what do my notes say?") == 0
     lines = timeless(capsys.readouterr().out).splitlines()
     assert re.fullmatch(r"session s-[0-9a-f]{12}", lines[0])
     assert lines[1:] == [
@@ -65,7 +60,7 @@ async def chat_with_a_waiting_call(
     async with stack(home, fake) as loop, trio.open_nursery() as nursery:
 
         async def chat() -> None:
-            codes.append(await bxctl(home, "chat", "--say", "read my notes"))
+            codes.append(await bxctl_in_process(home, "chat", "--say", "read my notes"))
 
         nursery.start_soon(chat)
         yield loop, await waiting_approvals(home, within=GUARD), codes
@@ -76,7 +71,7 @@ async def test_a_waiting_call_shows_the_command_that_approves_it(
 ) -> None:
     async with chat_with_a_waiting_call(home) as (_, waiting, codes):
         approval = waiting[0]["approval"]
-        assert await bxctl(home, "approve", approval) == 0
+        assert await bxctl_in_process(home, "approve", approval) == 0
     out = capsys.readouterr().out
     assert f"waiting for the owner: approval {approval} (grant notes)" in out
     assert f"approve: bxctl approve {approval}" in out
@@ -98,7 +93,7 @@ async def test_json_prints_each_event_as_it_comes(
 ) -> None:
     fake = FakeLlama(script=[{"content": "Hello."}])
     async with stack(home, fake):
-        assert await bxctl(home, "chat", "--say", "hi", "--json") == 0
+        assert await bxctl_in_process(home, "chat", "--say", "hi", "--json") == 0
     events = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
     # The reply streams (reply_delta, as many as the timing makes), then comes whole.
     shown = [e["kind"] for e in events if e["kind"] not in {"reply_delta", "progress"}]
@@ -112,14 +107,14 @@ async def test_a_failed_turn_exits_1_with_the_error_on_stderr(
     too_long = {"code": 400, "message": "the prompt is too long", "type": "exceed_context"}
     fake = FakeLlama(script=[{"status": 400, "error": too_long}])
     async with stack(home, fake):
-        assert await bxctl(home, "chat", "--say", "hi") == 1
+        assert await bxctl_in_process(home, "chat", "--say", "hi") == 1
     assert "error: model_error: HTTP 400: the prompt is too long" in capsys.readouterr().err
 
 
 async def test_without_loopd_chat_exits_3_saying_how_to_start_it(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert await bxctl(home, "chat", "--say", "hi") == 3
+    assert await bxctl_in_process(home, "chat", "--say", "hi") == 3
     err = capsys.readouterr().err
     assert "loopd is unreachable" in err
     assert f"loopd serve --home {home.root}" in err
@@ -128,7 +123,7 @@ async def test_without_loopd_chat_exits_3_saying_how_to_start_it(
 async def test_a_bad_session_id_is_a_usage_error(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert await bxctl(home, "chat", "--say", "hi", "--session", "s-nope") == 2
+    assert await bxctl_in_process(home, "chat", "--say", "hi", "--session", "s-nope") == 2
     assert "not a session id" in capsys.readouterr().err
 
 
@@ -140,7 +135,7 @@ async def test_the_models_words_cannot_drive_the_terminal(
         script=[{"tool_calls": [{"name": "x\x1b[8m", "arguments": {}}]}, {"content": sneaky}]
     )
     async with stack(home, fake):
-        assert await bxctl(home, "chat", "--say", "hi") == 0
+        assert await bxctl_in_process(home, "chat", "--say", "hi") == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out
     assert "\u202e" not in out
@@ -163,7 +158,7 @@ async def test_json_prints_the_results_detail_and_times(
 ) -> None:
     fake = FakeLlama(script=[READ_NOTES, {"content": "Not allowed."}])
     async with stack(home, fake):
-        assert await bxctl(home, "chat", "--say", "read my notes", "--json") == 0
+        assert await bxctl_in_process(home, "chat", "--say", "read my notes", "--json") == 0
     events = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
     [result] = [e for e in events if e["kind"] == "tool_result"]
     assert (result["outcome"], result["reason"]) == ("denied", "no_grant")
@@ -180,7 +175,7 @@ async def test_without_a_terminal_a_denial_shows_its_detail(
 ) -> None:
     fake = FakeLlama(script=[READ_NOTES, {"content": "Not allowed."}])
     async with stack(home, fake):
-        assert await bxctl(home, "chat", "--say", "read my notes") == 0
+        assert await bxctl_in_process(home, "chat", "--say", "read my notes") == 0
     lines = timeless(capsys.readouterr().out).splitlines()
     denied = lines.index("  <- denied: no_grant (N s)")
     assert lines[denied + 1].startswith("     ")
@@ -191,7 +186,7 @@ async def test_a_turn_that_ends_without_a_reply_or_error_says_so(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with scripted_loopd(home, [{"kind": "session", "session": "s-0123456789ab"}]):
-        assert await bxctl(home, "chat", "--say", "hi") == 1
+        assert await bxctl_in_process(home, "chat", "--say", "hi") == 1
     err = capsys.readouterr().err
     assert "loopd ended the turn without a reply or an error: it stopped or failed" in err
     assert str(home.log_file("loopd")) in err
