@@ -11,19 +11,14 @@ import pytest
 import trio
 import trio.testing
 from tests.harness.broker import SESSION, Brokerd, Client, tool_request
+from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
 
-from boxmaker.cli.app import app
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 
 Clock = trio.testing.MockClock
-
-
-async def bxctl(home: Home, *args: str) -> int:
-    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
-    return int(result)
 
 
 async def pending_call(home: Home) -> tuple[Client, dict[str, Any]]:
@@ -35,22 +30,23 @@ async def pending_call(home: Home) -> tuple[Client, dict[str, Any]]:
 
 
 @pytest.fixture
-def asking_home(home: Home) -> Home:
+async def asking_home(home: Home, brokerd: Brokerd) -> Home:
+    """brokerd running on a home where reading notes.txt asks the owner."""
     (home.default_workspace / "notes.txt").write_text("hello\n")
     write_grants(home, grant("read-notes", "read_file", "ask", note="the owner's notes"))
+    await brokerd.start()
     return home
 
 
 async def test_approvals_shows_the_block_and_approve_runs_the_call(
-    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    await brokerd.start()
-    assert await bxctl(home, "approvals") == 0
+    assert await bxctl_in_process(home, "approvals") == 0
     assert capsys.readouterr().out.strip() == "no pending approvals"
 
     client, pending = await pending_call(home)
-    assert await bxctl(home, "approvals") == 0
+    assert await bxctl_in_process(home, "approvals") == 0
     block = capsys.readouterr().out
     approval = pending["approval"]
     assert block.startswith(f"{approval}  read_file  expires ")
@@ -65,7 +61,7 @@ async def test_approvals_shows_the_block_and_approve_runs_the_call(
     assert f"{SESSION}: taint public, trusted" in block
     assert f"bxctl approve {approval}" in block
 
-    assert await bxctl(home, "approvals", "--json") == 0
+    assert await bxctl_in_process(home, "approvals", "--json") == 0
     [entry] = orjson.loads(capsys.readouterr().out)
     assert (entry["approval"], entry["call"]) == (approval, pending["call"])
     assert entry["grant"] == {
@@ -75,7 +71,7 @@ async def test_approvals_shows_the_block_and_approve_runs_the_call(
     }
 
     # The id as printed, or without its prefix.
-    assert await bxctl(home, "approve", approval.removeprefix("a-")) == 0
+    assert await bxctl_in_process(home, "approve", approval.removeprefix("a-")) == 0
     assert capsys.readouterr().out.strip() == f"approved {pending['call']}: read_file ran (ok)"
     answer = await client.final()
     assert (answer["outcome"], answer["content"]) == ("ok", "hello\n")
@@ -83,12 +79,11 @@ async def test_approvals_shows_the_block_and_approve_runs_the_call(
 
 
 async def test_why_of_a_waiting_call_says_how_to_answer_it(
-    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    await brokerd.start()
     client, pending = await pending_call(home)
-    assert await bxctl(home, "why", pending["call"]) == 0
+    assert await bxctl_in_process(home, "why", pending["call"]) == 0
     lines = capsys.readouterr().out.splitlines()
     approval = pending["approval"]
     assert lines[2:] == [
@@ -105,12 +100,11 @@ async def test_why_of_a_waiting_call_says_how_to_answer_it(
 
 
 async def test_refuse_passes_the_reason_to_the_requester(
-    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    await brokerd.start()
     client, pending = await pending_call(home)
-    code = await bxctl(home, "refuse", pending["approval"], "--reason", "not today")
+    code = await bxctl_in_process(home, "refuse", pending["approval"], "--reason", "not today")
     assert code == 0
     assert capsys.readouterr().out.strip() == (
         f"refused {pending['call']}: the model is told: not today"
@@ -125,24 +119,22 @@ async def test_refuse_passes_the_reason_to_the_requester(
 
 
 async def test_approve_of_an_unknown_id_fails_with_the_code(
-    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    await brokerd.start()
-    assert await bxctl(home, "approve", "a-00000000") == 1
+    assert await bxctl_in_process(home, "approve", "a-00000000") == 1
     assert "no_such_approval" in capsys.readouterr().err
-    assert await bxctl(home, "approve", "a-123") == 2
-    assert await bxctl(home, "refuse", "a-00000000", "--reason", "") == 2
+    assert await bxctl_in_process(home, "approve", "a-123") == 2
+    assert await bxctl_in_process(home, "refuse", "a-00000000", "--reason", "") == 2
 
 
 async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
-    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    await brokerd.start()
     client, pending = await pending_call(home)
     write_grants(home, "")
-    assert await bxctl(home, "approve", pending["approval"]) == 1
+    assert await bxctl_in_process(home, "approve", pending["approval"]) == 1
     assert capsys.readouterr().out.strip() == (
         f"approved {pending['call']}, but brokerd decided again and denied it: "
         "no_grant — no grant allows read_file on notes.txt"
@@ -153,11 +145,11 @@ async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
 async def test_status_and_sessions(
     asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = asking_home
-    broker = await brokerd.start()
+    home, broker = asking_home, brokerd.broker
+    assert broker is not None
     client, _ = await pending_call(home)
     # Exit 1: loopd, inferproxy and the model are down (brokerd runs alone here).
-    assert await bxctl(home, "status", "--json") == 1
+    assert await bxctl_in_process(home, "status", "--json") == 1
     status = orjson.loads(capsys.readouterr().out)
     assert status["down"] == ["model", "inferproxy", "loopd"]
     assert status["problem"] is None
@@ -168,10 +160,10 @@ async def test_status_and_sessions(
         "inferproxy": False,
         "loopd": False,
     }
-    assert await bxctl(home, "sessions") == 0
+    assert await bxctl_in_process(home, "sessions") == 0
     assert capsys.readouterr().out.strip() == f"{SESSION}  taint public, trusted, 1 call(s)"
     write_grants(home, "[[grant]]\nid = 'x'\n")
-    assert await bxctl(home, "status") == 1
+    assert await bxctl_in_process(home, "status") == 1
     out = capsys.readouterr().out
     assert "grants_valid   no" in out
     assert "grants.toml, grant 'x', key 'tool': required key missing" in out
@@ -188,7 +180,7 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for command in (["approvals"], ["status"], ["sessions"], ["approve", "a-00000000"]):
-        assert await bxctl(home, *command) == 3
+        assert await bxctl_in_process(home, *command) == 3
         out, err = capsys.readouterr()
         if command == ["status"]:
             assert (
@@ -202,7 +194,7 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
 async def test_status_json_is_an_object_even_when_brokerd_is_down(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert await bxctl(home, "status", "--json") == 3
+    assert await bxctl_in_process(home, "status", "--json") == 3
     out, err = capsys.readouterr()
     status = orjson.loads(out)
     assert status["daemons"] == {
@@ -218,12 +210,11 @@ async def test_status_json_is_an_object_even_when_brokerd_is_down(
 
 
 async def test_watch_prints_the_list_again_when_it_changes(
-    asking_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = asking_home
-    await brokerd.start()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(bxctl, home, "approvals", "--watch")
+        nursery.start_soon(bxctl_in_process, home, "approvals", "--watch")
         await trio.sleep(2.5)
         assert capsys.readouterr().out.strip() == "no pending approvals"
         client, pending = await pending_call(home)

@@ -11,11 +11,11 @@ import pytest
 import trio.testing
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.broker import Brokerd, Client, records_of, tool_request
+from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
 from tests.harness.stack import say, stack
 
 from boxmaker.broker.preview import MAX_SHOWN_LINES, preview_write
-from boxmaker.cli.app import app
 from boxmaker.core.labels import LabelRules
 from boxmaker.home import Home
 from boxmaker.wire import ChangePreview
@@ -26,15 +26,13 @@ Clock = trio.testing.MockClock
 RULES = LabelRules()
 
 
-async def bxctl(home: Home, *args: str) -> int:
-    result = await app.run_async([*args, "--home", str(home.root)], result_action="return_value")
-    return int(result)
-
-
 @pytest.fixture
-def writing_home(home: Home) -> Home:
+async def writing_home(home: Home, brokerd: Brokerd) -> Home:
+    """brokerd running on a home where notes.txt holds three lines and every
+    write_file asks the owner."""
     (home.default_workspace / "notes.txt").write_text("one\ntwo\nthree\n")
     write_grants(home, grant("write-any", "write_file", "ask"))
+    await brokerd.start()
     return home
 
 
@@ -102,13 +100,12 @@ def test_a_secret_file_is_not_shown_only_the_new_content(tmp_path: Path) -> None
 
 
 async def test_bxctl_approvals_shows_the_diff_and_json_carries_it(
-    writing_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    writing_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = writing_home
-    await brokerd.start()
     client, frame = await pending_write(home, "notes.txt", "one\n2\nthree\n")
     assert frame["kind"] == "pending", frame
-    assert await bxctl(home, "approvals") == 0
+    assert await bxctl_in_process(home, "approvals") == 0
     block = capsys.readouterr().out.splitlines()
     assert block[1:10] == [
         '  arguments  {"path":"notes.txt"}',
@@ -123,7 +120,7 @@ async def test_bxctl_approvals_shows_the_diff_and_json_carries_it(
     ]
     # Fresh: the file as it is when the list is asked for, not when the model asked.
     (home.default_workspace / "notes.txt").write_text("one\n2\nthree\n")
-    assert await bxctl(home, "approvals", "--json") == 0
+    assert await bxctl_in_process(home, "approvals", "--json") == 0
     [entry] = orjson.loads(capsys.readouterr().out)
     assert entry["preview"] == {
         "summary": "no change: notes.txt already holds these 12 bytes",
@@ -134,10 +131,9 @@ async def test_bxctl_approvals_shows_the_diff_and_json_carries_it(
 
 
 async def test_a_write_into_a_missing_directory_is_denied_before_anyone_is_asked(
-    writing_home: Home, brokerd: Brokerd, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+    writing_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = writing_home
-    await brokerd.start()
     client, answer = await pending_write(home, "drafts/2026/plan.md", "# plan\n")
     # Not pending: the model hears why at once.
     assert answer == {
@@ -149,7 +145,7 @@ async def test_a_write_into_a_missing_directory_is_denied_before_anyone_is_asked
         "detail": "drafts/2026/plan.md: the directory drafts does not exist "
         "(write_file does not create directories)",
     }
-    assert await bxctl(home, "approvals") == 0
+    assert await bxctl_in_process(home, "approvals") == 0
     assert capsys.readouterr().out.strip() == "no pending approvals"
     [decision] = records_of(home, answer["call"])
     assert (decision["kind"], decision["verdict"], decision["reason"], decision["grant"]) == (
