@@ -12,7 +12,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 from tests.fakes.llama_server import as_process
-from tests.harness.cli import WAIT_S, alive, bxctl, pid_of, scripted_home
+from tests.harness.cli import WAIT_S, alive, bxctl, pid_of, scripted_home, start_bxctl
 from tests.harness.homes import short_home
 from tests.harness.process import wait_for
 
@@ -236,13 +235,7 @@ def test_logs_show_the_last_lines_escaped_and_follow_until_ctrl_c() -> None:
             "loopd": ["forged \x1b[2J\u202eline"]
         }
 
-        command = [sys.executable, "-m", "boxmaker.cli.app", "logs", "-f", "-n", "0"]
-        with subprocess.Popen(
-            [*command, "--home", str(home.root)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as follow:
+        with start_bxctl(home, "logs", "-f", "-n", "0") as follow:
             try:
                 lines = _reader(follow)
 

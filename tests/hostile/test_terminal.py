@@ -177,9 +177,7 @@ def assert_audit_show_leaves_the_owners_terminal_alone(home: Home) -> None:
 def test_a_reader_that_stops_early_ends_bxctl_quietly(tmp_path: Path) -> None:
     """``bxctl audit show | head -1``: exit 141 as for ``cat``, and no traceback."""
     home = tmp_path / "home"
-    subprocess.run(
-        [sys.executable, "-m", "boxmaker.cli.app", "init", "--home", str(home)], check=True
-    )
+    bxctl(home, "init")
     record = {"at": "2026-01-01T00:00:00Z", "kind": "decision", "tool": "read_file"}
     with (home / "ledger" / "audit.jsonl").open("ab") as ledger:
         for seq in range(1, 20_001):
