@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ def listed_approvals(home: Home, besides: Collection[str] = ()) -> list[dict[str
 
 @contextlib.contextmanager
 def scripted_home(
-    script: list[dict[str, Any]], grants: str = "", config: str = "", prefix: str = "bx-ops-"
+    script: Sequence[object], grants: str = "", config: str = "", prefix: str = "bx-ops-"
 ) -> Iterator[tuple[Home, str, Path]]:
     """A home made by ``bxctl init`` whose ``[model] url`` is a scripted llama-server:
     (the home, the model's URL, the file where the model records each request). Any
