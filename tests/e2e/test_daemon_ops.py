@@ -324,6 +324,7 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
             f'[model]\nurl = "{url}"\nname = "renamed"\n'
             "[broker]\npending_timeout = 1\nmax_pending = 5\n"
             "[loop]\nmax_steps = 3\nreply_timeout = 4\n"
+            '[notify]\ncommand = ["true"]\n'
         )
         done = bxctl(home, "reload")
         assert done.stdout.splitlines() == [
@@ -331,7 +332,9 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
             "brokerd: applied [broker] pending_timeout",
             "brokerd: needs a restart: [broker] max_pending (the old value is kept); "
             "see docs/runbook.md#reload",
-            "brokerd: config.toml re-read (1 applied, 1 need a restart)",
+            "brokerd: needs a restart: [notify] command (the old value is kept); "
+            "see docs/runbook.md#reload",
+            "brokerd: config.toml re-read (1 applied, 2 need a restart)",
             "inferproxy: re-reading config.toml",
             "inferproxy: applied [model] name",
             "inferproxy: config.toml re-read (1 applied, 0 need a restart)",

@@ -72,7 +72,7 @@ GRANTS_POLL_S: Final = 2.0
 
 LedgerOpener = Callable[[Path], LedgerFile]
 
-CONFIG_CONCERN: Final = frozenset({"workspace", "broker", "labels", "runner"})
+CONFIG_CONCERN: Final = frozenset({"workspace", "broker", "labels", "runner", "notify"})
 """The parts of config.toml brokerd reads."""
 LIVE_KEYS: Final = frozenset({"broker.pending_timeout", "labels", "runner"})
 """What SIGHUP applies at once, each read afresh by every call that comes after (a call
