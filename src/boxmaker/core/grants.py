@@ -268,7 +268,7 @@ def _nearest(word: object, known: Iterable[str]) -> str | None:
     """
     if not isinstance(word, str):
         return None
-    close = difflib.get_close_matches(word.lower(), list(known), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word.lower(), [str(k) for k in known], n=1, cutoff=0.6)
     return close[0] if close else None
 
 
