@@ -443,3 +443,27 @@ def _any_other(token: str) -> str:
         if _class_matches(token, chr(code)):
             return chr(code)
     return "x"
+
+
+# ---------------------------------------------------------------------------------------
+# A grant's own text
+
+
+def grant_sources(text: str) -> tuple[tuple[int, str], ...]:
+    """Each ``[[grant]]`` table's first line and its text as written, in file order
+    (without the blank and comment lines that follow it, which usually introduce the
+    next one). Empty when tomlkit cannot read the text.
+
+    >>> grant_sources('# mine\\n[[grant]]\\nid = "a"\\n\\n# b:\\n[[grant]]\\nid = "b"\\n')
+    ((2, '[[grant]]\\nid = "a"'), (6, '[[grant]]\\nid = "b"'))
+    """
+    starts = _Lines.read(text).tables
+    lines = text.splitlines()
+    sources = []
+    for number, start in enumerate(starts):
+        end = starts[number + 1] - 1 if number + 1 < len(starts) else len(lines)
+        own = lines[start - 1 : end]
+        while own and (not own[-1].strip() or own[-1].lstrip().startswith("#")):
+            own.pop()
+        sources.append((start, "\n".join(own)))
+    return tuple(sources)
