@@ -240,7 +240,8 @@ def _shadowed(grants: GrantSet, now: dt.datetime, lines: _Lines) -> Iterator[Fin
                 why = (
                     "an earlier grant of the same mode"
                     if earlier.mode is grant.mode
-                    else f"a {earlier.mode} grant (deny, then ask, then auto)"
+                    else f"{'a' if earlier.mode is Mode.DENY else 'an'} {earlier.mode} grant "
+                    "(deny, then ask, then auto)"
                 )
                 where = lines.line(index[earlier.id], None)
                 at = f" (line {where})" if where is not None else ""
