@@ -35,7 +35,7 @@ from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.grants_file import read_grants
 from boxmaker.home import ConfigError, HomeError, load_config
-from boxmaker.ledger.verify import iter_lines
+from boxmaker.ledger.verify import READ_BUFFER
 from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
@@ -164,7 +164,9 @@ def list_grants(*, common: Common = DEFAULT) -> Exit:
         )
     grants = read.value
     try:
-        tally = tally_decisions(iter_lines(home.audit_log))
+        # The file object itself, as verify_file reads it: no generator resumed per line.
+        with home.audit_log.open("rb", buffering=READ_BUFFER) as ledger:
+            tally = tally_decisions(ledger)
     except FileNotFoundError:
         tally = Tally({}, 0)
     except OSError as exc:

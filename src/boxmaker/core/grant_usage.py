@@ -13,7 +13,7 @@ records, or not JSON, are passed over (``bxctl audit verify`` is what reports th
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import orjson
@@ -54,29 +54,32 @@ def tally_decisions(lines: Iterable[bytes]) -> Tally:
     >>> tally.records, tally.usage["g"].decisions, tally.usage["g"].verdicts
     (3, 2, {'run': 2})
     """
-    usage: dict[str, GrantUsage] = {}
+    # The loop is the whole cost of `bxctl grants list` on a large ledger: two dict
+    # updates a decision, and each grant's last record kept by reference, not copied.
+    counts: dict[tuple[str, str], int] = {}
+    last: dict[str, dict[str, Any]] = {}
     records = 0
-    for line in lines:
-        records += 1
+    for records, line in enumerate(lines, 1):  # noqa: B007 - the count is the last index
         if DECISION_MARK not in line:
             continue
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
             continue
-        if not isinstance(record, dict) or record.get("kind") != "decision":
+        if type(record) is not dict or record.get("kind") != "decision":
             continue
         grant = record.get("grant")
-        if not isinstance(grant, str):
+        if type(grant) is not str:
             continue
-        entry = usage.get(grant)
-        if entry is None:
-            entry = usage[grant] = GrantUsage()
-        entry.decisions += 1
-        verdict = str(record.get("verdict"))
-        entry.verdicts[verdict] = entry.verdicts.get(verdict, 0) + 1
-        at = record.get("at")
-        entry.last_at = at if isinstance(at, str) else entry.last_at
-        call = record.get("call")
-        entry.last_call = call if isinstance(call, str) else entry.last_call
+        key = (grant, str(record.get("verdict")))
+        counts[key] = counts.get(key, 0) + 1
+        last[grant] = record
+    usage = {grant: GrantUsage() for grant in last}
+    for (grant, verdict), count in counts.items():
+        usage[grant].decisions += count
+        usage[grant].verdicts[verdict] = count
+    for grant, record in last.items():
+        at, call = record.get("at"), record.get("call")
+        usage[grant].last_at = at if isinstance(at, str) else None
+        usage[grant].last_call = call if isinstance(call, str) else None
     return Tally(usage, records)
