@@ -27,6 +27,9 @@ class GrantsRead:
     """False when the bytes could not be read: a transient error (EMFILE, EIO) must not
     stay the answer until the file's stat moves, which it never does for such an error.
     What was read (valid or not) and a missing file are kept until the stat moves."""
+    text: str | None = None
+    """The file's text, when it was read and is UTF-8 (``bxctl grants`` shows a grant's
+    own lines from it)."""
 
 
 def read_grants(path: Path, read: GrantsReader = read_regular_file) -> GrantsRead:
@@ -52,7 +55,7 @@ def read_grants(path: Path, read: GrantsReader = read_regular_file) -> GrantsRea
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return GrantsRead(GrantsProblem(str(path), None, None, "not UTF-8"), digest, True)
-    return GrantsRead(parse_grants(text, str(path)), digest, cacheable=True)
+    return GrantsRead(parse_grants(text, str(path)), digest, cacheable=True, text=text)
 
 
 def load_grants(path: Path) -> GrantSet | GrantsProblem:

@@ -30,7 +30,7 @@ import trio
 
 from boxmaker.broker.admin import approval_view
 from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
-from boxmaker.broker.runner import RunSpec, look_before_write
+from boxmaker.broker.runner import RunSpec, before_asking
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.convert import converter
@@ -284,14 +284,8 @@ async def _evaluate(broker: Broker, request: ToolRequest) -> Verdict:
 
 
 async def _before_asking(broker: Broker, ask: Ask) -> Verdict:
-    """A write_file into a directory that does not exist could only fail once approved:
-    it is denied ``not_found`` now, before the owner is asked (the same walk as the
-    write's, :func:`~boxmaker.broker.runner.look_before_write`, in a worker thread)."""
-    path = str(ask.decision.arguments["path"])
-    target = await broker.to_thread(look_before_write, broker.workspace, path, None)
-    if target.missing_directory is None:
-        return ask
-    return ask.cannot_run(target.missing_directory)
+    """:func:`~boxmaker.broker.runner.before_asking`, in a worker thread."""
+    return await broker.to_thread(before_asking, broker.workspace, ask)
 
 
 def _log_decision(decision: Decision) -> None:

@@ -113,7 +113,7 @@ from boxmaker.core.catalogue import (
     WriteFileArgs,
     result_label,
 )
-from boxmaker.core.decide import Ask, Run
+from boxmaker.core.decide import Ask, Deny, Run
 from boxmaker.core.grants import Grant, opened_refusal
 from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
@@ -656,6 +656,19 @@ def look_before_write(
         return WriteTarget(problem=failed.detail)
     except OSError as exc:
         return WriteTarget(problem=f"{path}: {exc.strerror or exc}")
+
+
+def before_asking(workspace: Path, ask: Ask) -> Ask | Deny:
+    """A write_file ask into a directory that does not exist could only fail once
+    approved: it is denied ``not_found`` before the owner is asked. Blocking (brokerd
+    runs it in a worker thread); ``bxctl grants test`` takes the same step."""
+    if ask.decision.tool != "write_file":
+        return ask
+    path = str(ask.decision.arguments["path"])
+    target = look_before_write(workspace, path, None)
+    if target.missing_directory is None:
+        return ask
+    return ask.cannot_run(target.missing_directory)
 
 
 def _look(workspace: Path, path: str, limit: int | None, host: Host) -> WriteTarget:

@@ -1,49 +1,381 @@
-"""``bxctl grants``: check grants.toml (docs/runbook.md#grants)."""
+"""``bxctl grants``: the owner's grants (docs/runbook.md#grants): check, list, test.
+
+- ``check``: every problem of grants.toml with its line, then warnings
+  (:mod:`boxmaker.core.grant_lint`);
+- ``list``: every grant, what bounds it, its expiry, and how often it decided a call,
+  from one streaming pass over the ledger (:mod:`boxmaker.core.grant_usage`);
+- ``test``: which grant would decide a call now, and why: the same inputs brokerd
+  decides with (grants.toml, the session's state file, the workspace's real path) and
+  the same :func:`~boxmaker.core.decide.evaluate`.
+
+Everything a file or the ledger holds is shown through ``printable``.
+"""
 
 from __future__ import annotations
 
-from cyclopts import App
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Annotated, Any
 
-from boxmaker.cli.common import DEFAULT, Common, Exit, print_json
-from boxmaker.core.grants import GrantsProblem
-from boxmaker.grants_file import load_grants
+import orjson
+from cyclopts import App, Parameter
+
+from boxmaker import state_files
+from boxmaker.broker.runner import before_asking
+from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.clock import format_utc, local_time, parse_utc, utc_now
+from boxmaker.convert import SESSION_ID
+from boxmaker.core.catalogue import ArgumentProblem, check_arguments
+from boxmaker.core.decide import Ask, ToolRequest, Verdict, evaluate
+from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
+from boxmaker.core.grant_usage import GrantUsage, Tally, tally_decisions
+from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
+from boxmaker.core.labels import FRESH, Label
+from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
+from boxmaker.grants_file import read_grants
+from boxmaker.home import ConfigError, HomeError, load_config
+from boxmaker.ledger.verify import READ_BUFFER
 from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
 
+TEST_CALL = "c-" + "0" * 16
+"""The call id of ``grants test``'s request: nothing is recorded or run."""
+
+
+def _say(text: str) -> None:
+    print(printable(text))
+
+
+# ---------------------------------------------------------------------------------------
+# check
+
 
 @grants_app.command
-def check(*, common: Common = DEFAULT) -> Exit:
-    """Validate grants.toml; on a problem, name the file, the grant id and the key.
+def check(*, strict: bool = False, common: Common = DEFAULT) -> Exit:
+    """Validate grants.toml: every problem with its line, then warnings.
 
-    Exit 0 when valid, 1 when invalid (brokerd then denies every call grants_invalid).
+    Exit 0 when valid (warnings are shown), 1 when invalid (brokerd then denies every
+    call grants_invalid), or with --strict when there is a warning.
+
+    Parameters
+    ----------
+    strict
+        A warning (a shadowed grant, a shell pattern that chains) fails the check too.
     """
     path = common.resolve().grants_toml
-    result = load_grants(path)
-    if isinstance(result, GrantsProblem):
-        if common.json:
-            print_json(
-                {
-                    "valid": False,
-                    "file": result.file,
-                    "grant": result.grant_id,
-                    "key": result.key,
-                    "problem": result.message,
-                }
-            )
-        else:
-            print(printable(f"invalid: {result.detail()}"))
+    read = read_grants(path)
+    if read.text is None:
+        assert isinstance(read.value, GrantsProblem)
+        findings: tuple[Finding, ...] = (
+            Finding("problem", "invalid", None, None, None, read.value.message),
+        )
+        grants: GrantSet | None = None
+    else:
+        lint = lint_grants(read.text, utc_now(), str(path))
+        findings, grants = lint.findings, lint.grants
+    problems = [f for f in findings if f.severity == "problem"]
+    warnings = [f for f in findings if f.severity == "warning"]
+    if common.json:
+        _check_json(path, grants, problems, warnings)
+    else:
+        _check_text(path, grants, problems, warnings)
+    if problems or (strict and warnings):
         return Exit.FAILED
+    return Exit.DONE
+
+
+def _finding_json(finding: Finding) -> dict[str, Any]:
+    return {
+        "line": finding.line,
+        "grant": finding.grant_id,
+        "key": finding.key,
+        "code": finding.code,
+        "message": finding.message,
+        "suggestion": finding.suggestion,
+    }
+
+
+def _check_json(
+    path: Path, grants: GrantSet | None, problems: list[Finding], warnings: list[Finding]
+) -> None:
+    data: dict[str, Any] = {"valid": not problems, "file": str(path)}
+    if problems:
+        first = problems[0]
+        data |= {"grant": first.grant_id, "key": first.key, "problem": first.full_message()}
+    if grants is not None:
+        data["grants"] = [{"id": g.id, "tool": g.tool, "mode": g.mode} for g in grants.grants]
+    data["problems"] = [_finding_json(f) for f in problems]
+    data["warnings"] = [_finding_json(f) for f in warnings]
+    print_json(data)
+
+
+def _where(path: Path, finding: Finding) -> str:
+    where = f"{path}:{finding.line}" if finding.line is not None else str(path)
+    if finding.grant_id is not None:
+        where += f": grant {finding.grant_id!r}"
+    elif finding.grant_index is not None:
+        where += f": [[grant]] #{finding.grant_index + 1}"
+    if finding.key is not None:
+        where += f", key {finding.key!r}"
+    return where
+
+
+def _check_text(
+    path: Path, grants: GrantSet | None, problems: list[Finding], warnings: list[Finding]
+) -> None:
+    for finding in problems:
+        _say(f"{_where(path, finding)}: {finding.full_message()}")
+    if problems:
+        _say(
+            f"invalid: {len(problems)} problem(s); brokerd denies every call grants_invalid "
+            "until they are fixed; see docs/runbook.md#grants"
+        )
+        return
+    assert grants is not None
+    _say(f"{path}: valid, {len(grants.grants)} grant(s)")
+    for grant in grants.grants:
+        _say(f"  {grant.id}: {grant.tool} {grant.mode}")
+    for finding in warnings:
+        _say(f"warning: {_where(path, finding)}: {finding.full_message()}")
+    if warnings:
+        _say(f"{len(warnings)} warning(s); see docs/runbook.md#grants-warnings")
+
+
+# ---------------------------------------------------------------------------------------
+# list
+
+
+@grants_app.command(name="list")
+def list_grants(*, common: Common = DEFAULT) -> Exit:
+    """Every grant: tool, mode, what bounds it, its expiry, and how often it decided a
+    call and when last (from the ledger); grants that never decided one are flagged.
+
+    Exit 1 when grants.toml is invalid (`bxctl grants check` says why), 2 when the
+    ledger cannot be read.
+    """
+    home = common.resolve()
+    read = read_grants(home.grants_toml)
+    if isinstance(read.value, GrantsProblem):
+        return fail(
+            f"grants.toml is invalid: {read.value.describe()}; run `bxctl grants check`",
+            Exit.FAILED,
+        )
+    grants = read.value
+    try:
+        # The file object itself, as verify_file reads it: no generator resumed per line.
+        with home.audit_log.open("rb", buffering=READ_BUFFER) as ledger:
+            tally = tally_decisions(ledger)
+    except FileNotFoundError:
+        tally = Tally({}, 0)
+    except OSError as exc:
+        return fail(f"{home.audit_log}: {exc.strerror}", Exit.USAGE)
+    sources = dict(enumerate(grant_sources(read.text or "")))
+    now = utc_now()
     if common.json:
         print_json(
             {
-                "valid": True,
-                "file": str(path),
-                "grants": [{"id": g.id, "tool": g.tool, "mode": g.mode} for g in result.grants],
+                "file": str(home.grants_toml),
+                "ledger": str(home.audit_log),
+                "records": tally.records,
+                "grants": [
+                    _grant_json(g, tally.usage.get(g.id), sources.get(i), now)
+                    for i, g in enumerate(grants.grants)
+                ],
             }
         )
+        return Exit.DONE
+    _say(
+        f"{home.grants_toml}: {len(grants.grants)} grant(s); "
+        f"use counted in {home.audit_log} ({tally.records} records)"
+    )
+    for grant in grants.grants:
+        for line in _describe_grant(grant, tally.usage.get(grant.id), now):
+            _say(line)
+    return Exit.DONE
+
+
+def bounds(grant: Grant) -> list[str]:
+    """What limits the calls a grant matches and what it lets them do, one line each."""
+    lines = []
+    if grant.tool == "shell":
+        shown = ", ".join(grant.commands) if grant.commands is not None else "(every command)"
+        lines.append(f"commands: {shown}")
+    elif grant.tool == "http_get":
+        lines.append(f"hosts: {', '.join(grant.hosts)}")
     else:
-        print(printable(f"{path}: valid, {len(result.grants)} grant(s)"))
-        for grant in result.grants:
-            print(printable(f"  {grant.id}: {grant.tool} {grant.mode}"))
+        paths = grant.paths
+        shown = ", ".join(g.pattern for g in paths) if paths is not None else "(every path)"
+        lines.append(f"paths: {shown}")
+    conditions = f"max_taint: {grant.max_taint}, if_untrusted: {grant.if_untrusted}"
+    if grant.label_taint is not None:
+        conditions += f", label_taint: {grant.label_taint}"
+    if grant.hard_links:
+        conditions += ", hard_links: true"
+    lines.append(conditions)
+    return lines
+
+
+def expiry(grant: Grant, now: dt.datetime) -> str | None:
+    if grant.expires is None:
+        return None
+    word = "expired" if grant.expired(now) else "expires"
+    return f"{word} {local_time(grant.expires, now)}"
+
+
+def usage_line(usage: GrantUsage | None, now: dt.datetime) -> str:
+    if usage is None:
+        return "never used: no call in the ledger was decided by it"
+    verdicts = ", ".join(f"{v} {n}" for v, n in sorted(usage.verdicts.items()))
+    line = f"decided {usage.decisions} call(s) ({verdicts})"
+    if usage.last_at is not None:
+        try:
+            line += f", last {local_time(parse_utc(usage.last_at), now)}"
+        except ValueError:
+            line += f", last {usage.last_at}"
+        if usage.last_call is not None:
+            line += f" ({usage.last_call})"
+    return line
+
+
+def _describe_grant(grant: Grant, usage: GrantUsage | None, now: dt.datetime) -> list[str]:
+    lines = [f"{grant.id}  {grant.tool}  {grant.mode}"]
+    lines += [f"    {line}" for line in bounds(grant)]
+    until = expiry(grant, now)
+    if until is not None:
+        lines.append(f"    {until}")
+    lines.append(f"    {usage_line(usage, now)}")
+    if grant.note is not None:
+        lines.append(f"    note: {grant.note}")
+    return lines
+
+
+def _grant_json(
+    grant: Grant, usage: GrantUsage | None, source: tuple[int, str] | None, now: dt.datetime
+) -> dict[str, Any]:
+    return {
+        "id": grant.id,
+        "tool": grant.tool,
+        "mode": grant.mode,
+        "paths": None if grant.paths is None else [g.pattern for g in grant.paths],
+        "commands": None if grant.commands is None else list(grant.commands),
+        "hosts": list(grant.hosts) if grant.tool == "http_get" else None,
+        "max_taint": grant.max_taint,
+        "if_untrusted": grant.if_untrusted,
+        "label_taint": grant.label_taint,
+        "hard_links": grant.hard_links,
+        "expires": None if grant.expires is None else format_utc(grant.expires),
+        "expired": grant.expired(now),
+        "note": grant.note,
+        "line": None if source is None else source[0],
+        "decisions": 0 if usage is None else usage.decisions,
+        "verdicts": {} if usage is None else dict(usage.verdicts),
+        "last_decided": None if usage is None else usage.last_at,
+        "last_call": None if usage is None else usage.last_call,
+        "never_used": usage is None,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# test
+
+
+@grants_app.command(name="test")
+def decide_call(
+    tool: str,
+    arguments: Annotated[str, Parameter(name="ARGS-JSON")],
+    /,
+    *,
+    session: str | None = None,
+    common: Common = DEFAULT,
+) -> Exit:
+    """Which grant would decide this call now, and why: brokerd's own decision
+    (grants.toml, the session's taint and trust, the workspace) without running or
+    recording anything.
+
+    Exit 0 when decided (whatever the verdict), 2 when the tool is unknown or the
+    arguments are not JSON or do not fit the tool.
+
+    Parameters
+    ----------
+    tool
+        read_file, list_dir, write_file, shell or http_get.
+    arguments
+        The call's arguments as a JSON object, e.g. '{"path": "notes.txt"}'.
+    session
+        Decide with this session's state (s-…); default: a new session's.
+    """
+    home = common.resolve()
+    try:
+        raw = orjson.loads(arguments)
+    except orjson.JSONDecodeError as exc:
+        return fail(f"the arguments are not JSON: {exc}", Exit.USAGE)
+    if session is not None and not SESSION_ID.fullmatch(session):
+        return fail(f"not a session id: {session!r} (s- and 12 hex digits)", Exit.USAGE)
+    try:
+        config = load_config(home)
+    except (ConfigError, HomeError) as exc:
+        return fail(f"{exc}; see docs/runbook.md#config", Exit.FAILED)
+    # The workspace's real path, as brokerd resolves it at start (broker/serve.py).
+    workspace = Path(os.path.realpath(config.workspace))
+    checked = check_arguments(tool, raw, workspace=str(workspace))
+    if isinstance(checked, ArgumentProblem):
+        return fail(f"{checked.reason}: {checked.detail}", Exit.USAGE)
+    read = read_grants(home.grants_toml)
+    state: Label | StateUnreadable = (
+        FRESH if session is None else state_files.read_state(home.sessions_dir, session)
+    )
+    request = ToolRequest(TEST_CALL, session or "s-000000000000", tool, raw)
+    verdict: Verdict = evaluate(
+        request,
+        ledger_usable=True,
+        grants=read.value,
+        state=state,
+        now=utc_now(),
+        workspace=str(workspace),
+    )
+    if isinstance(verdict, Ask):
+        verdict = before_asking(workspace, verdict)
+    decision = verdict.decision
+    source = None
+    if decision.grant is not None and isinstance(read.value, GrantSet):
+        index = next(i for i, g in enumerate(read.value.grants) if g.id == decision.grant)
+        sources = grant_sources(read.text or "")
+        source = sources[index] if index < len(sources) else None
+    if common.json:
+        print_json(
+            {
+                "tool": decision.tool,
+                "arguments": decision.arguments,
+                "session": session,
+                "verdict": decision.verdict,
+                "reason": decision.reason,
+                "detail": decision.detail,
+                "grant": decision.grant,
+                "mode": decision.mode,
+                "grant_line": None if source is None else source[0],
+                "grant_text": None if source is None else source[1],
+                "taint": decision.state.taint,
+                "untrusted": decision.state.untrusted,
+                "state_problem": state.detail if isinstance(state, StateUnreadable) else None,
+            }
+        )
+        return Exit.DONE
+    _say(f"verdict: {decision.verdict}")
+    _say(f"reason: {decision.reason or 'none'}")
+    if decision.detail is not None:
+        _say(f"detail: {decision.detail}")
+    if decision.grant is None:
+        _say("grant: none")
+    else:
+        at = "" if source is None else f", line {source[0]}"
+        _say(f"grant: {decision.grant} ({home.grants_toml}{at})")
+        for line in (source[1] if source is not None else "").splitlines():
+            _say(f"    {line}")
+    whose = "a new session: no --session given" if session is None else f"session {session}"
+    trust = "untrusted" if decision.state.untrusted else "trusted"
+    _say(f"state: taint {decision.state.taint}, {trust} ({whose})")
+    if isinstance(state, StateUnreadable):
+        _say(f"state file: {state.detail}; see {RUNBOOK_STATE}")
     return Exit.DONE

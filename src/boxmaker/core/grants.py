@@ -27,11 +27,12 @@ once it holds the opened file's descriptor, with its real path and link count.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import enum
 import fnmatch
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -199,12 +200,18 @@ class GrantSet:
 
 @attrs.frozen
 class GrantsProblem:
-    """Why grants.toml is invalid: the first problem, naming file, grant and key."""
+    """Why grants.toml is invalid: one problem, naming file, grant and key.
+
+    ``index`` (which ``[[grant]]`` table, from 0) and ``suggestion`` (the nearest known
+    word to a misspelt key, tool or mode) are for ``bxctl grants check``; two problems
+    that differ only in them are the same problem."""
 
     file: str
     grant_id: str | None
     key: str | None
     message: str
+    index: int | None = attrs.field(default=None, eq=False)
+    suggestion: str | None = attrs.field(default=None, eq=False)
 
     def describe(self) -> str:
         """One line for logs, ``bxctl grants check`` and ``grants_invalid`` details.
@@ -217,7 +224,17 @@ class GrantsProblem:
             where.append(f"grant {self.grant_id!r}")
         if self.key is not None:
             where.append(f"key {self.key!r}")
-        return ", ".join(where) + ": " + self.message
+        return ", ".join(where) + ": " + self.full_message()
+
+    def full_message(self) -> str:
+        """The message with its "did you mean" when there is one.
+
+        >>> GrantsProblem("g.toml", "a", "path", "unknown key", suggestion="paths").full_message()
+        "unknown key (did you mean 'paths'?)"
+        """
+        if self.suggestion is None:
+            return self.message
+        return f"{self.message} (did you mean {self.suggestion!r}?)"
 
     def detail(self) -> str:
         """The ``grants_invalid`` denial detail (docs/runbook.md#grants)."""
@@ -227,11 +244,32 @@ class GrantsProblem:
 class _Invalid(Exception):
     """Internal: carries one problem out of the nested checks."""
 
-    def __init__(self, grant_id: str | None, key: str | None, message: str) -> None:
+    def __init__(
+        self, grant_id: str | None, key: str | None, message: str, suggestion: str | None = None
+    ) -> None:
         super().__init__(message)
         self.grant_id = grant_id
         self.key = key
         self.message = message
+        self.suggestion = suggestion
+        self.index: int | None = None
+
+    def problem(self, file: str) -> GrantsProblem:
+        return GrantsProblem(
+            file, self.grant_id, self.key, self.message, self.index, self.suggestion
+        )
+
+
+def _nearest(word: object, known: Iterable[str]) -> str | None:
+    """The known word ``word`` is most likely a misspelling of, or None.
+
+    >>> _nearest("path", _KEYS), _nearest("red_file", TOOL_NAMES), _nearest("colour", _KEYS)
+    ('paths', 'read_file', None)
+    """
+    if not isinstance(word, str):
+        return None
+    close = difflib.get_close_matches(word.lower(), [str(k) for k in known], n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 _KEYS: Final = (
@@ -280,7 +318,8 @@ def _enum(gid: str | None, key: str, value: object, kind: type[enum.StrEnum]) ->
     try:
         return kind(value)
     except ValueError:
-        raise _Invalid(gid, key, f"expected one of {words}, got {_show(value)}") from None
+        message = f"expected one of {words}, got {_show(value)}"
+        raise _Invalid(gid, key, message, _nearest(value, kind)) from None
 
 
 def _strings(gid: str | None, key: str, value: object) -> list[str]:
@@ -349,10 +388,7 @@ def _note(gid: str | None, value: object) -> str:
     return value
 
 
-def _grant(index: int, raw: object, seen: set[str]) -> Grant:
-    nth = f"[[grant]] #{index + 1}"
-    if not isinstance(raw, dict):
-        raise _Invalid(None, None, f"{nth} must be a table, got {_type_name(raw)}")
+def _grant_id(nth: str, raw: Mapping[str, Any], seen: set[str]) -> str:
     if "id" not in raw:
         raise _Invalid(None, "id", f"{nth} has no id")
     gid = raw["id"]
@@ -362,58 +398,143 @@ def _grant(index: int, raw: object, seen: set[str]) -> Grant:
         raise _Invalid(None, "id", f"{nth}: id {_show(gid)} must match [a-z0-9][a-z0-9-]{{0,62}}")
     if gid in seen:
         raise _Invalid(gid, "id", "duplicate id")
-    unknown = sorted(key for key in raw if key not in _KEYS)
-    if unknown:
-        raise _Invalid(gid, unknown[0], "unknown key")
-    for key in ("tool", "mode"):
-        if key not in raw:
-            raise _Invalid(gid, key, "required key missing")
-    tool = raw["tool"]
-    if not isinstance(tool, str) or tool not in TOOL_NAMES:
-        words = ", ".join(TOOL_NAMES)
-        raise _Invalid(gid, "tool", f"expected one of {words}, got {_show(tool)}")
-    mode = _enum(gid, "mode", raw["mode"], Mode)
-    for key in _KEYS:
-        if key in raw and key in _APPLIES and not _APPLIES[key](tool):
-            raise _Invalid(gid, key, f"does not apply to tool {tool}")
-    if tool == "http_get" and "hosts" not in raw:
-        raise _Invalid(gid, "hosts", "required for http_get (there is no default)")
-    label_taint = None
-    if "label_taint" in raw:
-        label_taint = _enum(gid, "label_taint", raw["label_taint"], Taint)
-        if label_taint is Taint.PUBLIC:
-            raise _Invalid(gid, "label_taint", "may only raise shell output: internal or secret")
-    grant = Grant(
-        id=gid,
-        tool=TOOL_NAMES[TOOL_NAMES.index(tool)],
-        mode=mode,
-        paths=_paths(gid, raw["paths"]) if "paths" in raw else None,
-        commands=_commands(gid, raw["commands"]) if "commands" in raw else None,
-        hosts=_hosts(gid, raw["hosts"]) if "hosts" in raw else (),
-        max_taint=_enum(gid, "max_taint", raw["max_taint"], Taint)
-        if "max_taint" in raw
-        else Taint.SECRET,
-        if_untrusted=_enum(gid, "if_untrusted", raw["if_untrusted"], Mode)
-        if "if_untrusted" in raw
-        else Mode.ASK,
-        label_taint=label_taint,
-        hard_links=_boolean(gid, "hard_links", raw["hard_links"]) if "hard_links" in raw else False,
-        expires=_expires(gid, raw["expires"]) if "expires" in raw else None,
-        note=_note(gid, raw["note"]) if "note" in raw else None,
-    )
     seen.add(gid)
-    return grant
+    return gid
 
 
-def _grant_set(document: Mapping[str, Any]) -> GrantSet:
-    for key in document:
-        if key != "grant":
-            raise _Invalid(None, key, "unknown top-level key (only [[grant]] tables)")
+def _tool(gid: str | None, value: object) -> ToolName:
+    if not isinstance(value, str) or value not in TOOL_NAMES:
+        words = ", ".join(TOOL_NAMES)
+        message = f"expected one of {words}, got {_show(value)}"
+        raise _Invalid(gid, "tool", message, _nearest(value, TOOL_NAMES))
+    return TOOL_NAMES[TOOL_NAMES.index(value)]
+
+
+def _label_taint(gid: str | None, value: object) -> Taint:
+    label_taint: Taint = _enum(gid, "label_taint", value, Taint)
+    if label_taint is Taint.PUBLIC:
+        raise _Invalid(gid, "label_taint", "may only raise shell output: internal or secret")
+    return label_taint
+
+
+_VALUES: Final[Mapping[str, Callable[[str | None, object], Any]]] = {
+    # In the order their problems are reported (docs/decisions.md, "Grants").
+    "label_taint": _label_taint,
+    "paths": _paths,
+    "commands": _commands,
+    "hosts": _hosts,
+    "max_taint": lambda gid, value: _enum(gid, "max_taint", value, Taint),
+    "if_untrusted": lambda gid, value: _enum(gid, "if_untrusted", value, Mode),
+    "hard_links": lambda gid, value: _boolean(gid, "hard_links", value),
+    "expires": _expires,
+    "note": _note,
+}
+
+
+def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Grant | None:
+    """The grant, or None with every problem of it added to ``found``, in the order of
+    docs/decisions.md ("Grants"): id, unknown keys, tool and mode, keys that do not
+    apply, missing ``hosts``, then values. A key has at most one problem."""
+    nth = f"[[grant]] #{index + 1}"
+    if not isinstance(raw, dict):
+        found.append(_Invalid(None, None, f"{nth} must be a table, got {_type_name(raw)}"))
+        return None
+    problems: list[_Invalid] = []
+
+    def check(key: str, parse: Callable[..., Any], *args: object) -> Any:
+        if key not in raw:
+            return None
+        try:
+            return parse(*args, raw[key])
+        except _Invalid as invalid:
+            problems.append(invalid)
+            return None
+
+    try:
+        gid: str | None = _grant_id(nth, raw, seen)
+    except _Invalid as invalid:
+        problems.append(invalid)
+        gid = invalid.grant_id
+    for key in sorted(key for key in raw if key not in _KEYS):
+        problems.append(_Invalid(gid, key, "unknown key", _nearest(key, _KEYS)))
+    problems += [
+        _Invalid(gid, key, "required key missing") for key in ("tool", "mode") if key not in raw
+    ]
+    tool: ToolName | None = check("tool", _tool, gid)
+    mode: Mode | None = check("mode", lambda value: _enum(gid, "mode", value, Mode))
+    skip = {key for key in _KEYS if key not in raw}
+    if tool is not None:
+        for key in _KEYS:
+            if key in raw and key in _APPLIES and not _APPLIES[key](tool):
+                problems.append(_Invalid(gid, key, f"does not apply to tool {tool}"))
+                skip.add(key)
+        if tool == "http_get" and "hosts" not in raw:
+            problems.append(_Invalid(gid, "hosts", "required for http_get (there is no default)"))
+    values = {key: check(key, parse, gid) for key, parse in _VALUES.items() if key not in skip}
+    if problems:
+        for problem in problems:
+            problem.index = index
+        found += problems
+        return None
+    assert gid is not None
+    assert tool is not None
+    assert mode is not None
+
+    def value(key: str, default: object) -> Any:
+        found = values.get(key)
+        return default if found is None else found
+
+    return Grant(
+        id=gid,
+        tool=tool,
+        mode=mode,
+        paths=values.get("paths"),
+        commands=values.get("commands"),
+        hosts=value("hosts", ()),
+        max_taint=value("max_taint", Taint.SECRET),
+        if_untrusted=value("if_untrusted", Mode.ASK),
+        label_taint=values.get("label_taint"),
+        hard_links=value("hard_links", False),
+        expires=values.get("expires"),
+        note=values.get("note"),
+    )
+
+
+def _grant_set(document: Mapping[str, Any]) -> GrantSet | list[_Invalid]:
+    found = [
+        _Invalid(
+            None, key, "unknown top-level key (only [[grant]] tables)", _nearest(key, ["grant"])
+        )
+        for key in document
+        if key != "grant"
+    ]
     raw_grants = document.get("grant", [])
     if not isinstance(raw_grants, list):
-        raise _Invalid(None, "grant", f"expected [[grant]] tables, got {_type_name(raw_grants)}")
+        found.append(
+            _Invalid(None, "grant", f"expected [[grant]] tables, got {_type_name(raw_grants)}")
+        )
+        return found
     seen: set[str] = set()
-    return GrantSet(tuple(_grant(i, raw, seen) for i, raw in enumerate(raw_grants)))
+    grants = [_grant(i, raw, seen, found) for i, raw in enumerate(raw_grants)]
+    if found:
+        return found
+    return GrantSet(tuple(grant for grant in grants if grant is not None))
+
+
+def all_problems(
+    document: Mapping[str, Any], file: str = "grants.toml"
+) -> GrantSet | tuple[GrantsProblem, ...]:
+    """Validate a parsed TOML document: the grant set, or every problem in file order
+    (at least one); never raises. brokerd uses the first (:func:`grants_from_document`),
+    ``bxctl grants check`` shows them all.
+
+    >>> [p.key for p in all_problems({"grant": [{"id": "a", "tool": "x", "mod": "ask"}]})]
+    ['mod', 'mode', 'tool']
+    """
+    checked = _grant_set(document)
+    if isinstance(checked, GrantSet):
+        return checked
+    return tuple(invalid.problem(file) for invalid in checked)
 
 
 def grants_from_document(
@@ -426,10 +547,8 @@ def grants_from_document(
     >>> grants_from_document({"grants": []}).key
     'grants'
     """
-    try:
-        return _grant_set(document)
-    except _Invalid as invalid:
-        return GrantsProblem(file, invalid.grant_id, invalid.key, invalid.message)
+    checked = all_problems(document, file)
+    return checked if isinstance(checked, GrantSet) else checked[0]
 
 
 def parse_grants(text: str, file: str = "grants.toml") -> GrantSet | GrantsProblem:
@@ -443,9 +562,16 @@ def parse_grants(text: str, file: str = "grants.toml") -> GrantSet | GrantsProbl
     >>> parse_grants("").grants
     ()
     """
-    try:
-        document = tomllib.loads(text)
-    except (ValueError, RecursionError) as exc:
-        # tomllib's own messages carry the line and column.
-        return GrantsProblem(file, None, None, f"TOML syntax: {exc}")
+    document = parse_toml(text, file)
+    if isinstance(document, GrantsProblem):
+        return document
     return grants_from_document(document, file)
+
+
+def parse_toml(text: str, file: str = "grants.toml") -> dict[str, Any] | GrantsProblem:
+    """tomllib's document, or its syntax problem (tomllib's message carries the line and
+    column); never raises."""
+    try:
+        return tomllib.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return GrantsProblem(file, None, None, f"TOML syntax: {exc}")
