@@ -171,7 +171,9 @@ def grant_then(directory: Path, policy: Mapping[str, Any] | None, grant_id: str)
     seq = policy.get("seq") if type(policy.get("seq")) is int else None
     sha = policy.get("sha256")
     if not is_sha256(sha):
-        return GrantThen(None, seq, missing=f"grants.toml could not be read: {policy.get('problem')}")
+        return GrantThen(
+            None, seq, missing=f"grants.toml could not be read: {policy.get('problem')}"
+        )
     assert isinstance(sha, str)
     try:
         data = read_kept(directory, sha)
