@@ -175,7 +175,7 @@ def grant_then_lines(then: GrantThen, grant_id: object, indent: str = "  ") -> l
         return [f"{indent}its text then is not known: {then.missing}"]
     where = f"grants.toml {then.sha256[:12] if then.sha256 else '?'}…, policy seq {then.policy_seq}"
     lines = [f"{indent}grant {grant_id} as it was then ({where}):"]
-    lines += [f"{indent}  {line}" for line in then.text.splitlines()]
+    lines += [f"{indent}  {line.removesuffix(chr(13))}" for line in then.text.split("\n")]
     return lines
 
 

@@ -96,7 +96,9 @@ def grant_text(text: str, grant_id: str) -> str | None:
     wanted = _grant_table(text, grant_id)
     if wanted is None:
         return None
-    lines = text.splitlines()
+    # TOML's line ends only ("\n", "\r\n"): splitlines() would also cut at U+0085,
+    # U+2028 and others, which a string may hold.
+    lines = text.split("\n")
     headers = _header_lines(lines)
     for index, start in enumerate(headers):
         if not lines[start].strip().replace(" ", "").startswith("[[grant]]"):
@@ -105,7 +107,7 @@ def grant_text(text: str, grant_id: str) -> str | None:
         piece = lines[start:end]
         while len(piece) > 1 and (not piece[-1].strip() or piece[-1].lstrip().startswith("#")):
             piece.pop()
-        candidate = "\n".join(piece)
+        candidate = "\n".join(piece).rstrip("\r")
         if _grant_table(candidate, grant_id) == wanted:
             return candidate
     return None
