@@ -166,16 +166,17 @@ def test_audit_verify_finds_a_kept_version_changed_removed_or_replaced_by_a_link
     assert bxctl(home, "audit", "verify").returncode == 0
 
     where = f"seq {record['seq']}: policy {sha(FIRST)[:12]}…: the kept version {kept.name}"
+    see = "; see docs/runbook.md#policy-kept"
     kept.write_bytes(original.replace(b"first", b"firsT"))  # one byte
     done = bxctl(home, "audit", "verify")
     changed = hashlib.sha256(original.replace(b"first", b"firsT")).hexdigest()[:12]
     assert done.returncode == 1
-    assert done.stdout.splitlines()[0] == f"{where} was changed: its bytes hash to {changed}…"
+    assert done.stdout.splitlines()[0] == f"{where} was changed: its bytes hash to {changed}…{see}"
     assert done.stdout.splitlines()[-1] == "ledger: 1 problem(s) found"
 
     kept.unlink()
     done = bxctl(home, "audit", "verify")
-    assert (done.returncode, done.stdout.splitlines()[0]) == (1, f"{where} is missing")
+    assert (done.returncode, done.stdout.splitlines()[0]) == (1, f"{where} is missing{see}")
     why = bxctl(home, "why", call).stdout.splitlines()
     assert (
         f"    its text then is not known: the kept version {kept.name} is missing; "
@@ -188,7 +189,7 @@ def test_audit_verify_finds_a_kept_version_changed_removed_or_replaced_by_a_link
     done = bxctl(home, "audit", "verify")
     assert (done.returncode, done.stdout.splitlines()[0]) == (
         1,
-        f"{where} is not a regular file (a symlink, which is not followed), not trusted",
+        f"{where} is not a regular file (a symlink, which is not followed), not trusted{see}",
     )
     done = bxctl(home, "audit", "verify", "--json")
     assert done.returncode == 1

@@ -107,7 +107,8 @@ def test_a_policies_directory_that_is_a_link_is_refused_and_verify_says_so(
     assert done.returncode == 1
     assert done.stdout.splitlines()[0] == (
         f"seq {policies(home)[0]['seq']}: policy {SHA[:12]}…: the kept version "
-        f"{policies_dir(home.audit_log)} is a symlink, which is not followed"
+        f"{policies_dir(home.audit_log)} is a symlink, which is not followed; "
+        "see docs/runbook.md#policy-kept"
     )
 
 
@@ -131,7 +132,7 @@ def test_a_fifo_at_a_kept_name_blocks_neither_brokerd_nor_verify_nor_why(
     done = bxctl(home, "audit", "verify")
     assert done.returncode == 1
     assert done.stdout.splitlines()[0].endswith(
-        f"{SHA}.toml is not a regular file (a FIFO), not trusted"
+        f"{SHA}.toml is not a regular file (a FIFO), not trusted; see docs/runbook.md#policy-kept"
     )
     why = bxctl(home, "why", frame["call"])
     assert why.returncode == 0

@@ -123,8 +123,9 @@ def test_verify_checks_each_policy_records_kept_version_at_its_seq(ledger: Path)
     changed = hashlib.sha256(GRANTS + b" ").hexdigest()[:12]
     assert [str(problem) for problem in report.problems] == [
         f"seq 1: policy {SHA[:12]}…: the kept version {SHA}.toml was changed: "
-        f"its bytes hash to {changed}…",
-        f"seq 2: policy {other_sha[:12]}…: the kept version {other_sha}.toml is missing",
+        f"its bytes hash to {changed}…; see docs/runbook.md#policy-kept",
+        f"seq 2: policy {other_sha[:12]}…: the kept version {other_sha}.toml is missing; "
+        "see docs/runbook.md#policy-kept",
     ]
 
 

@@ -62,7 +62,7 @@ from pathlib import Path
 import attrs
 import orjson
 
-from boxmaker.ledger.policies import is_sha256, kept_problem, policies_dir
+from boxmaker.ledger.policies import RUNBOOK_KEPT, is_sha256, kept_problem, policies_dir
 from boxmaker.ledger.records import GENESIS_PREV, format_head, parse_head
 
 READ_BUFFER = 1 << 20
@@ -152,7 +152,8 @@ def check_kept(report: Report, directory: Path, *, max_problems: int = MAX_PROBL
         if what is None:
             continue
         if len(problems) < max_problems:
-            problems.append(Problem(seq, f"policy {sha[:12]}…: the kept version {what}"))
+            what = f"policy {sha[:12]}…: the kept version {what}; see {RUNBOOK_KEPT}"
+            problems.append(Problem(seq, what))
         else:
             left_out += 1
     if len(problems) == len(report.problems):
