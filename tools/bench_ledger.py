@@ -26,6 +26,7 @@ from boxmaker import __version__
 from boxmaker.clock import format_utc
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.ledger.policies import keep, policies_dir
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     Approval,
@@ -34,6 +35,7 @@ from boxmaker.ledger.records import (
     Body,
     Decision,
     Genesis,
+    Policy,
     Result,
     ResultStatus,
     Start,
@@ -46,16 +48,30 @@ from boxmaker.ledger.verify import READ_BUFFER, verify_file
 
 RECORDS = 200_000
 TARGET = 0.70
+GRANTS_VERSIONS = tuple(
+    f'[[grant]]\nid = "read-notes"\ntool = "read_file"\nmode = "{mode}"\n'.encode()
+    for mode in ("auto", "ask")
+)
+"""The grants the ledger's policy records name, kept beside it (verify checks them)."""
+
+
+def _policy(rng: random.Random, boot: str) -> Policy:
+    data = rng.choice(GRANTS_VERSIONS)
+    return Policy(boot=boot, sha256=hashlib.sha256(data).hexdigest(), grants=1, problem=None)
 
 
 def _bodies(rng: random.Random) -> Iterator[Body]:
-    """A plausible mix: boots, denials, auto runs, asks with every outcome."""
+    """A plausible mix: boots, each with its policy and a change now and then, denials,
+    auto runs, asks with every outcome."""
     yield Genesis(ledger="l-" + rng.randbytes(8).hex())
     while True:
         boot = "b-" + rng.randbytes(8).hex()
         yield Start(boot=boot, version=__version__)
+        yield _policy(rng, boot)
         session = "s-" + rng.randbytes(6).hex()
         for _ in range(rng.randint(200, 2000)):
+            if rng.random() < 0.002:
+                yield _policy(rng, boot)
             call = "c-" + rng.randbytes(8).hex()
             arguments = {"path": f"notes/day-{rng.randint(1, 999)}.md"}
             roll = rng.random()
@@ -109,6 +125,8 @@ def _bodies(rng: random.Random) -> Iterator[Body]:
 
 def build(path: Path, records: int) -> None:
     rng = random.Random(5)
+    for data in GRANTS_VERSIONS:
+        keep(policies_dir(path), data)
     moment = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     prev = GENESIS_PREV
     with path.open("wb") as file:
@@ -152,6 +170,7 @@ def main() -> int:
     ratio = raw / verify
     print(f"records: {records} ({size / records:.0f} bytes a line)")
     print(f"calls: {report.calls}")
+    print(f"policy records: {len(report.policies)} (their kept versions checked)")
     print(f"raw hash+parse: {records / raw:,.0f} records/s")
     print(f"verify_file:    {records / verify:,.0f} records/s")
     print(f"ratio: {ratio:.2f} (target {TARGET:.2f}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}")

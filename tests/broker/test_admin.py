@@ -32,7 +32,7 @@ async def test_status_reports_the_boot_head_and_counts(
         "kind": "status",
         "version": __version__,
         "boot": broker.boot,
-        "head": format_head(1, line_hash(last)),
+        "head": format_head(2, line_hash(last)),  # genesis, start, the boot's policy
         "ledger_usable": True,
         "grants_valid": True,
         "grants_problem": None,

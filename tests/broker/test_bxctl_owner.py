@@ -3,6 +3,7 @@ approvals, approve, refuse, status, sessions, and exit 3 when brokerd is down.""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -86,15 +87,23 @@ async def test_why_of_a_waiting_call_says_how_to_answer_it(
     assert await bxctl_in_process(home, "why", pending["call"]) == 0
     lines = capsys.readouterr().out.splitlines()
     approval = pending["approval"]
+    kept = hashlib.sha256(home.grants_toml.read_bytes()).hexdigest()
     assert lines[2:] == [
         '  grant read-notes (in grants.toml now: mode ask, note "the owner\'s notes")',
+        # Its text as the grants in force had it (genesis, start, then their policy).
+        f"    grant read-notes as it was then (grants.toml {kept[:12]}…, policy seq 2):",
+        "      [[grant]]",
+        '      id = "read-notes"',
+        '      tool = "read_file"',
+        '      mode = "ask"',
+        '      note = "the owner\'s notes"',
         "  the session was taint public, trusted",
-        lines[4],
+        lines[10],
     ]
     assert re.fullmatch(
         rf"waits for you now: approval {approval}, expires \d\d:\d\d:\d\d \(in (29s|30s)\); "
         rf"bxctl approve {approval}",
-        lines[4],
+        lines[10],
     )
     await client.aclose()
 

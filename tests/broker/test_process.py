@@ -145,7 +145,7 @@ def test_a_torn_ledger_refuses_to_start_and_repair_starts(
     repaired.process.send_signal(signal.SIGTERM)
     assert repaired.wait() == 0
     kinds = [r["kind"] for r in records(home)]
-    assert kinds[-3:] == ["start", "repair", "stop"]
+    assert kinds[-4:] == ["start", "repair", "policy", "stop"]
     assert verify_file(home.audit_log).sound
 
 

@@ -61,6 +61,7 @@ async def test_start_and_stop_records_modes_and_socket_cleanup(
     assert kinds == [
         ("genesis", None, None),
         ("start", broker.boot, __version__),
+        ("policy", broker.boot, None),
         ("stop", broker.boot, None),
     ]
     assert not home.broker_sock.exists()
@@ -75,7 +76,8 @@ async def test_a_second_boot_continues_the_chain(
     async with running(home, to_thread=inline) as second:
         pass
     assert first.boot != second.boot
-    assert [r["kind"] for r in records(home)] == ["genesis", "start", "stop", "start", "stop"]
+    kinds = [r["kind"] for r in records(home)]
+    assert kinds == ["genesis", "start", "policy", "stop", "start", "policy", "stop"]
 
 
 async def test_a_stale_socket_is_replaced(
@@ -129,11 +131,11 @@ async def test_a_torn_ledger_refuses_to_start_and_repair_starts(
     async with running(home, repair_torn=True, to_thread=inline) as broker:
         pass
     kinds = [r["kind"] for r in records(home)]
-    assert kinds == ["genesis", "start", "stop", "start", "repair", "stop"]
-    repaired = records(home)[4]
+    assert kinds == ["genesis", "start", "policy", "stop", "start", "repair", "policy", "stop"]
+    repaired = records(home)[5]
     assert repaired["sha256"] == hashlib.sha256(torn).hexdigest()
     assert (home.ledger_dir / repaired["file"]).read_bytes() == torn
-    assert records(home)[3]["boot"] == broker.boot
+    assert records(home)[4]["boot"] == broker.boot
 
 
 async def test_stop_withdraws_pending_calls_and_records_stop(

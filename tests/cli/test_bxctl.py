@@ -325,6 +325,8 @@ async def test_why_tells_an_approved_call_in_sentences(
         f'call {CALL_A}: read_file {{"path":"notes.txt"}}, asked by session {SESSION_1}',
         rf"decided {ago}: ask",
         '  grant read-notes (in grants.toml now: mode ask, note "my notes")',
+        # A ledger without policy records (written before them, or by hand): said so.
+        "    its text then is not known: no policy record of its boot before the decision",
         "  the session was taint public, trusted",
         rf"approved by the owner; it ran on their word {ago} \(approval a-12345678, by owner\)",
         "  decided again on the session at taint public, trusted",
@@ -363,6 +365,12 @@ async def test_why_tells_a_denial_and_json_has_the_records(
         "mode": None,
         "note": None,
         "in_grants_now": False,
+        "then": {
+            "sha256": None,
+            "policy_seq": None,
+            "text": None,
+            "missing": "no policy record of its boot before the decision",
+        },
     }
     assert (story["approval"]["outcome"], story["approval"]["by"]) == ("ask", "owner")
     assert (story["result"]["status"], story["result"]["output_bytes"]) == ("ok", 5)

@@ -105,4 +105,5 @@ def test_broker_sock_refuses_another_uid_that_reaches_the_socket(
     daemon.process.terminate()
     assert daemon.wait() == 0
     assert f"broker.sock: refused a peer with uid {OTHER}" in daemon.stderr()
-    assert [record["kind"] for record in records(home)] == ["genesis", "start", "stop"]
+    kinds = [record["kind"] for record in records(home)]
+    assert kinds == ["genesis", "start", "policy", "stop"]

@@ -46,6 +46,7 @@ from boxmaker.core.call import (
 )
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.core.decide import Ask, Decision, Run, ToolRequest, Verdict, evaluate
+from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.ledger import records
@@ -268,10 +269,14 @@ async def _raise_state(broker: Broker, session: str, label: Label) -> Label | St
             broker.states.forget(session)
 
 
-async def _evaluate(broker: Broker, request: ToolRequest) -> Verdict:
+async def _evaluate(
+    broker: Broker, request: ToolRequest, grants: GrantSet | GrantsProblem | None = None
+) -> Verdict:
     """The decision with the grants and state as they are now (also approve's
-    re-decision). Grants are read before the state, as the order demands."""
-    grants = await broker.grants.current()
+    re-decision). Grants are read before the state, as the order demands; a decision
+    to be recorded passes the grants it took (``broker.grants.take()``)."""
+    if grants is None:
+        grants = await broker.grants.current()
     state = await broker.states.read(request.session)
     return evaluate(
         request,
@@ -309,7 +314,7 @@ class _Driver:
     channel while an approve or refuse is being recorded. (Slots, and a flat loop with
     few frames: thousands of these wait at once.)"""
 
-    __slots__ = ("broker", "call", "reply", "request", "requester", "slot")
+    __slots__ = ("broker", "call", "holds_grants", "reply", "request", "requester", "slot")
 
     def __init__(self, broker: Broker, requester: Requester, request: ToolRequest) -> None:
         self.broker = broker
@@ -320,6 +325,7 @@ class _Driver:
         )
         self.slot: int | None = None
         self.reply: trio.MemorySendChannel[machine.AdminReply] | None = None
+        self.holds_grants = False
 
     async def first_event(self) -> machine.Event:
         """What starts the call: its decision (or a reused id, or a stop)."""
@@ -329,7 +335,11 @@ class _Driver:
             return machine.Reused()
         if broker.stopping:
             return machine.Stopping()
-        verdict = await _evaluate(broker, request)
+        # Held until the decision's record is written: a change of grants noticed
+        # meanwhile is recorded after it (GrantsWatcher.take).
+        grants = await broker.grants.take()
+        self.holds_grants = True
+        verdict = await _evaluate(broker, request, grants)
         full: str | None = None
         if isinstance(verdict, Ask) and verdict.decision.tool == "write_file":
             verdict = await _before_asking(broker, verdict)
@@ -343,7 +353,13 @@ class _Driver:
                 _log_decision(verdict.decision)  # now: the owner may be watching the log
         return machine.Decided(verdict, pending_full=full)
 
+    def give_back_grants(self) -> None:
+        if self.holds_grants:
+            self.holds_grants = False
+            self.broker.grants.give_back()
+
     def done(self) -> None:
+        self.give_back_grants()
         if self.slot is not None:
             self.broker.capacity.release_pending(self.slot)
         if self.call.entry is not None:
@@ -359,6 +375,7 @@ class _Driver:
         broker = self.broker
         if isinstance(effect, machine.Record):
             recorded = await broker.record(self._body(effect.body))
+            self.give_back_grants()  # the decision's record is the first
             return machine.Recorded() if recorded else machine.RecordFailed()
         if isinstance(effect, machine.Send):
             await self._send(effect.frame)

@@ -44,10 +44,18 @@ from boxmaker.broker import runner
 from boxmaker.broker.accept import serve_capped
 from boxmaker.broker.admin import handle_admin_connection
 from boxmaker.broker.connection import handle_broker_connection
-from boxmaker.broker.state import Broker, Executor, GrantsWatcher, HomeGuard, StateRaiser
+from boxmaker.broker.state import (
+    Broker,
+    Executor,
+    GrantsWatcher,
+    HomeGuard,
+    PolicyRecorder,
+    StateRaiser,
+)
 from boxmaker.daemon import reread_config, run_daemon, setup_logging
-from boxmaker.grants_file import GrantsReader
+from boxmaker.grants_file import GrantsReader, read_grants_bytes
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.ledger.policies import policies_dir
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import (
@@ -59,7 +67,6 @@ from boxmaker.ledger.writer import (
     open_ledger,
     repair,
 )
-from boxmaker.regular_file import read_regular_file
 from boxmaker.threads import WORKER_THREAD, ToThread
 from boxmaker.unix_sockets import ListenerError, UnixListener, open_unix_listener
 
@@ -134,7 +141,7 @@ async def serve_broker(
     open_file: LedgerOpener = OsLedgerFile.open,
     handle_signals: bool = False,
     owner_uid: int | None = None,
-    read_grants: GrantsReader = read_regular_file,
+    read_grants: GrantsReader = read_grants_bytes,
     grants_watcher: type[GrantsWatcher] = GrantsWatcher,
     execute: Executor = runner.execute,
     raise_state: StateRaiser = state_files.raise_state,
@@ -169,15 +176,21 @@ async def serve_broker(
             listener.remove_path()
         await writer.aclose()
         raise
+    boot = new_boot_id()
+    policy = PolicyRecorder(writer, boot, policies_dir(home.audit_log), to_thread=to_thread)
     broker = Broker(
         home=home,
         config=prepared.config,
         writer=writer,
-        boot=new_boot_id(),
+        boot=boot,
         version=__version__,
         owner_uid=os.getuid() if owner_uid is None else owner_uid,
         grants=grants_watcher(
-            home.grants_toml, read=read_grants, guard=prepared.guard, to_thread=to_thread
+            home.grants_toml,
+            read=read_grants,
+            guard=prepared.guard,
+            policy=policy,
+            to_thread=to_thread,
         ),
         guard=prepared.guard,
         calls=set(prepared.open_calls),
@@ -192,6 +205,7 @@ async def serve_broker(
                 log.error("the start record could not be written; every call will be denied")
             if prepared.repaired is not None:
                 await broker.record(prepared.repaired)
+            # The first policy record of the boot, before any call can be decided.
             await broker.grants.current()
             nursery.start_soon(_watch_grants, broker)
             nursery.start_soon(_stop_when_refused, broker)

@@ -29,11 +29,11 @@ from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.daemon import CONFIG_ANCHOR
 from boxmaker.file_ops import StatKey, stat_key
-from boxmaker.grants_file import GrantsRead, GrantsReader, read_grants
+from boxmaker.grants_file import GrantsRead, GrantsReader, read_grants, read_grants_bytes
 from boxmaker.home import Config, Home, workspace_problem
-from boxmaker.ledger.records import Body
+from boxmaker.ledger.policies import RUNBOOK_KEPT, KeptProblem, keep
+from boxmaker.ledger.records import Body, Policy
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
-from boxmaker.regular_file import read_regular_file
 from boxmaker.state_files import StateKey, read_state_keyed, state_key
 from boxmaker.threads import WORKER_THREAD, ToThread
 
@@ -71,6 +71,69 @@ def _load(path: Path, read: GrantsReader) -> tuple[StatKey, GrantsRead]:
     return key, read_grants(path, read)
 
 
+class PolicyRecorder:
+    """Records each change of the grants brokerd decides with (docs/protocol.md, "Policy
+    records"): keeps the new bytes beside the ledger (:func:`boxmaker.ledger.policies.
+    keep`), then appends a ``policy`` record naming them, or the problem. The same
+    content as this boot's last policy record is not recorded again.
+    """
+
+    def __init__(
+        self,
+        writer: LedgerWriter,
+        boot: str,
+        directory: Path,
+        *,
+        to_thread: ToThread = WORKER_THREAD,
+    ) -> None:
+        self.writer = writer
+        self.boot = boot
+        self.directory = directory
+        self._to_thread = to_thread
+        self._last: tuple[str | None, str | None] | None = None
+
+    @staticmethod
+    def _key(loaded: GrantsRead, value: GrantSet | GrantsProblem) -> tuple[str | None, str | None]:
+        sha = loaded.digest if loaded.data is not None else None
+        return sha, value.describe() if isinstance(value, GrantsProblem) else None
+
+    def needed(self, loaded: GrantsRead, value: GrantSet | GrantsProblem) -> bool:
+        """Would these grants be a change from the last ones recorded this boot?"""
+        return self._key(loaded, value) != self._last
+
+    async def record(self, loaded: GrantsRead, value: GrantSet | GrantsProblem) -> None:
+        """Keep, then record. A version that could not be kept is still recorded (the
+        record says what decided; ``bxctl audit verify`` then names the missing copy);
+        a record that could not be written leaves every call denied
+        ``audit_unavailable``, as the stopped ledger does anyway."""
+        sha, problem = key = self._key(loaded, value)
+        if loaded.data is not None:
+            await self._keep(loaded.data)
+        grants = len(value.grants) if isinstance(value, GrantSet) else None
+        body = Policy(boot=self.boot, sha256=sha, grants=grants, problem=problem)
+        try:
+            await self.writer.append(body)
+        except LedgerStopped:
+            log.warning("the policy record could not be written; every call is denied")
+            return
+        self._last = key
+        log.info("policy: grants.toml %s, %s", sha, problem or f"{grants} grants")
+
+    async def _keep(self, data: bytes) -> None:
+        try:
+            kept = await self._to_thread(keep, self.directory, data)
+        except (KeptProblem, OSError) as exc:
+            # Expected states, not crashes: the words say it, no traceback.
+            log.error(  # noqa: TRY400
+                "this grants.toml could not be kept: %s; see %s", exc, RUNBOOK_KEPT
+            )
+            return
+        if kept.replaced is not None:
+            log.warning(
+                "replaced an untrusted kept version: %s; see %s", kept.replaced, RUNBOOK_KEPT
+            )
+
+
 class GrantsWatcher:
     """The current grant set, re-read when grants.toml's stat changes (checked before each
     decision and on every status) or on SIGHUP (docs/runbook.md).
@@ -78,19 +141,33 @@ class GrantsWatcher:
     A problem is logged once per distinct file content, not on every call; once the file
     is valid again the memory is cleared, so a relapse is logged again. Once ``guard``
     has refused the home (:class:`HomeGuard`), the grants are never used again.
+
+    With a ``policy`` recorder, each change of content is recorded before anything is
+    decided with it, and (the other half of the order) after every decision made with
+    the old grants was recorded: a decision takes its grants with :meth:`take` and
+    gives them back with :meth:`give_back` once its record is written, and a change
+    waits for those in flight (at most :data:`SWITCH_WAIT_S`) while new takers wait for
+    the change. So the policy in force at a decision is the last ``policy`` record
+    before it in the ledger.
     """
+
+    SWITCH_WAIT_S: float = 10.0
+    """How long a change waits for the decisions in flight; past it (a ledger so slow
+    that they are stuck anyway) the change goes on and says so in the log."""
 
     def __init__(
         self,
         path: Path,
         *,
-        read: GrantsReader = read_regular_file,
+        read: GrantsReader = read_grants_bytes,
         guard: HomeGuard | None = None,
+        policy: PolicyRecorder | None = None,
         to_thread: ToThread = WORKER_THREAD,
     ) -> None:
         self.path = path
         self._read = read
         self._guard = guard
+        self._policy = policy
         self._to_thread = to_thread
         self._key: StatKey | str = "never read"
         self._value: GrantSet | GrantsProblem = GrantsProblem(str(path), None, None, "not read")
@@ -98,11 +175,30 @@ class GrantsWatcher:
         # Two decisions may both see a changed stat; one reload is enough, and two
         # racing ones could finish out of order and keep the older content.
         self._lock = trio.Lock()
+        self._holders = 0
+        self._drained = trio.Event()
+        self._switched: trio.Event | None = None
+        """Set while a change is being recorded: :meth:`take` waits for it."""
 
     @property
     def value(self) -> GrantSet | GrantsProblem:
         """The last grant set read, without looking at the file."""
         return self._value
+
+    async def take(self) -> GrantSet | GrantsProblem:
+        """:meth:`current`, for a decision that will be recorded: call
+        :meth:`give_back` once its record is written (or will never be)."""
+        while True:
+            value = await self.current()
+            if self._switched is None:
+                self._holders += 1
+                return value
+            await self._switched.wait()
+
+    def give_back(self) -> None:
+        self._holders -= 1
+        if self._holders == 0:
+            self._drained.set()
 
     async def current(self, *, force: bool = False) -> GrantSet | GrantsProblem:
         """The grant set as the file is now; ``force`` re-reads whatever the stat says."""
@@ -126,10 +222,35 @@ class GrantsWatcher:
             if self._guard is not None and await self._guard.look():
                 value = self._guard.refused_grants(self.path)
                 loaded = attrs.evolve(loaded, cacheable=False)
+            if self._policy is not None and self._policy.needed(loaded, value):
+                await self._switch(loaded, value)
             self._key = key if loaded.cacheable else "not cached"
             self._note(loaded.digest, value)
             self._value = value
             return value
+
+    async def _switch(self, loaded: GrantsRead, value: GrantSet | GrantsProblem) -> None:
+        """Record a change once the decisions in flight with the old grants are."""
+        assert self._policy is not None
+        switched = self._switched = trio.Event()
+        try:
+            if self._holders:
+                self._drained = trio.Event()
+                with trio.move_on_after(self.SWITCH_WAIT_S) as waited:
+                    await self._drained.wait()
+                if waited.cancelled_caught:
+                    log.warning(
+                        "%d decision(s) still unrecorded after %g s; the policy record "
+                        "may come before them",
+                        self._holders,
+                        self.SWITCH_WAIT_S,
+                    )
+            await self._policy.record(loaded, value)
+        finally:
+            # The waiters run only after current() took the new value (no checkpoint
+            # between here and its return).
+            self._switched = None
+            switched.set()
 
     def _note(self, digest: str, value: GrantSet | GrantsProblem) -> None:
         if isinstance(value, GrantsProblem):

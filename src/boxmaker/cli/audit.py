@@ -13,6 +13,7 @@ import orjson
 from cyclopts import App
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.ledger.records import parse_head
 from boxmaker.ledger.verify import iter_lines, verify_file
 from boxmaker.printable import printable
@@ -105,28 +106,52 @@ def _records(path: Path) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
         yield line, record if isinstance(record, dict) else None
 
 
-def select_records(
-    path: Path, call: str | None, session: str | None, tail: int | None
-) -> list[tuple[bytes, dict[str, Any] | None]]:
+Selected = list[tuple[bytes, dict[str, Any] | None]]
+
+
+def select_records(path: Path, call: str | None, session: str | None, tail: int | None) -> Selected:
     """The records ``show`` selects, each line with its parsed record (None: not a
     record); also what ``bxctl why`` reads."""
+    return select_with_policies(path, call, session, tail)[0]
+
+
+def select_with_policies(
+    path: Path, call: str | None, session: str | None, tail: int | None
+) -> tuple[Selected, dict[int, dict[str, Any]]]:
+    """:func:`select_records`, and for each selected decision (by its seq) the policy in
+    force when it was decided: the last ``policy`` record of its boot before it
+    (docs/protocol.md, "Policy records"). A decision with none is not in the map."""
     # Approvals and results name only the call; the session is on its decision.
     calls_of_session: set[str] = set()
     kept: collections.deque[tuple[bytes, dict[str, Any] | None]] = collections.deque(maxlen=tail)
+    in_force: dict[str, Any] | None = None
+    policy_of: dict[int, dict[str, Any]] = {}
     for line, record in _records(path):
         if record is None:
             if call is None and session is None:
                 kept.append((line, None))
             continue
+        kind = record.get("kind")
+        if kind == "policy":
+            in_force = record
         if session is not None:
-            if record.get("kind") == "decision" and record.get("session") == session:
+            if kind == "decision" and record.get("session") == session:
                 calls_of_session.add(str(record.get("call")))
             if record.get("call") not in calls_of_session:
                 continue
         if call is not None and record.get("call") != call:
             continue
         kept.append((line, record))
-    return list(kept)
+        seq = record.get("seq")
+        if (
+            kind == "decision"
+            and in_force is not None
+            and type(seq) is int
+            and in_force.get("boot") == record.get("boot")
+        ):
+            policy_of[seq] = in_force
+    shown = {record.get("seq") for _, record in kept if record is not None}
+    return list(kept), {seq: policy for seq, policy in policy_of.items() if seq in shown}
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -143,6 +168,23 @@ def _describe(record: dict[str, Any]) -> str:
     return printable("  ".join(parts))
 
 
+def grant_then_lines(then: GrantThen, grant_id: object, indent: str = "  ") -> list[str]:
+    """The grant that decided a call, as it was then (:func:`~boxmaker.ledger.policies.
+    grant_then`), in lines to print, each through ``printable`` (the text is a file's)."""
+    if then.text is None:
+        return [f"{indent}its text then is not known: {then.missing}"]
+    where = f"grants.toml {then.sha256[:12] if then.sha256 else '?'}…, policy seq {then.policy_seq}"
+    lines = [f"{indent}grant {grant_id} as it was then ({where}):"]
+    lines += [f"{indent}  {line.removesuffix(chr(13))}" for line in then.text.split("\n")]
+    return lines
+
+
+def _grant_of(ledger: Path, record: dict[str, Any], policy_of: dict[int, Any]) -> GrantThen:
+    seq = record.get("seq")
+    policy = policy_of.get(seq) if type(seq) is int else None
+    return grant_then(policies_dir(ledger), policy, str(record["grant"]))
+
+
 @audit_app.command
 def show(
     *,
@@ -156,7 +198,8 @@ def show(
     Parameters
     ----------
     call
-        Only the records of this call (c-…); exit 1 when it has none.
+        Only the records of this call (c-…), and the text of the grant that decided
+        it as it was then; exit 1 when it has none.
     session
         Only the records of this session's calls (s-…).
     tail
@@ -166,7 +209,7 @@ def show(
         return fail("--tail takes a number of records, 1 or more", Exit.USAGE)
     path = common.resolve().audit_log
     try:
-        selected = select_records(path, call, session, tail)
+        selected, policy_of = select_with_policies(path, call, session, tail)
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
     if call is not None and not selected:
@@ -180,5 +223,8 @@ def show(
             print(f"(not a record) {line[:120].decode('utf-8', errors='backslashreplace')}")
         else:
             print(_describe(record))
+            if call is not None and record.get("kind") == "decision" and record.get("grant"):
+                for text in grant_then_lines(_grant_of(path, record, policy_of), record["grant"]):
+                    print(printable(text))
     sys.stdout.flush()
     return Exit.DONE

@@ -3,8 +3,10 @@
 the session's taint it saw, the owner's answer (who, when, why), the result.
 
 It reads the records ``bxctl audit show --call`` reads (:func:`~boxmaker.cli.audit.
-select_records`). A record holds a grant's id, not its mode or note: those are read
-from grants.toml as it is now, and said so. Times are the owner's local ones
+select_with_policies`). A record holds a grant's id, not its mode or note: those are
+read from grants.toml as it is now, and said so; and the grant's text as it was when it
+decided, from the version the last ``policy`` record before the decision names, kept
+beside the ledger (docs/protocol.md, "Policy records"). Times are the owner's local ones
 (:func:`~boxmaker.clock.local_time`). What the ledger says is outside text (the model
 chose the tool and arguments, the owner the reasons): it is printed through
 ``printable``.
@@ -14,16 +16,18 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import attrs
 import orjson
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
-from boxmaker.cli.audit import select_records
+from boxmaker.cli.audit import grant_then_lines, select_with_policies
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.clock import local_time, parse_utc, utc_now
 from boxmaker.convert import CALL_ID
 from boxmaker.core.grants import GrantSet
 from boxmaker.grants_file import load_grants
 from boxmaker.home import Home
+from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.printable import printable
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
@@ -73,13 +77,19 @@ def call_story(home: Home, call: str) -> list[dict[str, Any]]:
     loaded = load_grants(home.grants_toml)
     grants = loaded if isinstance(loaded, GrantSet) else None
     lives: list[dict[str, Any]] = []
-    for _, record in select_records(home.audit_log, call, None, None):
+    selected, policy_of = select_with_policies(home.audit_log, call, None, None)
+    for _, record in selected:
         if record is None:
             continue
         kind = record.get("kind")
         fields = {k: v for k, v in record.items() if k not in ("seq", "prev", "kind", "call")}
         if kind == "decision":
             fields["grant"] = _grant(grants, fields.get("grant"))
+            if fields["grant"] is not None:
+                seq = record.get("seq")
+                policy = policy_of.get(seq) if type(seq) is int else None
+                then = grant_then(policies_dir(home.audit_log), policy, str(record["grant"]))
+                fields["grant"]["then"] = attrs.asdict(then)
             lives.append({"call": call, "decision": fields, "approval": None, "result": None})
         elif kind in ("approval", "result") and lives:
             lives[-1][str(kind)] = fields
@@ -112,6 +122,7 @@ def _decision_words(decision: dict[str, Any], now: Any) -> list[str]:
         else:
             line += " (no longer in grants.toml)"
         lines.append(line)
+        lines += grant_then_lines(GrantThen(**grant["then"]), grant["id"], indent="    ")
     else:
         lines.append("  no grant decided it")
     if decision.get("reason") is not None:

@@ -45,6 +45,7 @@ class Kind(enum.StrEnum):
     DECISION = "decision"
     APPROVAL = "approval"
     RESULT = "result"
+    POLICY = "policy"
 
 
 class ResultStatus(enum.StrEnum):
@@ -134,7 +135,23 @@ class Result:
     output_bytes: int
 
 
-Body = Genesis | Start | Stop | Repair | Decision | Approval | Result
+@attrs.frozen
+class Policy:
+    """The grants brokerd decides with from here on: written before any decision made
+    with them, at start and whenever grants.toml's content changes (docs/protocol.md,
+    "Policy records"). ``sha256`` names the bytes read (kept as
+    ``ledger/policies/<sha256>.toml``), None when none could be read; ``grants`` is
+    their number when they are valid, ``problem`` why not otherwise (every call is then
+    denied ``grants_invalid``)."""
+
+    kind: ClassVar[Kind] = Kind.POLICY
+    boot: str
+    sha256: str | None
+    grants: int | None
+    problem: str | None
+
+
+Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy
 
 BODY_TYPES: dict[Kind, type[Body]] = {
     Kind.GENESIS: Genesis,
@@ -144,6 +161,7 @@ BODY_TYPES: dict[Kind, type[Body]] = {
     Kind.DECISION: Decision,
     Kind.APPROVAL: Approval,
     Kind.RESULT: Result,
+    Kind.POLICY: Policy,
 }
 
 

@@ -12,6 +12,8 @@ first) is ``genesis``; the per-call order is decision → at most one approval �
 one result, with an approval only after an ``ask`` verdict and a result only after a
 ``run`` verdict or an approval whose outcome is ``ask``/``allowed``. The last line must
 end with a newline. With ``expect_head``, that seq must be in the file with that hash.
+A ``policy`` record names its grants by a SHA-256 (or says why none could be read);
+:func:`verify_file` then checks each named version kept beside the ledger.
 
 Where a problem is reported (its ``seq``): the position the line holds in the chain,
 i.e. the seq the line should have. After a wrong ``seq`` the count follows the line's
@@ -60,6 +62,7 @@ from pathlib import Path
 import attrs
 import orjson
 
+from boxmaker.ledger.policies import RUNBOOK_KEPT, is_sha256, kept_problem, policies_dir
 from boxmaker.ledger.records import GENESIS_PREV, format_head, parse_head
 
 READ_BUFFER = 1 << 20
@@ -109,6 +112,10 @@ class Report:
     open_calls: frozenset[str] = frozenset()
     """Calls with a decision but no end yet (pending, running or unfinished): brokerd
     refuses these ids at start, so a reused id can never add a second decision."""
+    policies: tuple[tuple[int, str], ...] = ()
+    """Each ``policy`` record's seq and the sha256 of the grants it names (the records
+    of a file that could not be read name none): :func:`verify_file` checks the kept
+    versions."""
 
     @property
     def sound(self) -> bool:
@@ -122,10 +129,37 @@ def iter_lines(path: Path) -> Iterator[bytes]:
 
 
 def verify_file(path: Path, expect_head: str | None = None) -> Report:
-    """Verify the ledger at ``path``. I/O errors propagate (the CLI's exit 2)."""
+    """Verify the ledger at ``path``, and the kept grants versions its ``policy``
+    records name (:func:`check_kept`). I/O errors on the ledger propagate (the CLI's
+    exit 2)."""
     # The file object itself, not iter_lines: a generator would cost a resume per line.
     with path.open("rb", buffering=READ_BUFFER) as file:
-        return verify_lines(file, expect_head)
+        report = verify_lines(file, expect_head)
+    return check_kept(report, policies_dir(path))
+
+
+def check_kept(report: Report, directory: Path, *, max_problems: int = MAX_PROBLEMS) -> Report:
+    """Add a problem for each ``policy`` record whose kept version is missing, not a
+    regular file, or holds other bytes (docs/runbook.md#policy-kept). Each version is
+    read once, however many records name it; policy records are rare (one a change)."""
+    found: dict[str, str | None] = {}
+    problems = list(report.problems)
+    left_out = report.problems_left_out
+    for seq, sha in report.policies:
+        if sha not in found:
+            found[sha] = kept_problem(directory, sha)
+        what = found[sha]
+        if what is None:
+            continue
+        if len(problems) < max_problems:
+            what = f"policy {sha[:12]}…: the kept version {what}; see {RUNBOOK_KEPT}"
+            problems.append(Problem(seq, what))
+        else:
+            left_out += 1
+    if len(problems) == len(report.problems):
+        return report
+    problems.sort(key=lambda problem: problem.seq)
+    return attrs.evolve(report, problems=tuple(problems), problems_left_out=left_out)
 
 
 def verify_lines(  # one flat loop: helpers per record would cost a call each
@@ -162,6 +196,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
     # Open calls only: call -> boot tag + phase (the tag, a multiple of 4, changes with
     # each boot, so no tuple is built per call). Finished calls are forgotten.
     open_calls: dict[str, int] = {}
+    policies: list[tuple[int, str]] = []
     boot_tag = 0
     complete = denied = withdrawn = 0
     approval_ends = dict.fromkeys(("denied", "refused", "expired", "withdrawn"), 0)
@@ -292,6 +327,14 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
             elif kind == "genesis":
                 if records != 1:
                     problem(seq, "a genesis record after the first")
+            elif kind == "policy":
+                sha = rec["sha256"]
+                if is_sha256(sha):
+                    policies.append((seq, sha))
+                elif sha is not None:
+                    problem(seq, f"policy record with sha256 {sha!r}")
+                elif type(rec["problem"]) is not str:
+                    problem(seq, "policy record with neither a sha256 nor a problem")
             elif kind != "repair":
                 problem(seq, f"unknown kind {kind!r}")
         except KeyError as missing:
@@ -330,6 +373,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         ),
         problems_left_out=left_out,
         open_calls=frozenset(open_calls),
+        policies=tuple(policies),
     )
 
 
