@@ -18,6 +18,11 @@ Matching (:meth:`Grant.matches`):
   which also says which resolved addresses an entry must name);
 - ``expires``: a grant matches strictly before it (``now >= expires`` → no match).
 
+Precedence (:meth:`GrantSet.in_precedence`): ``deny`` grants first, then ``auto`` grants
+with ``wins_over_ask = true`` (what ``bxctl approve --always`` writes: the owner's answer
+for that call must beat the ``ask`` grant that asked), then ``ask``, then the other
+``auto`` grants; file order within each.
+
 A ``paths`` grant bounds the file a tool actually opens, not only the path it asked
 for (:func:`opened_refusal`): a link in the workspace can lead a covered path to an
 uncovered file, and a hard link gives an uncovered file a covered name. The runner asks
@@ -73,6 +78,8 @@ class Grant:
     label_taint: Taint | None = None
     hard_links: bool = False
     """read_file under ``paths``: may a regular file with more than one link be read?"""
+    wins_over_ask: bool = False
+    """An ``auto`` grant that comes before every ``ask`` grant in precedence."""
     expires: dt.datetime | None = None
     note: str | None = None
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
@@ -162,6 +169,21 @@ def opened_refusal(grant: Grant, requested: str, real: str, links: int) -> str |
     return None
 
 
+def precedence_rank(grant: Grant) -> int:
+    """Where ``grant`` stands in decide()'s precedence: lower is tried first.
+
+    >>> [precedence_rank(Grant("g", "shell", mode)) for mode in (Mode.DENY, Mode.ASK, Mode.AUTO)]
+    [0, 2, 3]
+    >>> precedence_rank(Grant("g", "shell", Mode.AUTO, wins_over_ask=True))
+    1
+    """
+    if grant.mode is Mode.DENY:
+        return 0
+    if grant.mode is Mode.ASK:
+        return 2
+    return 1 if grant.wins_over_ask else 3
+
+
 @attrs.frozen
 class GrantSet:
     """A valid grants.toml: the grants in file order, indexed by tool for speed."""
@@ -171,6 +193,7 @@ class GrantSet:
     _by_tool_mode: Mapping[tuple[str, Mode], tuple[Grant, ...]] = attrs.field(
         eq=False, repr=False, init=False
     )
+    _by_precedence: Mapping[str, tuple[Grant, ...]] = attrs.field(eq=False, repr=False, init=False)
 
     @_by_tool.default
     def _index(self) -> Mapping[str, tuple[Grant, ...]]:
@@ -183,6 +206,17 @@ class GrantSet:
             for tool in TOOL_NAMES
             for mode in Mode
         }
+
+    @_by_precedence.default
+    def _index_precedence(self) -> Mapping[str, tuple[Grant, ...]]:
+        return {
+            tool: tuple(sorted(self._by_tool[tool], key=precedence_rank)) for tool in TOOL_NAMES
+        }
+
+    def in_precedence(self, tool: str) -> tuple[Grant, ...]:
+        """The grants for ``tool`` in the order decide() tries them (the module docstring:
+        deny, auto winning over ask, ask, auto; file order within each)."""
+        return self._by_precedence.get(tool, ())
 
     def for_tool(self, tool: str) -> tuple[Grant, ...]:
         """The grants for ``tool``, in file order."""
@@ -245,6 +279,7 @@ _KEYS: Final = (
     "if_untrusted",
     "label_taint",
     "hard_links",
+    "wins_over_ask",
     "expires",
     "note",
 )
@@ -378,6 +413,11 @@ def _grant(index: int, raw: object, seen: set[str]) -> Grant:
             raise _Invalid(gid, key, f"does not apply to tool {tool}")
     if tool == "http_get" and "hosts" not in raw:
         raise _Invalid(gid, "hosts", "required for http_get (there is no default)")
+    wins_over_ask = (
+        _boolean(gid, "wins_over_ask", raw["wins_over_ask"]) if "wins_over_ask" in raw else False
+    )
+    if wins_over_ask and mode is not Mode.AUTO:
+        raise _Invalid(gid, "wins_over_ask", "applies to auto grants only")
     label_taint = None
     if "label_taint" in raw:
         label_taint = _enum(gid, "label_taint", raw["label_taint"], Taint)
@@ -398,6 +438,7 @@ def _grant(index: int, raw: object, seen: set[str]) -> Grant:
         else Mode.ASK,
         label_taint=label_taint,
         hard_links=_boolean(gid, "hard_links", raw["hard_links"]) if "hard_links" in raw else False,
+        wins_over_ask=wins_over_ask,
         expires=_expires(gid, raw["expires"]) if "expires" in raw else None,
         note=_note(gid, raw["note"]) if "note" in raw else None,
     )
