@@ -10,6 +10,7 @@ from boxmaker.grants_file import load_grants
 from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
+grants_app.command("boxmaker.cli.grants_change:revoke", name="revoke")
 
 
 @grants_app.command
