@@ -55,8 +55,10 @@ def lock_path(grants_toml: Path) -> Path:
 
 
 @contextlib.contextmanager
-def locked(grants_toml: Path, *, wait: float = LOCK_WAIT_S) -> Iterator[None]:
-    """Hold grants.toml's lock (exclusive), waiting at most ``wait`` seconds for it."""
+def locked(grants_toml: Path, *, wait: float | None = None) -> Iterator[None]:
+    """Hold grants.toml's lock (exclusive), waiting at most ``wait`` seconds for it
+    (:data:`LOCK_WAIT_S` unless given)."""
+    wait = LOCK_WAIT_S if wait is None else wait
     path = lock_path(grants_toml)
     try:
         fd = open_regular_file(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
@@ -217,7 +219,7 @@ def remove_grant(path: Path, grant_id: str) -> Grant:
 
 
 def _trailing_comments(table: Table) -> list[Comment | Whitespace]:
-    """The comment lines (and blank lines among them) after the table's last key."""
+    """The comment lines (and the blank lines among them) after the table's last key."""
     body = table.value.body
     tail: list[Comment | Whitespace] = []
     for key, item in reversed(body):
@@ -225,7 +227,10 @@ def _trailing_comments(table: Table) -> list[Comment | Whitespace]:
             break
         tail.append(item)
     tail.reverse()
-    return tail if any(isinstance(item, Comment) for item in tail) else []
+    # From the first comment on: the blank lines above it separated it from this table.
+    while tail and not isinstance(tail[0], Comment):
+        tail.pop(0)
+    return tail
 
 
 def _keep_before(document: tomlkit.TOMLDocument, items: list[Comment | Whitespace]) -> None:
