@@ -50,7 +50,8 @@ wins_over_ask = true
 commands = ["git log --oneline [[]1-9][*] \\"x\\""]
 max_taint = "secret"
 if_untrusted = "ask"
-note = "approved always by alice at 2026-06-01T12:00:00Z for approval a-1f2e3d4c (call c-00000000000000c1)"
+note = "approved always by alice at 2026-06-01T12:00:00Z for approval a-1f2e3d4c \
+(call c-00000000000000c1)"
 """
 
 
@@ -166,7 +167,7 @@ def test_a_held_lock_is_waited_for_only_so_long(
     fields, grant = _always("ls")
     with locked(grants_toml):
         began = time.monotonic()
-        with pytest.raises(GrantsEditError, match="held the lock for 0.3 s; nothing changed"):
+        with pytest.raises(GrantsEditError, match=r"held the lock for 0\.3 s; nothing changed"):
             add_grant(grants_toml, fields, grant)
         assert time.monotonic() - began < 3
     assert grants_toml.read_text(encoding="utf-8") == OWNERS_FILE
