@@ -208,14 +208,29 @@ def remove_grant(path: Path, grant_id: str) -> Grant:
             for item in trailing:
                 document.add(item)
         elif index > 0:
+            above = tables[index - 1]
+            if index == len(tables) and _last_in(document, tables):
+                _drop_blank_tail(above)  # the blank line add_grant put before it
             for item in trailing:
-                tables[index - 1].add(item)
+                above.add(item)
         elif trailing:
             _keep_before(document, trailing)
         return tuple(grant for grant in grants.grants if grant.id != grant_id)
 
     _change(path, edit)
     return removed[0]
+
+
+def _last_in(document: tomlkit.TOMLDocument, tables: AoT) -> bool:
+    """Are the ``[[grant]]`` tables the end of the file?"""
+    return bool(document.body) and document.body[-1][1] is tables
+
+
+def _drop_blank_tail(table: Table) -> None:
+    """Blank lines at the very end of the file, after the table's last key, go."""
+    body = table.value.body
+    while body and body[-1][0] is None and isinstance(body[-1][1], Whitespace):
+        body.pop()
 
 
 def _trailing_comments(table: Table) -> list[Comment | Whitespace]:

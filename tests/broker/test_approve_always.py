@@ -15,6 +15,8 @@ from tests.broker.test_bxctl_owner import bxctl
 from tests.harness.broker import Brokerd, Client, admin, body, call, records_of, tool_request
 from tests.harness.homes import grant, write_grants
 
+from boxmaker.broker import admin as admin_module
+from boxmaker.core import call as machine
 from boxmaker.grants_file import load_grants
 from boxmaker.home import Home
 
@@ -194,3 +196,29 @@ async def test_reload_grants_answers_what_brokerd_decides_with(
     answer = await admin(asking_home, {"kind": "reload_grants"})
     assert (answer["valid"], answer["grants"]) == (False, 0)
     assert "TOML syntax" in answer["problem"]
+
+
+async def test_a_grant_written_for_an_entry_that_ended_meanwhile_is_removed_again(
+    asking_home: Home,
+    brokerd: Brokerd,
+    autojump_clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = asking_home
+    broker = await brokerd.start()
+    client, frame = await pending(home, "notes/a.txt")
+    approval = frame["approval"]
+    real_add = admin_module.add_grant
+
+    def add_then_the_entry_expires(*args: Any) -> None:
+        real_add(*args)
+        # While the grant was being written, the entry reached its deadline.
+        broker.pending.end(approval, machine.Expired())
+
+    monkeypatch.setattr(admin_module, "add_grant", add_then_the_entry_expires)
+    assert await bxctl(home, "approve", approval, "--always") == 1
+    assert capsys.readouterr().err.strip() == f"bxctl: expired: approval {approval} expired"
+    assert home.grants_toml.read_text(encoding="utf-8") == OWNERS_GRANTS
+    assert (await client.final())["reason"] == "expired"
+    await client.aclose()
