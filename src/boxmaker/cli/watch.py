@@ -32,10 +32,7 @@ from boxmaker.wire import (
 )
 
 REFRESH_S: Final = 1.0
-KEYS_HELP: Final = (
-    "↑/↓ or k/j choose · y approve · a always (exact, no expiry) · n refuse (with a reason)"
-    " · q quit"
-)
+KEYS_HELP: Final = "↑/↓ or k/j choose · y approve · a always (exact, no expiry) · n refuse · q quit"
 REASON_PROMPT: Final = "refuse, reason (Enter refuses, Esc goes back): "
 NONE_PENDING: Final = "no pending approvals"
 
