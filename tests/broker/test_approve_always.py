@@ -222,3 +222,22 @@ async def test_a_grant_written_for_an_entry_that_ended_meanwhile_is_removed_agai
     assert home.grants_toml.read_text(encoding="utf-8") == OWNERS_GRANTS
     assert (await client.final())["reason"] == "expired"
     await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--for", "2h"], "bxctl: --for and --scope go with --always"),
+        (["--scope", "dir"], "bxctl: --for and --scope go with --always"),
+        (
+            ["--always", "--for", "2hours"],
+            "bxctl: --for: '2hours': expected a duration such as 30m, 2h, 7d (units s, m, h, d, w)",
+        ),
+        (["--always", "--for", "400d"], "bxctl: --for: at most 366 days"),
+    ],
+)
+async def test_always_options_are_checked_before_brokerd_is_asked(
+    home: Home, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    assert await bxctl(home, "approve", "a-00000001", *args) == 2
+    assert capsys.readouterr().err.strip() == said
