@@ -94,6 +94,11 @@ async def test_approve_always_writes_the_grant_and_the_next_call_runs_without_as
         "grant_written": written,
     }
     assert broker.table.entries() == []
+    capsys.readouterr()
+    assert await bxctl(home, "why", frame["call"]) == 0
+    assert f"  approved always: grant {written} was written to grants.toml first\n" in (
+        capsys.readouterr().out
+    )
 
 
 async def test_the_words_say_which_grant_was_written(
