@@ -172,8 +172,39 @@ def test_shadowed_grants_are_flagged_and_others_not() -> None:
             19,
             "env-auto",
             None,
-            "never decides a call: grant 'no-secrets' (line 13), a deny grant (deny, then ask, "
-            "then auto), is tried first and matches every call this one matches",
+            "never decides a call: grant 'no-secrets' (line 13), a deny grant (deny, then auto "
+            "with wins_over_ask, then ask, then auto), is tried first and matches every call "
+            "this one matches",
+        ),
+    ]
+
+
+ALWAYS_FIRST = """\
+[[grant]]
+id = "notes"
+tool = "read_file"
+mode = "ask"
+paths = ["notes.txt"]
+
+[[grant]]
+id = "always-a-1f2e3d4c"
+tool = "read_file"
+mode = "auto"
+wins_over_ask = true
+paths = ["notes.txt"]
+"""
+
+
+def test_an_approve_always_grant_shadows_the_ask_grant_below_it_in_precedence() -> None:
+    assert found(ALWAYS_FIRST) == [
+        (
+            "warning",
+            1,
+            "notes",
+            None,
+            "never decides a call: grant 'always-a-1f2e3d4c' (line 7), an auto grant that wins "
+            "over ask (deny, then auto with wins_over_ask, then ask, then auto), is tried first "
+            "and matches every call this one matches",
         ),
     ]
 

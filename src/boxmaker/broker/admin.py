@@ -1,5 +1,5 @@
 """admin.sock: the owner's requests (docs/protocol.md): approvals, approve, refuse, status,
-sessions.
+sessions, reload_grants.
 
 Several requests per connection: the first within 5 s of connecting, each later one
 within 60 s of the previous answer. A line that is not a request is answered
@@ -14,11 +14,20 @@ own task does the re-decision, the last look and the one approval record
 (:mod:`boxmaker.core.call`), and reports the outcome back here. That side does the work
 because it owns the connection the last look peeks at, and so one task writes every
 record of a call, in order.
+
+An approve with ``always`` first writes the grant (:mod:`boxmaker.core.grant_scope`
+builds it, :mod:`boxmaker.grants_edit` writes it, in a worker thread) while the entry
+still waits, and re-reads the grants, so the re-decision and every later call decide
+with it. A grant that cannot be written fails the approve (``error
+grant_not_written``) and the call still waits; a grant written for an entry that ended
+meanwhile (it expired, someone else answered) is removed again.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import pwd
 import time
 from typing import Final
 
@@ -27,6 +36,7 @@ import trio
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand
 from boxmaker.broker.preview import preview_write
 from boxmaker.broker.state import Broker
+from boxmaker.clock import utc_now
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
     AdminReply,
@@ -35,9 +45,12 @@ from boxmaker.core.call import (
     NotRecorded,
     late_owner_answer,
 )
+from boxmaker.core.catalogue import ArgumentProblem, check_arguments
+from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, grant_of
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
 from boxmaker.core.state import StateUnreadable
+from boxmaker.grants_edit import GrantsEditError, add_grant, remove_grant
 from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
 from boxmaker.state_files import read_state
 from boxmaker.unix_sockets import DISCONNECTS, check_peer
@@ -54,8 +67,10 @@ from boxmaker.wire import (
     ErrorCode,
     ErrorFrame,
     GrantRef,
+    GrantsReloaded,
     Refuse,
     Refused,
+    ReloadGrantsRequest,
     RunEnd,
     SessionsAnswer,
     SessionsRequest,
@@ -137,6 +152,8 @@ async def answer_request(broker: Broker, request: AdminRequest) -> AdminAnswer:
         return await _status(broker)
     if isinstance(request, SessionsRequest):
         return await _sessions(broker)
+    if isinstance(request, ReloadGrantsRequest):
+        return await reload_grants(broker)
     raise TypeError(f"unhandled admin request {type(request).__name__}")  # pragma: no cover
 
 
@@ -197,10 +214,16 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
     """approve / refuse: take the entry, hand its call the command, wait for the call's
     task to report how it was recorded."""
     approval = request.approval
+    written: str | None = None
+    if isinstance(request, Approve) and request.always is not None:
+        wrote = await _write_always(broker, request)
+        if isinstance(wrote, ErrorFrame):
+            return wrote
+        written = wrote
     send, receive = trio.open_memory_channel[AdminReply](1)
     command: ApproveCommand | RefuseCommand
     if isinstance(request, Approve):
-        command = ApproveCommand(note=request.note, reply=send)
+        command = ApproveCommand(note=request.note, reply=send, grant_written=written)
     else:
         command = RefuseCommand(reason=request.reason, reply=send)
     with receive:
@@ -209,6 +232,8 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
             # Gone, or at or after its deadline (then the call's task records the
             # expiry, once: it is the only one that writes this call's records).
             send.close()
+            if written is not None:
+                await _unwrite(broker, written)
             earlier = EarlierEnd.EXPIRED if ended is not None else None
             code, detail = late_owner_answer(
                 approval, earlier or broker.pending.earlier_end(approval)
@@ -232,8 +257,86 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
             ran=None
             if ran is None
             else RunEnd(outcome="ok" if ran.ok else "failed", reason=ran.reason, detail=ran.detail),
+            grant_written=written,
         )
     return Refused(call=call)
+
+
+def owner_name(uid: int) -> str:
+    """The owner as a grant's note names them: the user name, else ``uid N``."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_written(detail: str) -> ErrorFrame:
+    return _error(ErrorCode.GRANT_NOT_WRITTEN, f"no grant written, the call still waits: {detail}")
+
+
+async def _write_always(broker: Broker, request: Approve) -> str | ErrorFrame:
+    """Write the grant an approve-always asks for, and decide with it from now on: its
+    id, or the error to answer (the entry is left waiting)."""
+    always = request.always
+    assert always is not None
+    entry = broker.table.get(request.approval)
+    if entry is None or entry.is_expired(trio.current_time()):
+        earlier = EarlierEnd.EXPIRED if entry is not None else None
+        code, detail = late_owner_answer(
+            request.approval, earlier or broker.pending.earlier_end(request.approval)
+        )
+        return _error(ErrorCode(code), detail)
+    grants = await broker.grants.current()
+    if isinstance(grants, GrantsProblem):
+        return _not_written(f"grants.toml is invalid: {grants.describe()}")
+    asking = next((g for g in grants.grants if g.id == entry.grant.id), None)
+    if asking is None:
+        return _not_written(f"grant {entry.grant.id}, which asked, is no longer in grants.toml")
+    checked = check_arguments(entry.tool, entry.arguments, workspace=str(broker.workspace))
+    if isinstance(checked, ArgumentProblem):  # pragma: no cover - they were checked to ask
+        return _not_written(checked.detail)
+    fields = always_grant(
+        approval=entry.approval,
+        call=entry.call,
+        arguments=checked,
+        asking=asking,
+        scope=Scope(always.scope),
+        lasting=None if always.for_s is None else dt.timedelta(seconds=always.for_s),
+        owner=owner_name(broker.owner_uid),
+        now=utc_now(),
+    )
+    if isinstance(fields, ScopeProblem):
+        return _not_written(fields.message)
+    grant = grant_of(fields)
+    try:
+        await broker.to_thread(add_grant, broker.home.grants_toml, fields, grant)
+    except (GrantsEditError, OSError) as exc:
+        log.warning("approve %s --always: %s", entry.approval, exc)
+        return _not_written(str(exc))
+    log.info("approve %s --always: wrote grant %s", entry.approval, grant.id)
+    await broker.grants.current(force=True)
+    return grant.id
+
+
+async def _unwrite(broker: Broker, grant_id: str) -> None:
+    """The approve-always's entry ended before its approve took it: its grant goes again."""
+    try:
+        await broker.to_thread(remove_grant, broker.home.grants_toml, grant_id)
+    except (GrantsEditError, OSError) as exc:
+        log.warning(
+            "grant %s was written for an approval that ended; removing it failed: %s", grant_id, exc
+        )
+    else:
+        log.info("grant %s removed again: its approval ended before the approve", grant_id)
+    await broker.grants.current(force=True)
+
+
+async def reload_grants(broker: Broker) -> GrantsReloaded:
+    """``reload_grants``: re-read grants.toml now, as SIGHUP does."""
+    grants = await broker.grants.current(force=True)
+    if isinstance(grants, GrantsProblem):
+        return GrantsReloaded(valid=False, grants=0, problem=grants.describe())
+    return GrantsReloaded(valid=True, grants=len(grants.grants), problem=None)
 
 
 async def _status(broker: Broker) -> StatusAnswer:

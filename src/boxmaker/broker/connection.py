@@ -460,7 +460,7 @@ class _Driver:
             self.reply = command.reply
             verdict = await _evaluate(self.broker, self.request)
             log.info("call %s: approved by the owner (note %r)", call, command.note)
-            return machine.OwnerApproved(verdict)
+            return machine.OwnerApproved(verdict, command.grant_written)
         if isinstance(command, RefuseCommand):
             self.reply = command.reply
             log.info("call %s: refused by the owner", call)
@@ -516,6 +516,7 @@ class _Driver:
                 by=body.by,
                 taint=body.state.taint,
                 untrusted=body.state.untrusted,
+                grant_written=body.grant_written,
             )
         log.debug("result call=%s ok=%s reason=%s", call, body.ok, body.reason)
         return records.Result(

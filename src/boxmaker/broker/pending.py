@@ -38,10 +38,12 @@ entry ended (``expired``; withdrawn because its requester left)."""
 
 @attrs.frozen
 class ApproveCommand:
-    """The owner approved; the call's task re-decides and answers on ``reply``."""
+    """The owner approved; the call's task re-decides and answers on ``reply``.
+    ``grant_written``: the grant an approve-always wrote (its approval record says so)."""
 
     note: str | None
     reply: trio.MemorySendChannel[AdminReply]
+    grant_written: str | None = None
 
 
 @attrs.frozen

@@ -34,6 +34,7 @@ from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.printable import printable
 from boxmaker.wire import (
     MAX_REFUSE_REASON,
+    Always,
     ApprovalsAnswer,
     ApprovalsRequest,
     Approve,
@@ -57,8 +58,10 @@ from boxmaker.wire import (
 )
 
 PROMPT: Final = "you> "
-APPROVE_PROMPT: Final = "approve? [y]es / [n]o (with a reason) "
+APPROVE_PROMPT: Final = "approve? [y]es / [a]lways (exact, no expiry) / [n]o (with a reason) "
 REASON_PROMPT: Final = "reason (Enter refuses, Esc goes back): "
+ALWAYS_KEY: Final = Always()
+"""What ``a`` at an approval prompt asks for: a grant for exactly this call, no expiry."""
 INTERRUPTED: Final = (
     "interrupted: the turn is ended (loopd drops the model request; "
     "a call waiting for you is withdrawn)"
@@ -271,9 +274,9 @@ class ApprovalPrompt:
                 while True:
                     self.terminal.status(APPROVE_PROMPT)
                     key = (await self.terminal.key()).lower()
-                    if key == "y":
+                    if key in ("y", "a"):
                         self._decided = True
-                        return Approve(approval=approval)
+                        return Approve(approval=approval, always=ALWAYS_KEY if key == "a" else None)
                     if key == "n":
                         reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
                         if reason is not None and reason.strip():

@@ -39,6 +39,7 @@ from boxmaker.ledger.verify import READ_BUFFER
 from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
+grants_app.command("boxmaker.cli.grants_change:revoke", name="revoke")
 
 TEST_CALL = "c-" + "0" * 16
 """The call id of ``grants test``'s request: nothing is recorded or run."""

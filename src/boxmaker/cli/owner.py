@@ -4,11 +4,12 @@ approvals, approve, refuse, status, sessions."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import attrs
 import orjson
 import trio
+from cyclopts import Parameter
 
 from boxmaker.cli.admin_client import (
     REPLY_TIMEOUT,
@@ -22,11 +23,13 @@ from boxmaker.cli.terminal import is_interactive
 from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
 from boxmaker.core.call import ApprovalOutcome
+from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
 from boxmaker.home import ConfigError, Home, HomeError, load_config
 from boxmaker.printable import printable
 from boxmaker.wire import (
     AdminAnswer,
     AdminRequest,
+    Always,
     ApprovalsAnswer,
     ApprovalsRequest,
     ApprovalView,
@@ -77,6 +80,20 @@ def _approval_id(text: str) -> str:
     if not APPROVAL_ID.fullmatch(candidate):
         raise _Failed(Exit.USAGE, f"not an approval id: {text!r} (a- and 8 hex digits)")
     return candidate
+
+
+def _always(always: bool, lasting: str | None, scope: Scope) -> Always | None:
+    """approve's ``always`` field from the options (--for and --scope need --always)."""
+    if not always:
+        if lasting is not None or scope is not Scope.EXACT:
+            raise _Failed(Exit.USAGE, "--for and --scope go with --always")
+        return None
+    if lasting is None:
+        return Always(scope=scope.value)
+    duration = parse_duration(lasting)
+    if isinstance(duration, ScopeProblem):
+        raise _Failed(Exit.USAGE, f"--for: {duration.message}")
+    return Always(scope=scope.value, for_s=int(duration.total_seconds()))
 
 
 def _arguments_shown(entry: ApprovalView) -> str:
@@ -154,7 +171,8 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
     ----------
     watch
         Keep watching. On a terminal: the list kept fresh, ↑/↓ or k/j choose an
-        approval, y approves it, n refuses it with a reason, q quits. Elsewhere: print the
+        approval, y approves it, a approves it always (a grant for exactly this call,
+        no expiry), n refuses it with a reason, q quits. Elsewhere: print the
         list again whenever it changes (Ctrl-C stops).
     """
     if watch and not common.json and is_interactive():
@@ -206,7 +224,12 @@ def describe_approved(answer: Approved) -> str:
         if answer.ran.detail:
             failed += f" — {answer.ran.detail}"
         text = f"approved {call}: {tool} ran and failed: {failed}"
-    if answer.outcome == ApprovalOutcome.ALLOWED:
+    if answer.grant_written is not None:
+        text += (
+            f"; grant {answer.grant_written} written: the same call runs without asking "
+            "from now on (an untrusted session is still asked)"
+        )
+    elif answer.outcome == ApprovalOutcome.ALLOWED:
         text += " (a grant now lets it run without asking)"
     return printable(text)
 
@@ -223,7 +246,16 @@ def describe_answer(decision: Approve | Refuse, answer: AdminAnswer) -> str:
     return printable(f"{decision.approval}: brokerd answered {type(answer).__name__}")
 
 
-async def approve(approval: str, /, *, note: str | None = None, common: Common = DEFAULT) -> Exit:
+async def approve(
+    approval: str,
+    /,
+    *,
+    note: str | None = None,
+    always: bool = False,
+    for_: Annotated[str | None, Parameter(name="--for")] = None,
+    scope: Scope = Scope.EXACT,
+    common: Common = DEFAULT,
+) -> Exit:
     """Approve a pending call. brokerd decides again on the current grants and state
     first, so the outcome may still be a denial (docs/protocol.md).
 
@@ -233,9 +265,19 @@ async def approve(approval: str, /, *, note: str | None = None, common: Common =
         The approval id (a-…), as `bxctl approvals` shows it.
     note
         Why you approved (kept with the approval).
+    always
+        Also write a grant to grants.toml that runs this call without asking from now
+        on (docs/runbook.md#grants-edit): exactly this path, command line or host; an
+        untrusted session is still asked.
+    for_
+        With --always: the grant expires after this long (30m, 2h, 7d).
+    scope
+        With --always: exact (default) or dir (a file tool's path's directory, not below).
     """
     try:
-        request = Approve(approval=_approval_id(approval), note=note)
+        request = Approve(
+            approval=_approval_id(approval), note=note, always=_always(always, for_, scope)
+        )
         timeout = approve_timeout(common.resolve())
         answer = await _request(common, request, Approved, timeout=timeout)
     except _Failed as exc:

@@ -1,6 +1,7 @@
 """``bxctl approvals --watch`` on a terminal: the pending approvals, kept fresh, and the
-owner's decision on the one they choose (↑/↓ or k/j choose, y approves, n asks a reason
-and refuses, q quits). It runs on the terminal's alternate screen; what the owner did
+owner's decision on the one they choose (↑/↓ or k/j choose, y approves, a approves
+always: a grant for exactly this call, no expiry; n asks a reason and refuses, q quits).
+It runs on the terminal's alternate screen; what the owner did
 is printed on leaving, so it stays in the scrollback.
 """
 
@@ -13,6 +14,7 @@ import attrs
 import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
+from boxmaker.cli.chat import ALWAYS_KEY
 from boxmaker.cli.common import Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, until_interrupted
@@ -30,7 +32,7 @@ from boxmaker.wire import (
 )
 
 REFRESH_S: Final = 1.0
-KEYS_HELP: Final = "↑/↓ or k/j choose · y approve · n refuse (with a reason) · q quit"
+KEYS_HELP: Final = "↑/↓ or k/j choose · y approve · a always (exact, no expiry) · n refuse · q quit"
 REASON_PROMPT: Final = "refuse, reason (Enter refuses, Esc goes back): "
 NONE_PENDING: Final = "no pending approvals"
 
@@ -89,8 +91,8 @@ class ApprovalsWatch:
         if entry is None:
             return
         request: Approve | Refuse
-        if key == "y":
-            request = Approve(approval=entry.approval)
+        if key in ("y", "a"):
+            request = Approve(approval=entry.approval, always=ALWAYS_KEY if key == "a" else None)
         else:
             reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
             if reason is None or not reason.strip():
@@ -122,7 +124,7 @@ class ApprovalsWatch:
                     self.move(-1)
                 elif name == "KEY_DOWN" or char == "j":
                     self.move(1)
-                elif char in {"y", "n"}:
+                elif char in {"y", "a", "n"}:
                     await self.decide(char)
 
 

@@ -152,6 +152,9 @@ def _approval_words(approval: dict[str, Any], now: Any) -> list[str]:
         lines.append(f'  the reason the model was told: "{reason}"')
     elif reason is not None and outcome != "expired":
         lines.append(f"  because {_because(reason)}")
+    written = approval.get("grant_written")
+    if written is not None:
+        lines.append(f"  approved always: grant {written} was written to grants.toml first")
     if outcome in ("ask", "allowed", "denied"):
         taint, untrusted = approval.get("taint"), approval.get("untrusted")
         lines.append(f"  decided again on the session at taint {taint}, {_trust(untrusted)}")

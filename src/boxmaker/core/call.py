@@ -200,6 +200,8 @@ class ApprovalBody:
     by: ApprovalBy
     state: Label
     """The state it was decided on: the re-decision's for an approve, else the ask's."""
+    grant_written: str | None = None
+    """The grant an approve-always wrote to grants.toml before this approval."""
 
 
 @attrs.frozen
@@ -317,9 +319,10 @@ class Looked:
 @attrs.frozen
 class OwnerApproved:
     """The owner approved; ``verdict`` is the re-decision with the current grants and
-    state."""
+    state; ``grant_written`` the grant an approve-always wrote first."""
 
     verdict: Verdict
+    grant_written: str | None = None
 
 
 @attrs.frozen
@@ -514,6 +517,7 @@ class Call:
     __slots__ = (
         "_approved",
         "_ending",
+        "_grant_written",
         "_ran",
         "_verdict",
         "call",
@@ -535,6 +539,7 @@ class Call:
         self._ending: Ending | None = None
         self._approved: ApprovedReply | None = None
         self._ran: RunOutcome | None = None
+        self._grant_written: str | None = None
 
     def handle(self, event: Event) -> list[Effect]:
         """Feed one event; the effects to carry out, in order."""
@@ -617,6 +622,7 @@ class Call:
 
     def _owner_approved(self, event: OwnerApproved) -> _Row:
         self._verdict = event.verdict
+        self._grant_written = event.grant_written
         outcome = _approved_outcome(event.verdict)
         if outcome is ApprovalOutcome.DENIED:
             return self._record_approval(outcome, event.verdict.decision.reason)
@@ -638,7 +644,9 @@ class Call:
         detail = decision.detail if outcome is ApprovalOutcome.DENIED else None
         self._approved = ApprovedReply(outcome, reason, detail)
         reason_text = reason.value if reason is not None else None
-        body = ApprovalBody(entry.approval, outcome, reason_text, ApprovalBy.OWNER, state)
+        body = ApprovalBody(
+            entry.approval, outcome, reason_text, ApprovalBy.OWNER, state, self._grant_written
+        )
         return Phase.APPROVAL, [Record(body)]
 
     def _approval_recorded(self, event: Recorded) -> _Row:

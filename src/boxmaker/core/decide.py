@@ -43,9 +43,6 @@ class VerdictCode(enum.StrEnum):
     DENY = "deny"
 
 
-_PRECEDENCE = (Mode.DENY, Mode.ASK, Mode.AUTO)
-
-
 @attrs.frozen
 class ToolRequest:
     """A ``tool_request`` frame's content; ``arguments`` as the model sent them."""
@@ -170,12 +167,12 @@ def _deny(
 
 
 def _pick(request: CheckedRequest, grants: GrantSet, now: dt.datetime) -> Grant | None:
-    """Step 6's precedence: deny, then ask, then auto; file order within a mode."""
+    """Step 6's precedence: deny, then auto with ``wins_over_ask``, then ask, then auto;
+    file order within each (:meth:`GrantSet.in_precedence`)."""
     arguments = request.arguments
-    for mode in _PRECEDENCE:
-        for grant in grants.for_tool_and_mode(arguments.tool, mode):
-            if grant.covers(arguments, now):
-                return grant
+    for grant in grants.in_precedence(arguments.tool):
+        if grant.covers(arguments, now):
+            return grant
     return None
 
 

@@ -10,10 +10,10 @@ both parsers at once: it is the one problem, at the line tomllib names.
 Warnings, only for a valid file (docs/decisions.md, "Grants"):
 
 - ``shadowed``: :func:`boxmaker.core.decide.decide` takes the first matching grant in
-  the order deny, ask, auto, file order within a mode; a grant that comes later in that
-  order than a grant of the same tool matching every call it matches (for at least as
-  long: see :func:`_outlives`) never decides anything. "Matches every call" is judged
-  from the patterns alone and conservatively (:func:`glob_covers`,
+  the order deny, auto with ``wins_over_ask``, ask, auto, file order within each; a
+  grant that comes later in that order than a grant of the same tool matching every
+  call it matches (for at least as long: see :func:`_outlives`) never decides anything.
+  "Matches every call" is judged from the patterns alone and conservatively (:func:`glob_covers`,
   :func:`command_covers`, :func:`host_covers`): a warning is always true; a shadowed
   grant whose patterns are too clever may go unflagged.
 - ``chains``: a ``shell`` pattern of an ``auto`` or ``ask`` grant whose wildcard can
@@ -35,14 +35,20 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import AoT, Item, Table
 
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, Mode, all_problems, parse_toml
+from boxmaker.core.grants import (
+    Grant,
+    GrantSet,
+    GrantsProblem,
+    Mode,
+    all_problems,
+    parse_toml,
+    precedence_rank,
+)
 from boxmaker.core.hosts import HostRule
 from boxmaker.core.paths import Glob
 
 Severity = Literal["problem", "warning"]
 
-ORDER: Final = (Mode.DENY, Mode.ASK, Mode.AUTO)
-"""decide()'s precedence (core/decide.py): the first mode that has a matching grant wins."""
 
 CHAIN_CHARACTERS: Final = (";", "&", "|", "$", "`", "\n")
 """What lets one command line run another: ``;``, ``&&`` (and ``&``), ``|``, ``$(``,
@@ -226,9 +232,9 @@ class _Finder:
 
 
 def decide_order(grants: GrantSet) -> list[Grant]:
-    """The grants in the order decide() tries them: by mode (deny, ask, auto), then file
-    order."""
-    return sorted(grants.grants, key=lambda g: ORDER.index(g.mode))
+    """The grants in the order decide() tries them (:func:`precedence_rank`: deny, auto
+    grants that win over ask, ask, auto), then file order."""
+    return sorted(grants.grants, key=precedence_rank)
 
 
 def _shadowed(grants: GrantSet, now: dt.datetime, lines: _Lines) -> Iterator[Finding]:
@@ -239,9 +245,10 @@ def _shadowed(grants: GrantSet, now: dt.datetime, lines: _Lines) -> Iterator[Fin
             if earlier.tool == grant.tool and shadows(earlier, grant, now):
                 why = (
                     "an earlier grant of the same mode"
-                    if earlier.mode is grant.mode
+                    if precedence_rank(earlier) == precedence_rank(grant)
                     else f"{'a' if earlier.mode is Mode.DENY else 'an'} {earlier.mode} grant "
-                    "(deny, then ask, then auto)"
+                    f"{'that wins over ask ' if earlier.wins_over_ask else ''}"
+                    "(deny, then auto with wins_over_ask, then ask, then auto)"
                 )
                 where = lines.line(index[earlier.id], None)
                 at = f" (line {where})" if where is not None else ""

@@ -18,6 +18,11 @@ Matching (:meth:`Grant.matches`):
   which also says which resolved addresses an entry must name);
 - ``expires``: a grant matches strictly before it (``now >= expires`` → no match).
 
+Precedence (:meth:`GrantSet.in_precedence`): ``deny`` grants first, then ``auto`` grants
+with ``wins_over_ask = true`` (what ``bxctl approve --always`` writes: the owner's answer
+for that call must beat the ``ask`` grant that asked), then ``ask``, then the other
+``auto`` grants; file order within each.
+
 A ``paths`` grant bounds the file a tool actually opens, not only the path it asked
 for (:func:`opened_refusal`): a link in the workspace can lead a covered path to an
 uncovered file, and a hard link gives an uncovered file a covered name. The runner asks
@@ -74,6 +79,8 @@ class Grant:
     label_taint: Taint | None = None
     hard_links: bool = False
     """read_file under ``paths``: may a regular file with more than one link be read?"""
+    wins_over_ask: bool = False
+    """An ``auto`` grant that comes before every ``ask`` grant in precedence."""
     expires: dt.datetime | None = None
     note: str | None = None
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
@@ -163,6 +170,21 @@ def opened_refusal(grant: Grant, requested: str, real: str, links: int) -> str |
     return None
 
 
+def precedence_rank(grant: Grant) -> int:
+    """Where ``grant`` stands in decide()'s precedence: lower is tried first.
+
+    >>> [precedence_rank(Grant("g", "shell", mode)) for mode in (Mode.DENY, Mode.ASK, Mode.AUTO)]
+    [0, 2, 3]
+    >>> precedence_rank(Grant("g", "shell", Mode.AUTO, wins_over_ask=True))
+    1
+    """
+    if grant.mode is Mode.DENY:
+        return 0
+    if grant.mode is Mode.ASK:
+        return 2
+    return 1 if grant.wins_over_ask else 3
+
+
 @attrs.frozen
 class GrantSet:
     """A valid grants.toml: the grants in file order, indexed by tool for speed."""
@@ -172,6 +194,7 @@ class GrantSet:
     _by_tool_mode: Mapping[tuple[str, Mode], tuple[Grant, ...]] = attrs.field(
         eq=False, repr=False, init=False
     )
+    _by_precedence: Mapping[str, tuple[Grant, ...]] = attrs.field(eq=False, repr=False, init=False)
 
     @_by_tool.default
     def _index(self) -> Mapping[str, tuple[Grant, ...]]:
@@ -184,6 +207,17 @@ class GrantSet:
             for tool in TOOL_NAMES
             for mode in Mode
         }
+
+    @_by_precedence.default
+    def _index_precedence(self) -> Mapping[str, tuple[Grant, ...]]:
+        return {
+            tool: tuple(sorted(self._by_tool[tool], key=precedence_rank)) for tool in TOOL_NAMES
+        }
+
+    def in_precedence(self, tool: str) -> tuple[Grant, ...]:
+        """The grants for ``tool`` in the order decide() tries them (the module docstring:
+        deny, auto winning over ask, ask, auto; file order within each)."""
+        return self._by_precedence.get(tool, ())
 
     def for_tool(self, tool: str) -> tuple[Grant, ...]:
         """The grants for ``tool``, in file order."""
@@ -283,6 +317,7 @@ _KEYS: Final = (
     "if_untrusted",
     "label_taint",
     "hard_links",
+    "wins_over_ask",
     "expires",
     "note",
 )
@@ -426,6 +461,7 @@ _VALUES: Final[Mapping[str, Callable[[str | None, object], Any]]] = {
     "max_taint": lambda gid, value: _enum(gid, "max_taint", value, Taint),
     "if_untrusted": lambda gid, value: _enum(gid, "if_untrusted", value, Mode),
     "hard_links": lambda gid, value: _boolean(gid, "hard_links", value),
+    "wins_over_ask": lambda gid, value: _boolean(gid, "wins_over_ask", value),
     "expires": _expires,
     "note": _note,
 }
@@ -471,6 +507,8 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
         if tool == "http_get" and "hosts" not in raw:
             problems.append(_Invalid(gid, "hosts", "required for http_get (there is no default)"))
     values = {key: check(key, parse, gid) for key, parse in _VALUES.items() if key not in skip}
+    if values.get("wins_over_ask") and mode is not None and mode is not Mode.AUTO:
+        problems.append(_Invalid(gid, "wins_over_ask", "applies to auto grants only"))
     if problems:
         for problem in problems:
             problem.index = index
@@ -495,6 +533,7 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
         if_untrusted=value("if_untrusted", Mode.ASK),
         label_taint=values.get("label_taint"),
         hard_links=value("hard_links", False),
+        wins_over_ask=value("wins_over_ask", False),
         expires=values.get("expires"),
         note=values.get("note"),
     )

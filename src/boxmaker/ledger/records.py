@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import attrs
 import cattrs
 import orjson
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from boxmaker.convert import converter
 from boxmaker.core.call import ApprovalBy, ApprovalOutcome
@@ -118,6 +119,9 @@ class Approval:
     by: ApprovalBy
     taint: Taint
     untrusted: bool
+    grant_written: str | None = None
+    """The grant ``bxctl approve --always`` wrote to grants.toml for this call; left
+    out of the line when there is none."""
 
 
 @attrs.frozen
@@ -152,6 +156,12 @@ class Policy:
 
 
 Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy
+
+# An approval without a grant written keeps the line it had before the field existed.
+converter.register_unstructure_hook(
+    Approval,
+    make_dict_unstructure_fn(Approval, converter, grant_written=override(omit_if_default=True)),
+)
 
 BODY_TYPES: dict[Kind, type[Body]] = {
     Kind.GENESIS: Genesis,

@@ -31,11 +31,31 @@ class ApprovalsRequest:
     KIND: ClassVar[str] = "approvals"
 
 
+MAX_ALWAYS_S: Final = 366 * 86400
+"""The longest ``always.for_s``: a year and a day."""
+
+
+@attrs.frozen(kw_only=True)
+class Always:
+    """approve's ``always``: also write a grant for this call (docs/protocol.md).
+    ``scope`` ``exact`` (the path, command or host itself) or ``dir`` (the path's
+    directory); ``for_s`` how long it lasts (its ``expires``), None for no end."""
+
+    scope: Literal["exact", "dir"] = "exact"
+    for_s: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(
+            [attrs.validators.ge(1), attrs.validators.le(MAX_ALWAYS_S)]
+        ),
+    )
+
+
 @attrs.frozen(kw_only=True)
 class Approve:
     KIND: ClassVar[str] = "approve"
     approval: str = attrs.field(validator=valid_approval_id)
     note: str | None = attrs.field(default=None, validator=text_between(0, MAX_NOTE))
+    always: Always | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -125,6 +145,8 @@ class Approved:
     detail: str | None = None
     tool: str | None = None
     ran: RunEnd | None = None
+    grant_written: str | None = None
+    """The id of the grant an approve with ``always`` wrote to grants.toml."""
 
 
 @attrs.frozen(kw_only=True)
@@ -161,9 +183,35 @@ class SessionsAnswer:
     sessions: list[SessionView]
 
 
-AdminRequest: TypeAlias = ApprovalsRequest | Approve | Refuse | StatusRequest | SessionsRequest
+@attrs.frozen(kw_only=True)
+class ReloadGrantsRequest:
+    """``reload_grants``: read grants.toml again now (``bxctl grants revoke`` sends it)."""
+
+    KIND: ClassVar[str] = "reload_grants"
+
+
+@attrs.frozen(kw_only=True)
+class GrantsReloaded:
+    """What brokerd decides with after ``reload_grants``: ``grants`` valid grants, or the
+    ``problem`` that makes it deny every call."""
+
+    KIND: ClassVar[str] = "grants_reloaded"
+    valid: bool
+    grants: int = attrs.field(validator=non_negative)
+    problem: str | None
+
+
+AdminRequest: TypeAlias = (
+    ApprovalsRequest | Approve | Refuse | StatusRequest | SessionsRequest | ReloadGrantsRequest
+)
 """What bxctl may send on admin.sock."""
 AdminAnswer: TypeAlias = (
-    ApprovalsAnswer | Approved | Refused | StatusAnswer | SessionsAnswer | ErrorFrame
+    ApprovalsAnswer
+    | Approved
+    | Refused
+    | StatusAnswer
+    | SessionsAnswer
+    | GrantsReloaded
+    | ErrorFrame
 )
 """What brokerd sends back on admin.sock."""

@@ -14,7 +14,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
 from boxmaker.convert import converter, format_path, problems
-from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, GrantRef
+from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, Approved, GrantRef
 from boxmaker.wire.broker import Answer, BrokerAnswer, BrokerRequest
 from boxmaker.wire.common import ErrorCode
 from boxmaker.wire.loop import LoopEvent, LoopRequest, ModelDoneEvent, Say, ToolResultEvent
@@ -45,7 +45,8 @@ _OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
     Say: ("session",),
     ToolResultEvent: ("reason", "detail", "output", "stderr", "exit_code", "elapsed_ms"),
     ModelDoneEvent: ("tokens",),
-    Approve: ("note",),
+    Approve: ("note", "always"),
+    Approved: ("grant_written",),
     GrantRef: ("note",),
 }
 

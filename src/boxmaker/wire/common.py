@@ -80,6 +80,9 @@ class ErrorCode(enum.StrEnum):
     BUSY = "busy"
     """broker.sock: refused at connect, before any frame was read: brokerd is at
     ``[broker] max_connections`` or short of file descriptors."""
+    GRANT_NOT_WRITTEN = "grant_not_written"
+    """admin.sock: approve with ``always`` could not write its grant; the call still
+    waits (docs/runbook.md#grants-edit)."""
     MODEL_UNREACHABLE = "model_unreachable"
     """loop.sock: inferproxy or the model behind it did not answer."""
     MODEL_ERROR = "model_error"

@@ -1,0 +1,187 @@
+"""The grant ``bxctl approve --always`` writes, from the call the owner approved. Pure.
+
+The grant is never broader than the approved call, in any key:
+
+- its patterns are the narrowest the grant keys can say: with scope ``exact`` the path
+  itself (``paths``), the whole command line with every fnmatch metacharacter escaped
+  (``commands``), the URL's host and, when it is not the scheme's own, its port
+  (``hosts``); with scope ``dir`` (file tools only) ``DIR/*``, the files and directories
+  directly in the path's directory, never below it;
+- it keeps the conditions of the grant that asked (``max_taint``, ``label_taint``,
+  ``hard_links``, and its ``expires`` when that comes before ``--for``'s), and never
+  runs an untrusted session's call without asking: its ``if_untrusted`` is ``ask``, or
+  ``deny`` where the asking grant's was;
+- it is ``mode = "auto"`` with ``wins_over_ask = true``, so it decides before the ask
+  grant that asked (a deny grant still wins: core.grants' precedence).
+
+A path a glob cannot name exactly (one with a ``*``, or the workspace root itself) has no
+exact grant: the owner is told so, and may approve the call once instead.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import re
+from typing import Any, Final
+
+import attrs
+
+from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
+from boxmaker.core.grants import (
+    GRANT_ID,
+    Grant,
+    GrantsProblem,
+    Mode,
+    grants_from_document,
+)
+from boxmaker.core.hosts import DEFAULT_PORTS
+from boxmaker.core.paths import ROOT
+
+MAX_FOR: Final = dt.timedelta(days=366)
+"""The longest ``--for``: a grant meant to last longer is one to write by hand."""
+_DURATION: Final = re.compile(r"([0-9]{1,6})([smhdw])")
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class Scope(enum.StrEnum):
+    """How far approve-always's grant reaches."""
+
+    EXACT = "exact"
+    DIR = "dir"
+
+
+@attrs.frozen
+class ScopeProblem:
+    """Why no grant can be written for this call and scope (the owner may approve once)."""
+
+    message: str
+
+
+def parse_duration(text: str) -> dt.timedelta | ScopeProblem:
+    """``--for``: one or more NUMBER+UNIT (s, m, h, d, w), e.g. ``30m``, ``2h``, ``1d12h``.
+
+    >>> parse_duration("30m"), parse_duration("1d12h")
+    (datetime.timedelta(seconds=1800), datetime.timedelta(days=1, seconds=43200))
+    >>> parse_duration("2 hours").message
+    "'2 hours': expected a duration such as 30m, 2h, 7d (units s, m, h, d, w)"
+    >>> parse_duration("0s").message
+    'a duration must be longer than 0 s'
+    """
+    words = "expected a duration such as 30m, 2h, 7d (units s, m, h, d, w)"
+    if not text or _DURATION.sub("", text) != "":
+        return ScopeProblem(f"{text[:40]!r}: {words}")
+    seconds = sum(int(n) * _UNITS[unit] for n, unit in _DURATION.findall(text))
+    if seconds <= 0:
+        return ScopeProblem("a duration must be longer than 0 s")
+    if seconds > MAX_FOR.total_seconds():
+        return ScopeProblem(f"at most {MAX_FOR.days} days")
+    return dt.timedelta(seconds=seconds)
+
+
+def escape_command(command: str) -> str:
+    """An fnmatch pattern that matches ``command`` and nothing else: ``*``, ``?`` and
+    ``[`` each become a one-character class (``]`` alone is already literal).
+
+    >>> escape_command("ls *.txt [a]?")
+    'ls [*].txt [[]a][?]'
+    """
+    return re.sub(r"([*?\[])", r"[\1]", command)
+
+
+def grant_id(approval: str) -> str:
+    """The id of the grant written for ``approval``: it names the approval.
+
+    >>> grant_id("a-1f2e3d4c")
+    'always-a-1f2e3d4c'
+    """
+    return f"always-{approval}"
+
+
+def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, list[str]] | ScopeProblem:
+    tool = arguments.tool
+    if scope is Scope.DIR and tool not in FILE_TOOLS:
+        return ScopeProblem(f"--scope dir applies to file tools only, not {tool}")
+    if tool in FILE_TOOLS:
+        path = arguments.paths[0]
+        if path == ROOT:
+            return ScopeProblem("a glob cannot name the workspace root alone; approve it once")
+        if scope is Scope.DIR:
+            directory, _, _ = path.rpartition("/")
+            pattern = f"{directory}/*" if directory else "*"
+            if "*" in directory:
+                return ScopeProblem(
+                    "the directory's name has a '*', which a glob cannot name exactly; "
+                    "approve it once"
+                )
+            return {"paths": [pattern]}
+        if "*" in path:
+            return ScopeProblem(
+                "the path has a '*', which a glob cannot name exactly; approve it once"
+            )
+        return {"paths": [path]}
+    if tool == "shell":
+        assert arguments.command is not None
+        return {"commands": [escape_command(arguments.command)]}
+    destination = arguments.destination
+    assert destination is not None
+    host = f"[{destination.host}]" if ":" in destination.host else destination.host
+    if destination.port == DEFAULT_PORTS[destination.scheme]:
+        return {"hosts": [destination.host]}
+    return {"hosts": [f"{host}:{destination.port}"]}
+
+
+def always_grant(
+    *,
+    approval: str,
+    call: str,
+    arguments: CheckedArguments,
+    asking: Grant,
+    scope: Scope,
+    lasting: dt.timedelta | None,
+    owner: str,
+    now: dt.datetime,
+) -> dict[str, Any] | ScopeProblem:
+    """The new ``[[grant]]`` table's keys, in the order they are written (the module
+    docstring says what each is); or why there is none. ``asking`` is the grant that
+    asked, as grants.toml says it now; ``lasting`` is ``--for``; ``now`` is aware."""
+    patterns = _patterns(arguments, scope)
+    if isinstance(patterns, ScopeProblem):
+        return patterns
+    gid = grant_id(approval)
+    if not GRANT_ID.fullmatch(gid):  # pragma: no cover - approval ids are a- and 8 hex
+        return ScopeProblem(f"no grant id can be made of {approval!r}")
+    expires = None if lasting is None else now + lasting
+    if asking.expires is not None and (expires is None or asking.expires < expires):
+        expires = asking.expires
+    if expires is not None and expires <= now:
+        return ScopeProblem(f"grant {asking.id}, which asked, has expired")
+    table: dict[str, Any] = {
+        "id": gid,
+        "tool": arguments.tool,
+        "mode": Mode.AUTO.value,
+        "wins_over_ask": True,
+        **patterns,
+        "max_taint": asking.max_taint.value,
+        "if_untrusted": (Mode.DENY if asking.if_untrusted is Mode.DENY else Mode.ASK).value,
+    }
+    if asking.label_taint is not None and arguments.tool == "shell":
+        table["label_taint"] = asking.label_taint.value
+    if asking.hard_links and arguments.tool == "read_file":
+        table["hard_links"] = True
+    if expires is not None:
+        table["expires"] = expires.astimezone(dt.UTC).replace(microsecond=0)
+    when = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    table["note"] = (
+        f"approved always by {owner[:64]} at {when} for approval {approval} (call {call})"
+    )
+    return table
+
+
+def grant_of(table: dict[str, Any]) -> Grant:
+    """The :class:`Grant` a table from :func:`always_grant` makes (as brokerd would read
+    it): for tests and for checking a file written with it."""
+    parsed = grants_from_document({"grant": [table]})
+    if isinstance(parsed, GrantsProblem):  # pragma: no cover - always_grant's are valid
+        raise TypeError(parsed.describe())
+    return parsed.grants[0]

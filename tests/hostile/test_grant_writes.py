@@ -1,0 +1,228 @@
+"""Hostile: writing grants.toml (approve-always, revoke; grants_edit.py).
+
+brokerd may run as root and now writes a file the owner's policy lives in, from a call
+the model chose. None of these may happen: a link or a FIFO planted at grants.toml or
+its lock followed or blocked on; an editor's save clobbered; a path or command the model
+chose (glob or TOML syntax in it) turned into a grant broader than that one string; the
+lock used to hang brokerd."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.harness.broker import Brokerd, Client, admin, tool_request
+from tests.harness.cli import bxctl_in_process as bxctl
+from tests.harness.homes import grant, write_grants
+
+from boxmaker import grants_edit
+from boxmaker.core.catalogue import CheckedArguments, check_arguments
+from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, grant_of
+from boxmaker.core.grants import Grant, GrantSet, Mode
+from boxmaker.grants_edit import GrantsEditError, add_grant, lock_path, locked
+from boxmaker.grants_file import load_grants
+from boxmaker.home import Home
+
+NOW_TEXT = "# the owner's\n"
+NOW = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+LATER = NOW + dt.timedelta(days=1)
+
+
+def _fields(tool: str, raw: dict[str, str]) -> tuple[dict[str, object], Grant, CheckedArguments]:
+    arguments = check_arguments(tool, raw)
+    assert isinstance(arguments, CheckedArguments), arguments
+    fields = always_grant(
+        approval="a-0000000a",
+        call="c-000000000000000a",
+        arguments=arguments,
+        asking=Grant("asks", tool, Mode.ASK),  # type: ignore[arg-type]
+        scope=Scope.EXACT,
+        lasting=None,
+        owner="owner",
+        now=NOW,
+    )
+    assert not isinstance(fields, ScopeProblem), fields
+    return fields, grant_of(fields), arguments
+
+
+@contextlib.contextmanager
+def grants_file(text: str = NOW_TEXT) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "grants.toml"
+        path.write_text(text, encoding="utf-8")
+        yield path
+
+
+# Model-chosen strings: glob and fnmatch syntax, TOML's quotes, escapes, newlines, "]]".
+_PIECE = st.sampled_from(
+    [*"*?[]!\"'\\\n\r\t#=", "]]", "[[grant]]", '"""', "'''", "\\u0000", "\\"]
+) | st.characters(exclude_characters="\x00", codec="utf-8")
+NASTY = st.lists(_PIECE, min_size=1, max_size=20).map("".join)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(command=NASTY, other=NASTY)
+def test_a_model_chosen_command_becomes_a_grant_for_exactly_that_string(
+    command: str, other: str
+) -> None:
+    fields, grant, arguments = _fields("shell", {"command": command})
+    with grants_file() as path:
+        add_grant(path, fields, grant)
+        read = load_grants(path)  # brokerd's own reading of the file written
+        assert isinstance(read, GrantSet)
+        assert read.grants == (grant,)
+        assert path.read_text(encoding="utf-8").startswith(NOW_TEXT)
+    [written] = read.grants
+    assert written.covers(arguments, LATER)
+    if other != command:
+        assert not written.covers(_checked("shell", {"command": other}), LATER)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    path=NASTY.filter(lambda p: "*" not in p and "/" not in p and p not in (".", "..")),
+    other=NASTY,
+)
+def test_a_model_chosen_path_becomes_a_grant_for_exactly_that_path(path: str, other: str) -> None:
+    fields, grant, arguments = _fields("read_file", {"path": path})
+    with grants_file() as file:
+        add_grant(file, fields, grant)
+        read = load_grants(file)
+    assert isinstance(read, GrantSet)
+    [written] = read.grants
+    assert written == grant
+    assert written.covers(arguments, LATER)
+    theirs = check_arguments("read_file", {"path": other})
+    if isinstance(theirs, CheckedArguments) and theirs.paths != arguments.paths:
+        assert not written.covers(theirs, LATER)
+
+
+def _checked(tool: str, raw: dict[str, str]) -> CheckedArguments:
+    checked = check_arguments(tool, raw)
+    assert isinstance(checked, CheckedArguments)
+    return checked
+
+
+def test_a_path_with_a_star_gets_no_grant_at_all() -> None:
+    arguments = _checked("read_file", {"path": "secrets/*"})
+    problem = always_grant(
+        approval="a-0000000a",
+        call="c-000000000000000a",
+        arguments=arguments,
+        asking=Grant("asks", "read_file", Mode.ASK),
+        scope=Scope.EXACT,
+        lasting=None,
+        owner="owner",
+        now=NOW,
+    )
+    assert isinstance(problem, ScopeProblem)
+
+
+def test_a_symlink_at_grants_toml_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "workspace-file.toml"
+    target.write_text(NOW_TEXT)
+    link = tmp_path / "grants.toml"
+    link.symlink_to(target)
+    fields, grant, _ = _fields("shell", {"command": "ls"})
+    with pytest.raises(GrantsEditError, match="a symlink, which is not followed"):
+        add_grant(link, fields, grant)
+    assert link.is_symlink()
+    assert target.read_text() == NOW_TEXT
+
+
+def test_a_symlink_or_fifo_at_the_lock_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "grants.toml"
+    path.write_text(NOW_TEXT)
+    elsewhere = tmp_path / "elsewhere"
+    lock_path(path).symlink_to(elsewhere)
+    fields, grant, _ = _fields("shell", {"command": "ls"})
+    with pytest.raises(GrantsEditError, match=r"grants\.toml\.lock: not a regular file"):
+        add_grant(path, fields, grant)
+    assert not elsewhere.exists()  # not created through the link
+    lock_path(path).unlink()
+    os.mkfifo(lock_path(path))
+    began = time.monotonic()
+    with pytest.raises(GrantsEditError, match=r"not a regular file \(a FIFO\)"):
+        add_grant(path, fields, grant)
+    assert time.monotonic() - began < 2
+    assert path.read_text() == NOW_TEXT
+
+
+def test_a_fifo_at_grants_toml_is_refused_without_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "grants.toml"
+    os.mkfifo(path)
+    fields, grant, _ = _fields("shell", {"command": "ls"})
+    began = time.monotonic()
+    with pytest.raises(GrantsEditError, match="FIFO"):
+        add_grant(path, fields, grant)
+    assert time.monotonic() - began < 2
+
+
+def test_an_editor_saving_meanwhile_is_not_clobbered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "grants.toml"
+    path.write_text(NOW_TEXT)
+    saved = NOW_TEXT + grant("mine", "read_file", "ask")
+    real_dumps = grants_edit.tomlkit.dumps
+
+    def dumps_while_an_editor_saves(document: object) -> str:
+        # The editor writes without the lock, as editors do: a new file renamed over.
+        temp = tmp_path / "editor.tmp"
+        temp.write_text(saved)
+        temp.replace(path)
+        return real_dumps(document)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(grants_edit.tomlkit, "dumps", dumps_while_an_editor_saves)
+    fields, new, _ = _fields("shell", {"command": "ls"})
+    with pytest.raises(GrantsEditError, match="changed while it was being rewritten"):
+        add_grant(path, fields, new)
+    assert path.read_text() == saved
+    assert not list(tmp_path.glob(".grants.toml.*.tmp"))
+
+
+async def test_a_held_lock_cannot_hang_brokerd(
+    home: Home,
+    brokerd: Brokerd,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Real threads and real time: the lock is waited for in a worker thread, brokerd
+    answers everything else meanwhile, and the approve fails cleanly; the call waits."""
+    monkeypatch.setattr(grants_edit, "LOCK_WAIT_S", 1.0)
+    (home.default_workspace / "n.txt").write_text("n\n")
+    write_grants(home, grant("asks", "read_file", "ask"))
+    broker = await brokerd.start()
+    client = await Client.open(home.broker_sock)
+    pending = await client.ask(tool_request("read_file", {"path": "n.txt"}))
+    approval = pending["approval"]
+    before = home.grants_toml.read_bytes()
+    codes: list[int] = []
+    with locked(home.grants_toml):
+        async with trio.open_nursery() as nursery:
+
+            async def approve() -> None:
+                codes.append(await bxctl(home, "approve", approval, "--always"))
+
+            nursery.start_soon(approve)
+            await trio.sleep(0.3)
+            began = trio.current_time()
+            status = await admin(home, {"kind": "status"})
+            assert status["pending"] == 1
+            assert trio.current_time() - began < 0.5
+    assert codes == [1]
+    assert "grant_not_written" in capsys.readouterr().err
+    assert home.grants_toml.read_bytes() == before
+    assert [entry.approval for entry in broker.table.entries()] == [approval]
+    answer = await admin(home, {"kind": "approve", "approval": approval})
+    assert answer["outcome"] == "ask"
+    await client.aclose()
