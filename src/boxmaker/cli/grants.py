@@ -5,11 +5,13 @@ from __future__ import annotations
 from cyclopts import App
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, print_json
+from boxmaker.cli.what_if import what_if
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.grants_file import load_grants
 from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
+grants_app.command(what_if)
 
 
 @grants_app.command
