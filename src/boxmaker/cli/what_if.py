@@ -148,8 +148,9 @@ def _grant_words(grant_id: str | None) -> str:
     return "no grant" if grant_id is None else grant_id
 
 
-def _calls(count: int) -> str:
-    return f"{count} call" if count == 1 else f"{count} calls"
+def _count(count: int, thing: str) -> str:
+    """ "1 call", "2 calls"."""
+    return f"{count} {thing}" if count == 1 else f"{count} {thing}s"
 
 
 def _flip_line(flip: Flip) -> str:
@@ -169,25 +170,27 @@ def _skipped_lines(replay: Replay, malformed: int) -> list[str]:
     not_by_grants = sum(replay.not_by_grants.values())
     if not_by_grants:
         reasons = ", ".join(f"{r} {n}" for r, n in sorted(replay.not_by_grants.items()))
-        lines.append(f"skipped {not_by_grants} decisions not made by grants ({reasons})")
+        lines.append(f"skipped {_count(not_by_grants, 'decision')} not made by grants ({reasons})")
     if replay.unreplayable:
         lines.append(f"skipped {replay.unreplayable} decisions whose arguments no longer check")
     if malformed:
-        lines.append(f"skipped {malformed} malformed ledger lines (bxctl audit verify)")
+        lines.append(
+            f"skipped {_count(malformed, 'malformed ledger line')} (bxctl audit verify says more)"
+        )
     return lines
 
 
 def _print_text(header: str, replay: Replay, groups: list[Group], malformed: int) -> None:
     lines = [header]
     lines.append(
-        f"replayed {replay.replayed} decisions: {replay.flips} would change, "
+        f"replayed {_count(replay.replayed, 'decision')}: {replay.flips} would change, "
         f"{replay.unchanged} would not"
     )
     lines += _skipped_lines(replay, malformed)
     for group in groups:
         lines.append("")
         then, now = _grant_words(group.then), _grant_words(group.now)
-        lines.append(printable(f"{then} → {now}: {_calls(group.count)}"))
+        lines.append(printable(f"{then} → {now}: {_count(group.count, 'call')}"))
         lines += [_flip_line(flip) for flip in group.flips]
         if group.count > len(group.flips):
             more = group.count - len(group.flips)
