@@ -67,7 +67,10 @@ class DecisionReader:
             except orjson.JSONDecodeError:
                 self.malformed += 1
                 continue
-            if type(fields) is not dict or fields.get("kind") != "decision":
+            if type(fields) is not dict:
+                self.malformed += 1  # not a record at all
+                continue
+            if fields.get("kind") != "decision":
                 continue
             recorded = _recorded(fields)
             if recorded is None:
