@@ -40,7 +40,7 @@ from boxmaker.core.catalogue import (
     CheckedArguments,
     check_arguments,
 )
-from boxmaker.core.decide import CheckedRequest, VerdictCode, decide
+from boxmaker.core.decide import CheckedRequest, Verdict, VerdictCode, decide
 from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.labels import Label
 from boxmaker.core.reasons import Reason
@@ -181,8 +181,8 @@ class Replay:
         epoch = bisect.bisect_right(self._expiries, now)
         arguments_key = _arguments_key(recorded.tool, recorded.arguments)
         if arguments_key is None:  # not cacheable: decided afresh, every time
-            call = self._first_look(recorded, now)
-            return None if call is None else self._decide(recorded, call, state, now)
+            first = self._first_look(recorded, now)
+            return None if first is None else first[1]
         key = (arguments_key, epoch, state.taint, state.untrusted)
         outcome = self._outcomes.get(key)
         if outcome is not None:
@@ -190,29 +190,36 @@ class Replay:
         call_key = (arguments_key, epoch)
         if call_key in self._calls:
             call = self._calls[call_key]
+            if call is None:
+                return None
+            outcome = self._decide(recorded, call, state, now)
         else:
-            call = self._first_look(recorded, now)
-            _bounded(self._calls)[call_key] = call
-        if call is None:
-            return None
-        outcome = self._decide(recorded, call, state, now)
+            first = self._first_look(recorded, now)
+            _bounded(self._calls)[call_key] = None if first is None else first[0]
+            if first is None:
+                return None
+            outcome = first[1]
         _bounded(self._outcomes)[key] = outcome
         return outcome
 
-    def _first_look(self, recorded: RecordedDecision, now: dt.datetime) -> _Call | None:
-        """Check the arguments, note which grants cover them, and find the grant that
-        precedence picks for them (which does not depend on the session's state)."""
+    def _first_look(
+        self, recorded: RecordedDecision, now: dt.datetime
+    ) -> tuple[_Call, Outcome] | None:
+        """Arguments not seen before (in this epoch): check them, note which grants
+        cover them, and decide with the whole grant set. Also the grant that precedence
+        picks for them, which does not depend on the session's state: later states
+        are decided on it alone (:meth:`_decide`)."""
         checked = check_arguments(recorded.tool, recorded.arguments)
         if isinstance(checked, ArgumentProblem):
             return None
         self._note_matches(checked, now)
         request = CheckedRequest(recorded.call, recorded.session, checked)
-        picked = decide(request, self.grants, recorded.state, now).decision.grant
-        alone = self._alone.get(picked)
+        outcome = self._outcome_of(decide(request, self.grants, recorded.state, now))
+        alone = self._alone.get(outcome.grant)
         if alone is None:
-            found = tuple(g for g in self.grants.grants if g.id == picked)
-            alone = self._alone[picked] = GrantSet(found)
-        return _Call(checked, alone)
+            found = tuple(g for g in self.grants.grants if g.id == outcome.grant)
+            alone = self._alone[outcome.grant] = GrantSet(found)
+        return _Call(checked, alone), outcome
 
     def _decide(
         self, recorded: RecordedDecision, call: _Call, state: Label, now: dt.datetime
@@ -222,7 +229,10 @@ class Replay:
         # depends on that grant and the state alone, so it is the answer the whole
         # grant set gives, at a fraction of the cost.
         request = CheckedRequest(recorded.call, recorded.session, call.checked)
-        decision = decide(request, call.grants, state, now).decision
+        return self._outcome_of(decide(request, call.grants, state, now))
+
+    def _outcome_of(self, verdict: Verdict) -> Outcome:
+        decision = verdict.decision
         if decision.grant is not None:
             self.decided.add(decision.grant)
         return Outcome(decision.verdict, decision.reason, decision.grant, decision.detail)
