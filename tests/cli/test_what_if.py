@@ -185,7 +185,7 @@ def test_the_text_as_the_owner_reads_it(
         f'  run → ask  2026-06-01 12:05:00  {call_id(5)}  {S1}  read_file {{"path":"notes/b.txt"}}',
         "",
         "no grant → web: 1 call",
-        f'  deny → run  2026-06-01 12:06:00  {call_id(6)}  {S2}  http_get {{"url":"https://a.org/x"}}',
+        f'  deny (no_grant) → run  2026-06-01 12:06:00  {call_id(6)}  {S2}  http_get {{"url":"https://a.org/x"}}',
         "",
         "candidate grants that would never have matched a recorded call:",
         "  make: shell auto",

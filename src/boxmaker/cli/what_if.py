@@ -153,11 +153,15 @@ def _count(count: int, thing: str) -> str:
     return f"{count} {thing}" if count == 1 else f"{count} {thing}s"
 
 
+def _verdict_words(verdict: str, reason: str | None) -> str:
+    """ "run", "deny (taint_exceeded)"."""
+    return verdict if reason is None else f"{verdict} ({reason})"
+
+
 def _flip_line(flip: Flip) -> str:
     recorded, now = flip.recorded, flip.now
-    change = f"{recorded.verdict} → {now.verdict}"
-    if now.reason is not None:
-        change += f" ({now.reason})"
+    change = f"{_verdict_words(recorded.verdict, recorded.reason)} → "
+    change += _verdict_words(now.verdict, now.reason)
     when = recorded.at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
     arguments = orjson.dumps(recorded.arguments, option=orjson.OPT_SORT_KEYS).decode()
     return printable(
