@@ -237,10 +237,13 @@ def what_if(
     limit: int = DEFAULT_LIMIT,
     common: Common = DEFAULT,
 ) -> Exit:
-    """Replay every recorded decision against a candidate grants file, with the same
-    decide() brokerd uses, at each decision's time and with the taint and trust it
-    saw: print the calls whose verdict would change, grouped by grant, and the
-    candidate's grants that would never have matched a recorded call.
+    """Which recorded calls a candidate grants file would decide otherwise.
+
+    Every recorded decision is decided again with the same decide() brokerd uses, at
+    its own time and on the taint and trust it saw; the calls whose verdict would
+    change are printed grouped by grant (the one that decided then → the candidate's
+    that would decide now), then the candidate's grants that would never have matched
+    a recorded call.
 
     Exit 0 (1 with --fail-on-change when a verdict would change), 2 when the
     candidate does not parse (every problem is printed) or cannot be read.
