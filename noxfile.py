@@ -110,6 +110,7 @@ def bench(session: nox.Session) -> None:
     for script in (
         "bench_decide",
         "bench_ledger",
+        "bench_what_if",
         "bench_runner",
         "bench_broker",
         "bench_proxy",

@@ -24,6 +24,7 @@ from cyclopts import App, Parameter
 from boxmaker import state_files
 from boxmaker.broker.runner import before_asking
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.cli.what_if import what_if
 from boxmaker.clock import format_utc, local_time, parse_utc, utc_now
 from boxmaker.convert import SESSION_ID
 from boxmaker.core.catalogue import ArgumentProblem, check_arguments
@@ -40,6 +41,7 @@ from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
 grants_app.command("boxmaker.cli.grants_change:revoke", name="revoke")
+grants_app.command(what_if)
 
 TEST_CALL = "c-" + "0" * 16
 """The call id of ``grants test``'s request: nothing is recorded or run."""

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import attrs
 
+from boxmaker.core import durations
 from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
 from boxmaker.core.grants import (
     GRANT_ID,
@@ -40,8 +41,6 @@ from boxmaker.core.paths import ROOT
 
 MAX_FOR: Final = dt.timedelta(days=366)
 """The longest ``--for``: a grant meant to last longer is one to write by hand."""
-_DURATION: Final = re.compile(r"([0-9]{1,6})([smhdw])")
-_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class Scope(enum.StrEnum):
@@ -59,24 +58,21 @@ class ScopeProblem:
 
 
 def parse_duration(text: str) -> dt.timedelta | ScopeProblem:
-    """``--for``: one or more NUMBER+UNIT (s, m, h, d, w), e.g. ``30m``, ``2h``, ``1d12h``.
+    """``--for`` (:func:`boxmaker.core.durations.parse_duration`), at most
+    :data:`MAX_FOR`.
 
-    >>> parse_duration("30m"), parse_duration("1d12h")
-    (datetime.timedelta(seconds=1800), datetime.timedelta(days=1, seconds=43200))
-    >>> parse_duration("2 hours").message
-    "'2 hours': expected a duration such as 30m, 2h, 7d (units s, m, h, d, w)"
+    >>> parse_duration("30m"), parse_duration("400d").message
+    (datetime.timedelta(seconds=1800), 'at most 366 days')
     >>> parse_duration("0s").message
     'a duration must be longer than 0 s'
     """
-    words = "expected a duration such as 30m, 2h, 7d (units s, m, h, d, w)"
-    if not text or _DURATION.sub("", text) != "":
-        return ScopeProblem(f"{text[:40]!r}: {words}")
-    seconds = sum(int(n) * _UNITS[unit] for n, unit in _DURATION.findall(text))
-    if seconds <= 0:
-        return ScopeProblem("a duration must be longer than 0 s")
-    if seconds > MAX_FOR.total_seconds():
+    try:
+        duration = durations.parse_duration(text)
+    except ValueError as exc:
+        return ScopeProblem(str(exc))
+    if duration > MAX_FOR:
         return ScopeProblem(f"at most {MAX_FOR.days} days")
-    return dt.timedelta(seconds=seconds)
+    return duration
 
 
 def escape_command(command: str) -> str:
