@@ -8,8 +8,6 @@ import re
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -288,15 +286,6 @@ def test_show_of_a_call_not_in_the_ledger_exits_1(
 
 
 # --- why ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def utc_owner(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def later_than_the_records(home: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> str:

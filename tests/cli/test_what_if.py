@@ -5,8 +5,6 @@ parse or cannot be read (exit 2)."""
 from __future__ import annotations
 
 import datetime as dt
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +81,6 @@ def call_id(n: int) -> str:
 
 def bxctl(*args: str) -> int:
     return int(app(list(args), result_action="return_value"))
-
-
-@pytest.fixture
-def utc_owner(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The owner's zone is UTC, so the local times shown are the records' own."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def write_ledger(home: Path, rows: list[tuple[Any, ...]] = ROWS) -> None:

@@ -3,6 +3,7 @@ loads (``pytest_plugins``), so a test names a fixture and never imports it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -63,3 +64,13 @@ async def brokerd(home: Home, request: pytest.FixtureRequest) -> AsyncIterator[B
 async def broker(brokerd: Brokerd) -> Broker:
     """brokerd on ``home`` as it is when the test starts, started with no options."""
     return await brokerd.start()
+
+
+@pytest.fixture
+def utc_owner(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The owner's zone is UTC, so the local times bxctl shows are the records' own."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

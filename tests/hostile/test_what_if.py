@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +41,6 @@ CANDIDATE = '[[grant]]\nid = "sh"\ntool = "shell"\nmode = "ask"\n'
 
 def bxctl(*args: str) -> int:
     return int(app(list(args), result_action="return_value"))
-
-
-@pytest.fixture
-def utc_owner(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 @pytest.fixture
