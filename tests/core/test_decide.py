@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.harness.grants import checked
 from tests.harness.grants import grant_set as grants
+from tests.harness.homes import grant_table
 
 from boxmaker.core.decide import (
     Ask,
@@ -39,9 +40,7 @@ UNTRUSTED = Label(Taint.PUBLIC, True)
 
 
 def g(gid: str, mode: str, tool: str = "read_file", **extra: str) -> str:
-    lines = [f'[[grant]]\nid = "{gid}"\ntool = "{tool}"\nmode = "{mode}"']
-    lines += [f"{key} = {value}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
+    return grant_table(gid, tool, mode, **extra)
 
 
 def request(tool: str = "read_file", **arguments: Any) -> ToolRequest:

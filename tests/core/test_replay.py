@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.harness.grants import checked
 from tests.harness.grants import grant_set as grants
+from tests.harness.homes import grant_table as g
 
 from boxmaker.core.decide import CheckedRequest, Decision, VerdictCode, decide
 from boxmaker.core.grants import GrantSet
@@ -24,12 +25,6 @@ SESSION = "s-0123456789ab"
 INTERNAL = Label(Taint.INTERNAL, False)
 SECRET = Label(Taint.SECRET, False)
 UNTRUSTED = Label(Taint.PUBLIC, True)
-
-
-def g(gid: str, tool: str, mode: str, **extra: str) -> str:
-    lines = ["[[grant]]", f'id = "{gid}"', f'tool = "{tool}"', f'mode = "{mode}"']
-    lines += [f"{key} = {value}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
 
 
 def decided(
