@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.harness.grants import checked, exact_always
 
 from boxmaker import grants_edit
-from boxmaker.core.catalogue import CheckedArguments, check_arguments
-from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, grant_of
+from boxmaker.core.grant_scope import ScopeProblem, grant_of
 from boxmaker.core.grants import Grant, GrantSet, Mode, parse_grants
 from boxmaker.grants_edit import GrantsEditError, add_grant, locked, remove_grant
 from boxmaker.grants_file import load_grants
@@ -56,15 +56,11 @@ note = "approved always by alice at 2026-06-01T12:00:00Z for approval a-1f2e3d4c
 
 
 def _always(command: str, approval: str = "a-1f2e3d4c") -> tuple[dict[str, object], Grant]:
-    arguments = check_arguments("shell", {"command": command})
-    assert isinstance(arguments, CheckedArguments)
-    fields = always_grant(
+    fields = exact_always(
+        checked("shell", {"command": command}),
+        Grant("git", "shell", Mode.ASK),
         approval=approval,
         call="c-00000000000000c1",
-        arguments=arguments,
-        asking=Grant("git", "shell", Mode.ASK),
-        scope=Scope.EXACT,
-        lasting=None,
         owner="alice",
         now=NOW,
     )

@@ -65,12 +65,17 @@ def grant_lines(text: str, gid: str) -> list[str]:
     return ["      [[grant]]", *[f"      {line}" for line in table.rstrip("\n").split("\n")]]
 
 
+def start_on_first(home: Home, daemons: list[Daemon]) -> Daemon:
+    """brokerd as a process on FIRST, with a notes.txt to read."""
+    (home.default_workspace / "notes.txt").write_text("hi")
+    write_grants(home, FIRST)
+    return start(daemons, home)
+
+
 def test_policy_records_follow_every_change_and_why_shows_the_grant_as_it_was(
     home: Home, daemons: list[Daemon]
 ) -> None:
-    (home.default_workspace / "notes.txt").write_text("hi")
-    write_grants(home, FIRST)
-    daemon = start(daemons, home)
+    daemon = start_on_first(home, daemons)
     # Start: one.
     assert [(p["sha256"], p["grants"], p["problem"]) for p in policies(home)] == [
         (sha(FIRST), 1, None)
@@ -153,9 +158,7 @@ def test_policy_records_follow_every_change_and_why_shows_the_grant_as_it_was(
 def test_audit_verify_finds_a_kept_version_changed_removed_or_replaced_by_a_link(
     home: Home, daemons: list[Daemon]
 ) -> None:
-    (home.default_workspace / "notes.txt").write_text("hi")
-    write_grants(home, FIRST)
-    daemon = start(daemons, home)
+    daemon = start_on_first(home, daemons)
     call, answer = ask(home, "read_file", {"path": "notes.txt"})
     assert answer["outcome"] == "ok"
     daemon.process.send_signal(signal.SIGINT)

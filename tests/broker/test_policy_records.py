@@ -45,6 +45,15 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def ledger_and_first_grants(folder: Path) -> tuple[Path, Path, LedgerWriter]:
+    """A new ledger and a grants.toml holding FIRST in ``folder``, and the ledger's writer
+    (not yet running)."""
+    ledger = folder / "audit.jsonl"
+    grants_toml = folder / "grants.toml"
+    grants_toml.write_text(FIRST)
+    return ledger, grants_toml, LedgerWriter.open(ledger)
+
+
 async def test_a_change_noticed_before_a_decision_is_recorded_before_it(
     home: Home, brokerd: Brokerd, inline_threads: object, autojump_clock: MockClock
 ) -> None:
@@ -116,10 +125,7 @@ async def test_a_change_waits_for_the_decisions_made_with_the_grants_before_it(
 ) -> None:
     """A decision that took the old grants is recorded before the change, and a decision
     that comes during the change waits for it and gets the new grants."""
-    ledger = tmp_path / "audit.jsonl"
-    grants_toml = tmp_path / "grants.toml"
-    grants_toml.write_text(FIRST)
-    writer = LedgerWriter.open(ledger)
+    ledger, grants_toml, writer = ledger_and_first_grants(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         recorder = PolicyRecorder(writer, "b-1", policies_dir(ledger))
@@ -159,10 +165,7 @@ async def test_a_change_waits_for_the_decisions_made_with_the_grants_before_it(
 async def test_a_change_stuck_behind_a_lost_decision_goes_on_after_its_wait(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ledger = tmp_path / "audit.jsonl"
-    grants_toml = tmp_path / "grants.toml"
-    grants_toml.write_text(FIRST)
-    writer = LedgerWriter.open(ledger)
+    _, grants_toml, writer = ledger_and_first_grants(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         watcher = GrantsWatcher(grants_toml, policy=PolicyRecorder(writer, "b-1", tmp_path / "p"))

@@ -87,24 +87,18 @@ async def test_the_last_policy_of_its_boot_before_the_decision_decides_and_is_es
     assert await bxctl("why", CALL, "--home", str(home)) == 0
     lines = capsys.readouterr().out.splitlines()
     at = lines.index("  grant read-notes (no longer in grants.toml)")
-    assert lines[at + 1 : at + 7] == [
-        f"    grant read-notes as it was then (grants.toml {sha(LATER)[:12]}…, policy seq 3):",
-        "      [[grant]]",
-        '      id = "read-notes"',
-        '      tool = "read_file"',
-        '      mode = "auto"',
-        '      note = "\\u202eevil\\u200b"',
+    as_it_was = [
+        f"grant read-notes as it was then (grants.toml {sha(LATER)[:12]}…, policy seq 3):",
+        "  [[grant]]",
+        '  id = "read-notes"',
+        '  tool = "read_file"',
+        '  mode = "auto"',
+        '  note = "\\u202eevil\\u200b"',
     ]
+    assert lines[at + 1 : at + 7] == [f"    {line}" for line in as_it_was]
     assert await bxctl("audit", "show", "--call", CALL, "--home", str(home)) == 0
     shown = capsys.readouterr().out.splitlines()
-    assert shown[1:] == [
-        f"  grant read-notes as it was then (grants.toml {sha(LATER)[:12]}…, policy seq 3):",
-        "    [[grant]]",
-        '    id = "read-notes"',
-        '    tool = "read_file"',
-        '    mode = "auto"',
-        '    note = "\\u202eevil\\u200b"',
-    ]
+    assert shown[1:] == [f"  {line}" for line in as_it_was]
     # --json: the records' own lines, nothing else.
     assert await bxctl("audit", "show", "--call", CALL, "--json", "--home", str(home)) == 0
     [line] = capsys.readouterr().out.splitlines()

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.harness.grants import checked
+from tests.harness.grants import grant_set as grants
+from tests.harness.homes import grant_table
 
-from boxmaker.core.catalogue import CheckedArguments, check_arguments
 from boxmaker.core.decide import (
     Ask,
     CheckedRequest,
@@ -23,7 +25,7 @@ from boxmaker.core.decide import (
     decide,
     evaluate,
 )
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, Mode, parse_grants
+from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, Mode
 from boxmaker.core.labels import FRESH, UNKNOWN, Label, Taint
 from boxmaker.core.paths import Glob
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
@@ -37,16 +39,8 @@ SECRET = Label(Taint.SECRET, False)
 UNTRUSTED = Label(Taint.PUBLIC, True)
 
 
-def grants(text: str) -> GrantSet:
-    result = parse_grants(text)
-    assert isinstance(result, GrantSet), result
-    return result
-
-
 def g(gid: str, mode: str, tool: str = "read_file", **extra: str) -> str:
-    lines = [f'[[grant]]\nid = "{gid}"\ntool = "{tool}"\nmode = "{mode}"']
-    lines += [f"{key} = {value}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
+    return grant_table(gid, tool, mode, **extra)
 
 
 def request(tool: str = "read_file", **arguments: Any) -> ToolRequest:
@@ -401,9 +395,7 @@ def checked_requests(draw: st.DrawFn) -> CheckedRequest:
         arguments = {"command": draw(st.sampled_from(COMMAND_ARGS))}
     else:
         arguments = {"url": draw(st.sampled_from(URLS))}
-    checked = check_arguments(tool, arguments)
-    assert isinstance(checked, CheckedArguments)
-    return CheckedRequest(CALL, SESSION, checked)
+    return CheckedRequest(CALL, SESSION, checked(tool, arguments))
 
 
 states = st.builds(Label, taints, st.booleans())

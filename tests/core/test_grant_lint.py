@@ -8,6 +8,7 @@ import fnmatch
 
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.harness.grants import grant_set
 
 from boxmaker.core.grant_lint import (
     CHAIN_CHARACTERS,
@@ -209,12 +210,6 @@ def test_an_approve_always_grant_shadows_the_ask_grant_below_it_in_precedence() 
     ]
 
 
-def grant_of(text: str) -> GrantSet:
-    grants = parse_grants(text)
-    assert isinstance(grants, GrantSet)
-    return grants
-
-
 def test_a_grant_that_expires_first_does_not_shadow() -> None:
     text = """
 [[grant]]
@@ -228,10 +223,10 @@ tool = "read_file"
 mode = "ask"
 paths = ["a"]
 """
-    wide, narrow = grant_of(text).grants
+    wide, narrow = grant_set(text).grants
     assert not shadows(wide, narrow, NOW)
     assert found(text) == []
-    forever = grant_of(text.replace("expires = 2026-07-01T00:00:00Z", "")).grants
+    forever = grant_set(text.replace("expires = 2026-07-01T00:00:00Z", "")).grants
     assert shadows(forever[0], forever[1], NOW)
 
 

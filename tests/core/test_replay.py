@@ -10,10 +10,12 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.harness.grants import checked
+from tests.harness.grants import grant_set as grants
+from tests.harness.homes import grant_table as g
 
-from boxmaker.core.catalogue import CheckedArguments, check_arguments
 from boxmaker.core.decide import CheckedRequest, Decision, VerdictCode, decide
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.core.replay import CACHE_ENTRIES, Outcome, RecordedDecision, Replay
@@ -23,24 +25,6 @@ SESSION = "s-0123456789ab"
 INTERNAL = Label(Taint.INTERNAL, False)
 SECRET = Label(Taint.SECRET, False)
 UNTRUSTED = Label(Taint.PUBLIC, True)
-
-
-def grants(text: str) -> GrantSet:
-    result = parse_grants(text)
-    assert isinstance(result, GrantSet), result
-    return result
-
-
-def g(gid: str, tool: str, mode: str, **extra: str) -> str:
-    lines = ["[[grant]]", f'id = "{gid}"', f'tool = "{tool}"', f'mode = "{mode}"']
-    lines += [f"{key} = {value}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
-
-
-def checked(tool: str, arguments: dict[str, Any]) -> CheckedArguments:
-    result = check_arguments(tool, arguments)
-    assert isinstance(result, CheckedArguments), result
-    return result
 
 
 def decided(

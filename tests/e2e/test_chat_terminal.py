@@ -14,7 +14,7 @@ from tests.harness.broker import admin, records, waiting_approvals
 from tests.harness.homes import grant, write_grants
 from tests.harness.screen import Screen, bxctl_argv, terminal
 from tests.harness.scripted_loopd import scripted_loopd
-from tests.harness.stack import READ_NOTES, stack
+from tests.harness.stack import ADD_BREAD, ADD_BREAD_SHOWN, NOTES_AFTER_BREAD, READ_NOTES, stack
 
 from boxmaker.cli.chat import APPROVE_PROMPT, REASON_PROMPT
 from boxmaker.home import Home
@@ -59,13 +59,7 @@ async def test_a_waiting_write_shows_its_change_in_the_chat_before_the_owner_dec
 ) -> None:
     write_grants(home, grant("notes", "write_file", "ask", note="my notes"))
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    content = "Buy milk.\nBuy bread.\n"
-    write = {
-        "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "notes.txt", "content": content}}
-        ]
-    }
-    fake = FakeLlama(script=[write, {"content": "Added bread."}])
+    fake = FakeLlama(script=[ADD_BREAD, {"content": "Added bread."}])
     async with stack(home, fake), terminal(chat_argv(home, "--say", "add bread")) as screen:
         asked = await screen.wait_for(APPROVE_PROMPT)
         await screen.send("y")
@@ -73,18 +67,10 @@ async def test_a_waiting_write_shows_its_change_in_the_chat_before_the_owner_dec
         shown = await screen.text()
     assert code == 0
     lines = [line.rstrip() for line in asked.splitlines()]
-    start = lines.index("  change     replaces 10 bytes with 21 bytes")
-    assert lines[start : start + 7] == [
-        "  change     replaces 10 bytes with 21 bytes",
-        "    --- notes.txt (now)",
-        "    +++ notes.txt (written)",
-        "    @@ -1 +1,2 @@",
-        "     Buy milk.",
-        "    +Buy bread.",
-        "  grant      notes (mode ask): my notes",
-    ]
+    start = lines.index(ADD_BREAD_SHOWN[0])
+    assert lines[start : start + 7] == ADD_BREAD_SHOWN
     assert re.search(r"^  approved c-[0-9a-f]{16}: write_file ran \(ok\)$", shown, re.M)
-    assert (home.default_workspace / "notes.txt").read_text() == content
+    assert (home.default_workspace / "notes.txt").read_text() == NOTES_AFTER_BREAD
 
 
 async def test_n_refuses_with_the_reason_typed_and_the_model_is_told(home: Home) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
 from tests.harness.screen import shell_pane
+from tests.harness.stack import ADD_BREAD, ADD_BREAD_SHOWN, NOTES_AFTER_BREAD
 
 from boxmaker.home import Home
 
@@ -20,20 +21,12 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
 ]
 
-WRITE = {
-    "tool_calls": [
-        {
-            "name": "write_file",
-            "arguments": {"path": "notes.txt", "content": "Buy milk.\nBuy bread.\n"},
-        }
-    ]
-}
 GRANTS = '[[grant]]\nid = "notes"\ntool = "write_file"\nmode = "ask"\nnote = "my notes"\n'
 
 
 @pytest.fixture
 def home() -> Iterator[Home]:
-    script = [WRITE, {"content": "Added bread."}]
+    script = [ADD_BREAD, {"content": "Added bread."}]
     with scripted_home(script, GRANTS, prefix="bx-scr-") as (home, _, _):
         (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
         bxctl(home, "up")
@@ -53,18 +46,9 @@ def test_the_owner_sees_the_diff_then_what_approving_did(home: Home) -> None:
         screen = pane.wait_for("END-OF-SCREEN", WAIT_S)
     lines = [line.rstrip() for line in screen.splitlines()]
     start = lines.index(next(line for line in lines if line.startswith(str(approval))))
-    assert lines[start + 1 : start + 9] == [
-        '  arguments  {"path":"notes.txt"}',
-        "  change     replaces 10 bytes with 21 bytes",
-        "    --- notes.txt (now)",
-        "    +++ notes.txt (written)",
-        "    @@ -1 +1,2 @@",
-        "     Buy milk.",
-        "    +Buy bread.",
-        "  grant      notes (mode ask): my notes",
-    ]
+    assert lines[start + 1 : start + 9] == ['  arguments  {"path":"notes.txt"}', *ADD_BREAD_SHOWN]
     assert f"approved {call}: write_file ran (ok)" in lines
     out, err = chat.communicate(timeout=WAIT_S)
     assert chat.returncode == 0, err
     assert re.search(r"\nAdded bread\.\n  \[step 2: \d+\.\d s, 3 tokens\]$", out.rstrip())
-    assert (home.default_workspace / "notes.txt").read_text() == "Buy milk.\nBuy bread.\n"
+    assert (home.default_workspace / "notes.txt").read_text() == NOTES_AFTER_BREAD

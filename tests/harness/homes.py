@@ -40,8 +40,14 @@ def write_grants(home: Home, text: str) -> None:
 
 def grant(gid: str, tool: str, mode: str, **extra: str | list[str]) -> str:
     """One ``[[grant]]`` table (values are TOML strings or arrays of strings)."""
+    return grant_table(gid, tool, mode, **{k: orjson.dumps(v).decode() for k, v in extra.items()})
+
+
+def grant_table(gid: str, tool: str, mode: str, **toml_values: str) -> str:
+    """One ``[[grant]]`` table whose further values are TOML as written
+    (``paths='["notes/**"]'``, ``expires="2026-07-01T00:00:00Z"``)."""
     lines = ["[[grant]]", f'id = "{gid}"', f'tool = "{tool}"', f'mode = "{mode}"']
-    lines += [f"{key} = {orjson.dumps(value).decode()}" for key, value in extra.items()]
+    lines += [f"{key} = {value}" for key, value in toml_values.items()]
     return "\n".join(lines) + "\n"
 
 

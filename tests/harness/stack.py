@@ -24,6 +24,23 @@ from .broker import running
 
 GUARD: Final = 30.0
 READ_NOTES: Final = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}
+NOTES_AFTER_BREAD: Final = "Buy milk.\nBuy bread.\n"
+ADD_BREAD: Final = {
+    "tool_calls": [
+        {"name": "write_file", "arguments": {"path": "notes.txt", "content": NOTES_AFTER_BREAD}}
+    ]
+}
+# ADD_BREAD waiting, as the owner sees it when notes.txt holds "Buy milk.\n" and the grant
+# that asks is 'notes' (mode ask) with the note "my notes".
+ADD_BREAD_SHOWN: Final = [
+    "  change     replaces 10 bytes with 21 bytes",
+    "    --- notes.txt (now)",
+    "    +++ notes.txt (written)",
+    "    @@ -1 +1,2 @@",
+    "     Buy milk.",
+    "    +Buy bread.",
+    "  grant      notes (mode ask): my notes",
+]
 
 
 @asynccontextmanager

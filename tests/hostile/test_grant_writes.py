@@ -22,11 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.harness.broker import Brokerd, Client, admin, tool_request
 from tests.harness.cli import bxctl_in_process as bxctl
+from tests.harness.grants import checked, exact_always
 from tests.harness.homes import grant, write_grants
 
 from boxmaker import grants_edit
 from boxmaker.core.catalogue import CheckedArguments, check_arguments
-from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, grant_of
+from boxmaker.core.grant_scope import ScopeProblem, grant_of
 from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.grants_edit import GrantsEditError, add_grant, lock_path, locked
 from boxmaker.grants_file import load_grants
@@ -37,19 +38,17 @@ NOW = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 LATER = NOW + dt.timedelta(days=1)
 
 
-def _fields(tool: str, raw: dict[str, str]) -> tuple[dict[str, object], Grant, CheckedArguments]:
-    arguments = check_arguments(tool, raw)
-    assert isinstance(arguments, CheckedArguments), arguments
-    fields = always_grant(
-        approval="a-0000000a",
-        call="c-000000000000000a",
-        arguments=arguments,
-        asking=Grant("asks", tool, Mode.ASK),  # type: ignore[arg-type]
-        scope=Scope.EXACT,
-        lasting=None,
-        owner="owner",
-        now=NOW,
+def _always(arguments: CheckedArguments) -> dict[str, object] | ScopeProblem:
+    """What approve-always writes for exactly these arguments, asked by grant 'asks'."""
+    asking = Grant("asks", arguments.tool, Mode.ASK)
+    return exact_always(
+        arguments, asking, approval="a-0000000a", call="c-000000000000000a", owner="owner", now=NOW
     )
+
+
+def _fields(tool: str, raw: dict[str, str]) -> tuple[dict[str, object], Grant, CheckedArguments]:
+    arguments = checked(tool, raw)
+    fields = _always(arguments)
     assert not isinstance(fields, ScopeProblem), fields
     return fields, grant_of(fields), arguments
 
@@ -84,7 +83,7 @@ def test_a_model_chosen_command_becomes_a_grant_for_exactly_that_string(
     [written] = read.grants
     assert written.covers(arguments, LATER)
     if other != command:
-        assert not written.covers(_checked("shell", {"command": other}), LATER)
+        assert not written.covers(checked("shell", {"command": other}), LATER)
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
@@ -106,24 +105,8 @@ def test_a_model_chosen_path_becomes_a_grant_for_exactly_that_path(path: str, ot
         assert not written.covers(theirs, LATER)
 
 
-def _checked(tool: str, raw: dict[str, str]) -> CheckedArguments:
-    checked = check_arguments(tool, raw)
-    assert isinstance(checked, CheckedArguments)
-    return checked
-
-
 def test_a_path_with_a_star_gets_no_grant_at_all() -> None:
-    arguments = _checked("read_file", {"path": "secrets/*"})
-    problem = always_grant(
-        approval="a-0000000a",
-        call="c-000000000000000a",
-        arguments=arguments,
-        asking=Grant("asks", "read_file", Mode.ASK),
-        scope=Scope.EXACT,
-        lasting=None,
-        owner="owner",
-        now=NOW,
-    )
+    problem = _always(checked("read_file", {"path": "secrets/*"}))
     assert isinstance(problem, ScopeProblem)
 
 
