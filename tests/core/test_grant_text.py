@@ -88,3 +88,70 @@ def _escape(char: str) -> str:
     if ord(char) < 0x20 or ord(char) == 0x7F:
         return f"\\u{ord(char):04x}"
     return char
+
+
+# Lines of a grant whose strings or comments hold quotes and brackets, each a way to
+# lose track of where a string ends. Whatever they hold, the next grant's header is
+# still found, and the grant above it cut there.
+TRICKY_LINES = [
+    # Two multi-line strings on one line: the second still opens.
+    'notes = ["""x""", """\n[fake]\n"""]',
+    "notes = [\"\"\"x\"\"\",'''\n[fake]\n''']",
+    # A multi-line literal string ending in one quote of its own.
+    "notes = ['''x'''', '''\n[fake]\n''']",
+    # A comment straight after a multi-line string: what it holds is no string.
+    "note = '''x''''# '''",
+    "note = '''x'''#'''",
+    "id2 = \"x\" # see '''",
+    'id2 = \'x\' # and """',
+    # Escaped quotes in basic strings; an escaped backslash before the closing quote.
+    'note = "say \\"\'\'\'\\" ok"',
+    'cmds = ["say \\"", "\'\'\'"]',
+    'paths = ["C:\\\\", "\'\'\'"]',
+    'paths = ["C:\\\\\\\\", "\'\'\'"]',
+    'paths = ["a\\\\\\"", "\'\'\'"]',
+    # A literal string has no escapes: its backslash ends nothing.
+    "paths = ['C:\\', \"'''\"]",
+    # One-line strings closed just before another string.
+    'x = ["a", "b\'\'\'"]',
+    "x = ['a','b\"\"\"']",
+]
+
+
+@pytest.mark.parametrize("lines", TRICKY_LINES)
+def test_quotes_in_strings_and_comments_do_not_hide_the_next_header(lines: str) -> None:
+    text = f'[[grant]]\nid = "a"\n{lines}\n[[grant]]\nid = "b"\n'
+    assert [grant["id"] for grant in tomllib.loads(text)["grant"]] == ["a", "b"]
+    assert grant_text(text, "a") == f'[[grant]]\nid = "a"\n{lines}'
+    assert grant_text(text, "b") == '[[grant]]\nid = "b"'
+
+
+def test_a_header_written_with_blanks_inside_its_brackets_still_starts_a_grant() -> None:
+    text = '[[ grant ]]\nid = "a"\n\n  [[grant ]]\nid = "b"\n'
+    assert grant_text(text, "a") == '[[ grant ]]\nid = "a"'
+    assert grant_text(text, "b") == '  [[grant ]]\nid = "b"'
+
+
+def test_other_tables_before_and_between_the_grants_are_left_out() -> None:
+    text = (
+        '[defaults]\nmode = "ask"\n\n[[grant]]\nid = "a"\n\n'
+        '[[rule]]\nname = "r"\n\n[[grant]]\nid = "b"\n'
+    )
+    assert grant_text(text, "a") == '[[grant]]\nid = "a"'
+    assert grant_text(text, "b") == '[[grant]]\nid = "b"'
+
+
+def test_comments_and_blanks_before_the_next_header_go_to_it_indented_or_not() -> None:
+    text = (
+        '[[grant]]\nid = "a"\n# about a, kept\ntool = "shell"  # ask MAX\n\n'
+        '   # about b, indented\n\t# and more\n\n[[grant]]\nid = "b"\n'
+    )
+    assert grant_text(text, "a") == (
+        '[[grant]]\nid = "a"\n# about a, kept\ntool = "shell"  # ask MAX'
+    )
+
+
+def test_a_file_with_crlf_line_ends_gives_its_lines_without_the_last_line_end() -> None:
+    text = '[[grant]]\r\nid = "a"\r\ntool = "shell"\r\n\r\n[[grant]]\r\nid = "b"\r\n'
+    assert grant_text(text, "a") == '[[grant]]\r\nid = "a"\r\ntool = "shell"'
+    assert grant_text(text, "b") == '[[grant]]\r\nid = "b"'
