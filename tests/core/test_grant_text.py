@@ -99,11 +99,12 @@ TRICKY_LINES = [
     "notes = [\"\"\"x\"\"\",'''\n[fake]\n''']",
     # A multi-line literal string ending in one quote of its own.
     "notes = ['''x'''', '''\n[fake]\n''']",
-    # A comment straight after a multi-line string: what it holds is no string.
+    # A comment, even straight after a string: the quotes and hashes in it open nothing.
     "note = '''x''''# '''",
     "note = '''x'''#'''",
     "id2 = \"x\" # see '''",
     'id2 = \'x\' # and """',
+    "id2 = 'x' # see #1, then '''",
     # Escaped quotes in basic strings; an escaped backslash before the closing quote.
     'note = "say \\"\'\'\'\\" ok"',
     'cmds = ["say \\"", "\'\'\'"]',
