@@ -91,7 +91,9 @@ async def test_a_cancelled_call_frees_the_models_slot_at_once(home: Home) -> Non
             while await trio.to_thread.run_sync(slot_busy, home):  # noqa: ASYNC110
                 await trio.sleep(0.02)
             freed_after = trio.current_time() - cancelled
-    assert freed_after < 1.0
+    # Under a second on a quiet machine; the bound allows a loaded one. Without the
+    # cancel reaching llama-server the slot stays busy until max_tokens (25 s and more).
+    assert freed_after < 3.0
 
 
 async def test_inferproxy_follows_the_model_when_it_restarts(home: Home) -> None:

@@ -61,6 +61,9 @@ def test_the_check_stops_when_slot_0_is_busy(model: str) -> None:
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"the built-in model is not installed: {MISSING}")
+# The model started cold and a whole turn on it: about 60 s on a quiet 2-core machine,
+# more on a loaded one (the script's own limit is 300 s).
+@pytest.mark.timeout(300)
 def test_without_a_url_the_check_meets_the_built_in_model() -> None:
     done = check(None)
     assert done.returncode == 0, (done.stdout, done.stderr)

@@ -10,6 +10,8 @@ from typing import Final
 _PART: Final = re.compile(r"([0-9]{1,9})([smhdw])")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 EXPECTED: Final = "expected a duration such as 30m, 2h, 7d (units s, m, h, d, w)"
+MAX_SECONDS: Final = 100 * 366 * 86400
+"""A century: far beyond any use, and well inside what ``datetime`` can hold."""
 
 
 def parse_duration(text: str) -> dt.timedelta:
@@ -32,4 +34,6 @@ def parse_duration(text: str) -> dt.timedelta:
     seconds = sum(int(number) * _UNITS[unit] for number, unit in _PART.findall(text))
     if seconds <= 0:
         raise ValueError("a duration must be longer than 0 s")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{text[:40]!r}: longer than {MAX_SECONDS // 86400} days")
     return dt.timedelta(seconds=seconds)
