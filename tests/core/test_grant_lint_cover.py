@@ -359,3 +359,28 @@ def test_grant_sources_of_three_tables() -> None:
         (4, '[[grant]]\nid = "b"'),
         (7, '[[grant]]\nid = "c"'),
     )
+
+
+def test_a_table_between_grant_tables_is_reported_with_its_line_or_none() -> None:
+    # tomlkit gathers both [[grant]] tables first; [other]'s line is then not found, and a
+    # line is either right or not given.
+    text = (
+        '[[grant]]\nid = "a"\ntool = "read_file"\nmode = "auto"\n'
+        "[other]\nx = 1\n"
+        '[[grant]]\nid = "b"\ntool = "read_file"\nmode = "auto"\n'
+    )
+    ((severity, code, line, index, grant_id, key),) = summary(text)
+    assert (severity, code, index, grant_id, key) == ("problem", "invalid", None, None, "other")
+    assert line in (5, None)
+
+
+def test_a_sub_table_of_a_grant_is_an_unknown_key_at_its_header() -> None:
+    text = (
+        '[[grant]]\nid = "a"\ntool = "read_file"\nmode = "auto"\n'
+        "[grant.sub]\n# about q\nq = 1\n\n"
+        '[[grant]]\nid = "b"\ntool = "red_file"\nmode = "auto"\n'
+    )
+    assert summary(text) == [
+        ("problem", "invalid", 5, 0, "a", "sub"),
+        ("problem", "invalid", 11, 1, "b", "tool"),
+    ]
