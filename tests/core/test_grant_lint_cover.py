@@ -65,7 +65,7 @@ def test_lines_count_a_leading_blank_line() -> None:
 
 def test_a_key_found_after_its_table_header_not_inside_it() -> None:
     # "rant" is spelt inside "[[grant]]": its line is the key's, not the header's.
-    text = '[[grant]]\nrant = 1\nid = "a"\ntool = "read_file"\nmode = "auto"\n'
+    text = '[[grant]]\nrant= 1\nid = "a"\ntool = "read_file"\nmode = "auto"\n'
     assert summary(text) == [("problem", "invalid", 2, 0, "a", "rant")]
 
 
@@ -384,3 +384,8 @@ def test_a_sub_table_of_a_grant_is_an_unknown_key_at_its_header() -> None:
         ("problem", "invalid", 5, 0, "a", "sub"),
         ("problem", "invalid", 11, 1, "b", "tool"),
     ]
+
+
+def test_each_set_in_a_pattern_is_its_own_token() -> None:
+    assert chaining_witness("ls [a]*[b]") == f"ls a{WITNESS_COMMAND}b"
+    assert chaining_witness("ls [a]?[b]") == "ls a;b"
