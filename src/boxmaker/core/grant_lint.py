@@ -336,13 +336,11 @@ def command_covers(wide: str, narrow: str) -> bool:
     >>> command_covers("git *", "git status*"), command_covers("git status", "git *")
     (True, False)
     """
-    if wide in (narrow, "*"):
+    if wide == narrow:
         return True
     if wide.endswith("*") and not _SPECIAL.search(wide[:-1]):
         prefix = wide[:-1]
         return narrow.startswith(prefix) and not _SPECIAL.search(narrow[: len(prefix)])
-    if not _SPECIAL.search(wide) and not _SPECIAL.search(narrow):
-        return wide == narrow
     return False
 
 
