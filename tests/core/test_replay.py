@@ -14,6 +14,8 @@ from tests.harness.grants import checked
 from tests.harness.grants import grant_set as grants
 from tests.harness.homes import grant_table as g
 
+from boxmaker.core import catalogue
+from boxmaker.core.catalogue import MAX_BYTES
 from boxmaker.core.decide import CheckedRequest, Decision, VerdictCode, decide
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
@@ -343,3 +345,98 @@ def test_replay_with_the_grants_that_decided_finds_no_flip(
     replay = Replay(then)
     assert list(replay.run(recorded)) == []
     assert replay.unchanged == replay.replayed
+
+
+# --- the caches: what is reused, and what is never shared ---------------------------------
+
+
+class Counted:
+    """How often replay checks arguments and decides (the costs its caches save)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.checks = 0
+        self.decides = 0
+
+        def check_arguments(tool: str, arguments: Any) -> Any:
+            self.checks += 1
+            return catalogue.check_arguments(tool, arguments)
+
+        def counted_decide(*args: Any) -> Any:
+            self.decides += 1
+            return decide(*args)
+
+        monkeypatch.setattr("boxmaker.core.replay.check_arguments", check_arguments)
+        monkeypatch.setattr("boxmaker.core.replay.decide", counted_decide)
+
+
+def test_a_repeated_call_in_the_same_state_and_epoch_is_neither_checked_nor_decided_again(
+    monkeypatch: Any,
+) -> None:
+    counted = Counted(monkeypatch)
+    replay = Replay(grants(BASE))
+    first = decided(1, "read_file", {"path": "notes/a.txt", "max_bytes": 10}, GrantSet())
+    again = first._replace(seq=2, call="c-0000000000000002", session="s-000000000002")
+    assert [f.recorded.seq for f in replay.run([first, again])] == [1, 2]
+    assert (counted.checks, counted.decides) == (1, 1)
+    # Another state: decided again (on the one grant that decides it), not checked again.
+    untrusted = first._replace(seq=3, state=UNTRUSTED)
+    flip = replay.replay(untrusted)
+    assert flip is not None
+    assert flip.now == Outcome(
+        VerdictCode.ASK,
+        None,
+        "read-notes",
+        "the session is untrusted and grant read-notes says if_untrusted = ask",
+    )
+    assert (counted.checks, counted.decides) == (1, 2)
+
+
+def test_write_file_content_up_to_a_quarter_of_the_cap_shares_one_cache_entry(
+    monkeypatch: Any,
+) -> None:
+    counted = Counted(monkeypatch)
+    replay = Replay(grants(g("out", "write_file", "auto", paths='["out/**"]')))
+    writes = [
+        decided(n, "write_file", {"path": "out/a", "content": content}, GrantSet())
+        for n, content in enumerate(["x", "y" * 1000, "z" * (MAX_BYTES // 4)])
+    ]
+    assert [f.now.verdict for f in replay.run(writes)] == [VerdictCode.RUN] * 3
+    assert (counted.checks, counted.decides) == (1, 1)
+
+
+def test_longer_write_file_content_is_checked_and_decided_afresh_every_time(
+    monkeypatch: Any,
+) -> None:
+    counted = Counted(monkeypatch)
+    candidate = grants(
+        g("out", "write_file", "auto", paths='["out/**"]', expires="2026-06-01T12:00:00Z")
+    )
+    replay = Replay(candidate)
+    content = "x" * (MAX_BYTES // 4 + 1)  # fits the cap in bytes: it checks
+    before = NOW - dt.timedelta(seconds=1)
+    writes = [
+        decided(1, "write_file", {"path": "out/a", "content": content}, GrantSet(), at=before),
+        decided(2, "write_file", {"path": "notes/a", "content": content}, GrantSet(), at=before),
+        decided(3, "write_file", {"path": "out/a", "content": content}, GrantSet(), at=before),
+        decided(4, "write_file", {"path": "out/a", "content": content}, GrantSet(), at=NOW),
+    ]
+    flips = {f.recorded.seq: f.now for f in replay.run(writes)}
+    assert flips == {
+        1: Outcome(VerdictCode.RUN, None, "out", None),
+        3: Outcome(VerdictCode.RUN, None, "out", None),
+    }
+    assert (replay.replayed, replay.unchanged, replay.unreplayable) == (4, 2, 0)
+    assert (counted.checks, counted.decides) == (4, 4)
+    assert replay.matched == {"out"}
+
+
+def test_the_same_arguments_for_another_tool_never_share_a_cache_entry() -> None:
+    replay = Replay(grants(g("list", "list_dir", "auto") + g("read", "read_file", "ask")))
+    read = decided(1, "read_file", {"path": "notes"}, GrantSet())
+    listed = decided(2, "list_dir", {"path": "notes"}, GrantSet())
+    flips = {f.recorded.seq: f.now for f in replay.run([read, listed, read, listed])}
+    assert flips == {
+        1: Outcome(VerdictCode.ASK, None, "read", None),
+        2: Outcome(VerdictCode.RUN, None, "list", None),
+    }
+    assert replay.flips == 4
