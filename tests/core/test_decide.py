@@ -528,3 +528,94 @@ def test_evaluate_is_total(
         assert decision.reason is not None
     else:
         assert decision.grant is not None
+
+
+# --- what an ask becomes when it is denied before the owner is asked -----------------------
+
+
+def test_an_ask_that_cannot_run_is_denied_not_found_on_its_grant_and_state() -> None:
+    text = g("write-docs", "ask", tool="write_file", note='"drafts"')
+    req = request("write_file", path="docs/new/a.txt", content="x")
+    ask = run_evaluate(req, grants(text), INTERNAL)
+    assert isinstance(ask, Ask)
+    deny = ask.cannot_run("docs/new")
+    assert isinstance(deny, Deny)
+    assert deny.decision == Decision(
+        call=CALL,
+        session=SESSION,
+        tool="write_file",
+        arguments=ask.decision.arguments,
+        verdict="deny",
+        reason=Reason.NOT_FOUND,
+        detail=(
+            "docs/new/a.txt: the directory docs/new does not exist "
+            "(write_file does not create directories)"
+        ),
+        grant="write-docs",
+        mode=Mode.ASK,
+        note="drafts",
+        state=INTERNAL,
+        recordable=True,
+    )
+    # The ask itself is unchanged.
+    assert ask.decision.verdict == "ask"
+    assert ask.decision.reason is None
+
+
+def test_an_ask_denied_too_many_pending_keeps_everything_but_verdict_reason_detail() -> None:
+    ask = run_evaluate(request(), grants(g("read-notes", "ask")), SECRET)
+    assert isinstance(ask, Ask)
+    decision = ask.too_many_pending("3 asks are pending").decision
+    assert decision == Decision(
+        call=CALL,
+        session=SESSION,
+        tool="read_file",
+        arguments={"path": "notes.txt"},
+        verdict="deny",
+        reason=Reason.TOO_MANY_PENDING,
+        detail="3 asks are pending",
+        grant="read-notes",
+        mode=Mode.ASK,
+        state=SECRET,
+    )
+
+
+def test_run_and_ask_carry_the_picked_grant_and_the_checked_arguments() -> None:
+    text = g("read-all", "auto") + g("ask-notes", "ask", paths='["notes*"]')
+    run = run_evaluate(request(path="docs/a.md"), grants(text))
+    assert isinstance(run, Run)
+    assert run.grant.id == "read-all"
+    assert run.checked == checked("read_file", {"path": "docs/a.md"})
+    ask = run_evaluate(request(path="./notes.txt"), grants(text))
+    assert isinstance(ask, Ask)
+    assert ask.grant.id == "ask-notes"
+    assert ask.checked == checked("read_file", {"path": "notes.txt"})
+
+
+def test_an_untrusted_deny_keeps_the_grants_mode_and_the_state() -> None:
+    for mode in ("auto", "ask"):
+        text = g("read", mode, if_untrusted='"deny"', note='"n"')
+        decision = denied(run_evaluate(request(), grants(text), UNTRUSTED))
+        assert decision.reason is Reason.UNTRUSTED
+        assert (decision.grant, decision.mode, decision.note) == ("read", Mode(mode), "n")
+        assert decision.state == UNTRUSTED
+        assert (decision.call, decision.session) == (CALL, SESSION)
+
+
+def test_every_early_denial_names_the_call_and_session() -> None:
+    for verdict in (
+        run_evaluate(request(), BAD_GRANTS, ledger_usable=False),
+        run_evaluate(request("rm_rf"), GrantSet()),
+        run_evaluate(request(path="../x"), GrantSet()),
+        run_evaluate(request(), BAD_GRANTS),
+        run_evaluate(request(), GrantSet(), StateUnreadable("bad JSON")),
+    ):
+        decision = denied(verdict)
+        assert (decision.call, decision.session) == (CALL, SESSION)
+        assert (decision.grant, decision.mode, decision.note) == (None, None, None)
+
+
+def test_state_unreadable_records_the_checked_arguments() -> None:
+    decision = denied(run_evaluate(request(path="./a//b.txt"), GrantSet(), StateUnreadable("x")))
+    assert decision.reason is Reason.STATE_UNREADABLE
+    assert decision.arguments == {"path": "a/b.txt"}

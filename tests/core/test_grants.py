@@ -17,10 +17,13 @@ from boxmaker.core.grants import (
     GrantSet,
     GrantsProblem,
     Mode,
+    all_problems,
     grants_from_document,
     host_matches,
     opened_refusal,
     parse_grants,
+    parse_toml,
+    precedence_rank,
 )
 from boxmaker.core.labels import Taint
 
@@ -646,3 +649,382 @@ def test_documents_written_as_toml_give_a_set_or_one_problem(
     if isinstance(result, GrantsProblem):
         # Everything written here is valid TOML: the problem is about the content.
         assert not result.message.startswith("TOML syntax")
+
+
+# --- every problem's exact message and "did you mean" ---------------------------------------
+
+SHELL = {"id": "g", "tool": "shell", "mode": "auto"}
+TAINTS = "expected one of public, internal, secret"
+EXPIRES = "expected an offset datetime (e.g. 2026-12-31T00:00:00Z), got "
+
+
+@pytest.mark.parametrize(
+    ("text", "grant_id", "key", "message", "suggestion"),
+    [
+        (
+            grant_text(**{**BASE, "id": 5}),
+            None,
+            "id",
+            "[[grant]] #1: expected a string id, got an integer",
+            None,
+        ),
+        (
+            grant_text(**{**BASE, "id": "Read"}),
+            None,
+            "id",
+            "[[grant]] #1: id 'Read' must match [a-z0-9][a-z0-9-]{0,62}",
+            None,
+        ),
+        (
+            grant_text(**{**BASE, "tool": "rm"}),
+            "g",
+            "tool",
+            "expected one of read_file, list_dir, write_file, shell, http_get, got 'rm'",
+            None,
+        ),
+        (
+            grant_text(**{**BASE, "tool": "red_file"}),
+            "g",
+            "tool",
+            "expected one of read_file, list_dir, write_file, shell, http_get, got 'red_file'",
+            "read_file",
+        ),
+        (
+            grant_text(**{**BASE, "tool": 1}),
+            "g",
+            "tool",
+            "expected one of read_file, list_dir, write_file, shell, http_get, got 1",
+            None,
+        ),
+        (
+            grant_text(**{**BASE, "mode": "AUTO"}),
+            "g",
+            "mode",
+            "expected one of auto, ask, deny, got 'AUTO'",
+            "auto",
+        ),
+        (
+            grant_text(**{**BASE, "mode": True}),
+            "g",
+            "mode",
+            "expected one of auto, ask, deny (a string), got a boolean",
+            None,
+        ),
+        (grant_text(**BASE, colour="red"), "g", "colour", "unknown key", None),
+        (grant_text(**BASE, path=["x"]), "g", "path", "unknown key", "paths"),
+        (grant_text(**BASE, Note="x"), "g", "Note", "unknown key", "note"),
+        ("titl = 1\n", None, "titl", "unknown top-level key (only [[grant]] tables)", None),
+        ("grants = 1\n", None, "grants", "unknown top-level key (only [[grant]] tables)", "grant"),
+        (
+            grant_text(**BASE, paths="notes/**"),
+            "g",
+            "paths",
+            "expected an array of strings, got a string",
+            None,
+        ),
+        (
+            grant_text(**BASE, paths=[]),
+            "g",
+            "paths",
+            "an empty array matches nothing (leave the key out instead)",
+            None,
+        ),
+        (
+            grant_text(**BASE, paths=["notes/**", 3]),
+            "g",
+            "paths",
+            "expected an array of strings, got an integer in it",
+            None,
+        ),
+        (
+            grant_text(**BASE, paths=["/etc/**"]),
+            "g",
+            "paths",
+            "'/etc/**': a glob is relative to the workspace: no leading '/'",
+            None,
+        ),
+        (
+            grant_text(**SHELL, commands=["ls", "rm\u0000x"]),
+            "g",
+            "commands",
+            "NUL byte in a command pattern",
+            None,
+        ),
+        (
+            grant_text(**SHELL, commands=[]),
+            "g",
+            "commands",
+            "an empty array matches nothing (leave the key out instead)",
+            None,
+        ),
+        (grant_text(**SHELL, label_taint="top"), "g", "label_taint", f"{TAINTS}, got 'top'", None),
+        (
+            grant_text(**SHELL, label_taint="secrte"),
+            "g",
+            "label_taint",
+            f"{TAINTS}, got 'secrte'",
+            "secret",
+        ),
+        (
+            grant_text(**SHELL, label_taint=1),
+            "g",
+            "label_taint",
+            f"{TAINTS} (a string), got an integer",
+            None,
+        ),
+        (
+            grant_text(**SHELL, label_taint="public"),
+            "g",
+            "label_taint",
+            "may only raise shell output: internal or secret",
+            None,
+        ),
+        (
+            grant_text(**BASE, max_taint=2.5),
+            "g",
+            "max_taint",
+            f"{TAINTS} (a string), got a float",
+            None,
+        ),
+        (
+            grant_text(**BASE, max_taint=[1]),
+            "g",
+            "max_taint",
+            f"{TAINTS} (a string), got an array",
+            None,
+        ),
+        (
+            grant_text(**BASE, max_taint=Raw("{a = 1}")),
+            "g",
+            "max_taint",
+            f"{TAINTS} (a string), got a table",
+            None,
+        ),
+        (
+            grant_text(**BASE, if_untrusted=Raw("2026-01-01T00:00:00Z")),
+            "g",
+            "if_untrusted",
+            "expected one of auto, ask, deny (a string), got a datetime",
+            None,
+        ),
+        (
+            grant_text(**BASE, if_untrusted="dney"),
+            "g",
+            "if_untrusted",
+            "expected one of auto, ask, deny, got 'dney'",
+            "deny",
+        ),
+        (
+            grant_text(**BASE, wins_over_ask=1),
+            "g",
+            "wins_over_ask",
+            "expected true or false (a boolean), got an integer",
+            None,
+        ),
+        (
+            grant_text(**BASE, expires=Raw("2026-12-31T00:00:00")),
+            "g",
+            "expires",
+            EXPIRES + "a datetime without an offset",
+            None,
+        ),
+        (grant_text(**BASE, expires=Raw("2026-12-31")), "g", "expires", EXPIRES + "a date", None),
+        (grant_text(**BASE, expires=Raw("00:00:00")), "g", "expires", EXPIRES + "a time", None),
+        (grant_text(**BASE, expires="2026-12-31"), "g", "expires", EXPIRES + "a string", None),
+        (grant_text(**BASE, expires=True), "g", "expires", EXPIRES + "a boolean", None),
+        (
+            grant_text(id="g", tool="read_file", mode="ask", wins_over_ask=True),
+            "g",
+            "wins_over_ask",
+            "applies to auto grants only",
+            None,
+        ),
+        (
+            grant_text(id="g", tool="read_file", mode="deny", wins_over_ask=True),
+            "g",
+            "wins_over_ask",
+            "applies to auto grants only",
+            None,
+        ),
+    ],
+)
+def test_each_problems_exact_message_and_suggestion(
+    text: str, grant_id: str | None, key: str | None, message: str, suggestion: str | None
+) -> None:
+    found = problem(text)
+    assert (found.file, found.grant_id, found.key) == ("/home/me/grants.toml", grant_id, key)
+    assert found.message == message
+    assert found.suggestion == suggestion
+    assert found.index == (None if grant_id is None and key != "id" else 0)
+
+
+def test_a_did_you_mean_shows_in_the_description() -> None:
+    found = problem(grant_text(**{**BASE, "tool": "red_file"}))
+    assert found.describe() == (
+        "/home/me/grants.toml, grant 'g', key 'tool': expected one of read_file, list_dir, "
+        "write_file, shell, http_get, got 'red_file' (did you mean 'read_file'?)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("length", "shown"),
+    [(58, "'" + "x" * 58 + "'"), (59, "'" + "x" * 56 + "..."), (200, "'" + "x" * 56 + "...")],
+)
+def test_a_bad_value_is_shown_up_to_60_characters(length: int, shown: str) -> None:
+    found = problem(grant_text(**{**BASE, "mode": "x" * length}))
+    assert found.message == f"expected one of auto, ask, deny, got {shown}"
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [(None, "NoneType"), (object(), "object"), (b"x", "bytes"), ((), "tuple")],
+)
+def test_a_document_value_of_no_toml_type_is_named_by_its_python_type(
+    value: object, named: str
+) -> None:
+    found = grants_from_document({"grant": [{**BASE, "max_taint": value}]})
+    assert isinstance(found, GrantsProblem)
+    assert found.message == f"{TAINTS} (a string), got {named}"
+
+
+def test_a_key_that_does_not_apply_has_only_that_problem() -> None:
+    document = {"grant": [{**SHELL, "paths": 5, "hosts": [], "hard_links": "x"}]}
+    found = all_problems(document)
+    assert isinstance(found, tuple)
+    assert [(p.key, p.message) for p in found] == [
+        ("paths", "does not apply to tool shell"),
+        ("hosts", "does not apply to tool shell"),
+        ("hard_links", "does not apply to tool shell"),
+    ]
+
+
+def test_all_problems_in_file_order_with_their_index() -> None:
+    document = {
+        "zz": 1,
+        "grant": [
+            {"id": "a", "tool": "x", "mod": "ask", "colour": 1},
+            {**BASE, "id": "b"},
+            {"id": 5, "tool": "shell", "mode": "auto", "label_taint": "public", "note": 1},
+        ],
+    }
+    found = all_problems(document)
+    assert isinstance(found, tuple)
+    assert [(p.index, p.grant_id, p.key, p.message) for p in found] == [
+        (None, None, "zz", "unknown top-level key (only [[grant]] tables)"),
+        (0, "a", "colour", "unknown key"),
+        (0, "a", "mod", "unknown key"),
+        (0, "a", "mode", "required key missing"),
+        (
+            0,
+            "a",
+            "tool",
+            "expected one of read_file, list_dir, write_file, shell, http_get, got 'x'",
+        ),
+        (2, None, "id", "[[grant]] #3: expected a string id, got an integer"),
+        (2, None, "label_taint", "may only raise shell output: internal or secret"),
+        (2, None, "note", "expected a string, got an integer"),
+    ]
+    assert [p.suggestion for p in found][:3] == [None, None, "mode"]
+    assert grants_from_document(document) == found[0]
+
+
+def test_problems_name_grants_toml_by_default() -> None:
+    bad = {"grant": [{**BASE, "mode": "x"}]}
+    found = all_problems(bad)
+    assert isinstance(found, tuple)
+    assert found[0].file == "grants.toml"
+    from_document = grants_from_document(bad)
+    assert isinstance(from_document, GrantsProblem)
+    assert from_document.file == "grants.toml"
+    syntax = parse_toml("[grant")
+    assert isinstance(syntax, GrantsProblem)
+    assert (syntax.file, syntax.grant_id, syntax.key) == ("grants.toml", None, None)
+    assert parse_toml("[grant", "/etc/g.toml") == GrantsProblem(
+        "/etc/g.toml", None, None, syntax.message
+    )
+    assert syntax.message.startswith("TOML syntax: ")
+    assert parse_toml("a = 1") == {"a": 1}
+
+
+def test_a_note_of_exactly_500_characters_is_kept() -> None:
+    assert one(grant_text(**BASE, note="n" * 500)).note == "n" * 500
+
+
+def test_expires_is_stored_in_utc() -> None:
+    expires = one(grant_text(**BASE, expires=Raw("2026-07-01T02:00:00+02:00"))).expires
+    assert expires is not None
+    assert expires.tzinfo is dt.UTC
+    assert expires.isoformat() == "2026-07-01T00:00:00+00:00"
+
+
+def test_wins_over_ask_defaults_to_false_and_is_kept_on_auto_grants() -> None:
+    assert one(grant_text(**BASE)).wins_over_ask is False
+    assert one(grant_text(**BASE, wins_over_ask=False)).wins_over_ask is False
+    assert one(grant_text(**BASE, wins_over_ask=True)).wins_over_ask is True
+
+
+# --- precedence ---------------------------------------------------------------------------
+
+
+def test_precedence_rank_deny_then_winning_auto_then_ask_then_auto() -> None:
+    assert precedence_rank(Grant("d", "shell", Mode.DENY)) == 0
+    assert precedence_rank(Grant("w", "shell", Mode.AUTO, wins_over_ask=True)) == 1
+    assert precedence_rank(Grant("k", "shell", Mode.ASK)) == 2
+    assert precedence_rank(Grant("a", "shell", Mode.AUTO)) == 3
+
+
+def test_in_precedence_orders_by_rank_then_file_order() -> None:
+    text = "".join(
+        grant_text(id=gid, tool="read_file", mode=mode, **extra)
+        for gid, mode, extra in [
+            ("auto-1", "auto", {}),
+            ("ask-1", "ask", {}),
+            ("win-1", "auto", {"wins_over_ask": True}),
+            ("deny-1", "deny", {}),
+            ("auto-2", "auto", {}),
+            ("ask-2", "ask", {}),
+            ("deny-2", "deny", {}),
+            ("win-2", "auto", {"wins_over_ask": True}),
+        ]
+    ) + grant_text(id="ls", tool="list_dir", mode="deny")
+    grants = parsed(text)
+    assert [g.id for g in grants.in_precedence("read_file")] == [
+        "deny-1",
+        "deny-2",
+        "win-1",
+        "win-2",
+        "ask-1",
+        "ask-2",
+        "auto-1",
+        "auto-2",
+    ]
+    assert [g.id for g in grants.in_precedence("list_dir")] == ["ls"]
+    assert grants.in_precedence("shell") == ()
+    assert grants.in_precedence("rm_rf") == ()
+    assert [g.id for g in grants.for_tool_and_mode("read_file", Mode.AUTO)] == [
+        "auto-1",
+        "win-1",
+        "auto-2",
+        "win-2",
+    ]
+    assert grants.for_tool_and_mode("shell", Mode.AUTO) == ()
+    assert grants.for_tool_and_mode("rm_rf", Mode.DENY) == ()
+
+
+@given(st.lists(st.sampled_from([Mode.DENY, Mode.ASK, Mode.AUTO, "win"]), max_size=8))
+def test_in_precedence_is_a_stable_sort_by_rank(modes: list[Mode | str]) -> None:
+    grants = GrantSet(
+        tuple(
+            Grant(f"g{i}", "shell", Mode.AUTO, wins_over_ask=True)
+            if mode == "win"
+            else Grant(f"g{i}", "shell", Mode(mode))
+            for i, mode in enumerate(modes)
+        )
+    )
+    ordered = grants.in_precedence("shell")
+    assert sorted(ordered, key=lambda g: int(g.id[1:])) == list(grants.grants)
+    ranks = [precedence_rank(g) for g in ordered]
+    assert ranks == sorted(ranks)
+    for rank in set(ranks):
+        ids = [int(g.id[1:]) for g in ordered if precedence_rank(g) == rank]
+        assert ids == sorted(ids)
