@@ -354,3 +354,9 @@ def test_the_usage_tally_reads_decisions_only() -> None:
     usage = tally.usage["g"]
     assert (usage.decisions, usage.verdicts) == (2, {"ask": 1, "deny": 1})
     assert (usage.last_at, usage.last_call) == ("2026-01-01T00:00:02.000Z", "c-2")
+
+
+def test_a_pattern_with_a_set_that_matches_nothing_has_no_chaining_witness() -> None:
+    # `[?-;]` runs backwards (0x3F to 0x3B): fnmatch matches nothing with it.
+    assert chaining_witness("[?-;]?") is None
+    assert chaining_witness("git *[?-;]") is None

@@ -408,8 +408,10 @@ def chaining_witness(pattern: str) -> str | None:
             if allowed and not chained:
                 out.append(allowed[0])
                 chained = True
+            elif (other := _any_other(piece)) is not None:
+                out.append(other)
             else:
-                out.append(_any_other(piece))
+                return None  # a set that matches nothing (`[?-;]`): so does the pattern
         else:
             out.append(piece)
     return "".join(out) if chained else None
@@ -440,15 +442,16 @@ def _class_matches(token: str, char: str) -> bool:
     return fnmatch.fnmatchcase(char, token)
 
 
-def _any_other(token: str) -> str:
-    """A harmless character ``token`` (``?`` or a set) matches."""
+def _any_other(token: str) -> str | None:
+    """A harmless character ``token`` (``?`` or a set) matches, or None when it matches
+    none (a set with a backwards range matches nothing at all)."""
     for char in "abcdefghijklmnopqrstuvwxyz0123456789-_./ ":
         if _class_matches(token, char):
             return char
     for code in range(32, 0x250):
         if _class_matches(token, chr(code)):
             return chr(code)
-    return "x"
+    return None
 
 
 # ---------------------------------------------------------------------------------------
