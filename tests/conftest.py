@@ -1,6 +1,24 @@
 """The suite's fixtures live in tests/harness/fixtures.py, and each test's time limit in
-tests/harness/time_limit.py: both plugins are loaded here for every test."""
+tests/harness/time_limit.py: both plugins are loaded here for every test.
+
+Two settings for the whole run, so a result never depends on how the suite was started:
+
+- Ctrl-C is Python's own again. A shell without job control starts a background job
+  with SIGINT ignored, Python then installs no handler of its own, and every program a
+  test starts inherits the ignoring: a test that stops ``bxctl logs -f`` with SIGINT
+  would wait for ever.
+- No hypothesis deadline: an example that meets a busy machine (a 2-core CI runner with
+  daemons started by other tests) is not a failure; the suite's time limits catch hangs.
+"""
 
 from __future__ import annotations
 
+import signal
+
+from hypothesis import settings
+
 pytest_plugins = ["pytester", "tests.harness.fixtures", "tests.harness.time_limit"]
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+settings.register_profile("boxmaker", deadline=None)
+settings.load_profile("boxmaker")
