@@ -32,7 +32,7 @@ PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/usr/bin/python3.11")
 def _python_for(uid: int) -> str:
     """The first system Python >= 3.11 that ``uid`` can run."""
     for candidate in PYTHONS:
-        if not os.path.exists(candidate):
+        if not Path(candidate).exists():
             continue
         probe = _as_user(
             uid, [candidate, "-c", "import sys; print(sys.version_info >= (3, 11))"], env={}
