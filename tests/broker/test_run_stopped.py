@@ -24,6 +24,7 @@ from tests.harness.broker import (
     Client,
     admin,
     body,
+    gone_result,
     records_of,
     running,
     tool_request,
@@ -45,17 +46,6 @@ MARKER: Final = "31.4159"
 LONG_COMMAND: Final = f"touch started && exec sleep {MARKER}"
 STOPPED_WITHIN: Final = 1.0
 """Seconds from the requester's leaving to the sandbox's processes gone."""
-GONE_RESULT: Final = {
-    "kind": "result",
-    "status": "failed",
-    "reason": "requester_gone",
-    "label": {"taint": "public", "untrusted": False},
-    "taint_after": "public",
-    "untrusted_after": False,
-    "output_sha256": None,
-    "output_bytes": 0,
-    "stopped": True,
-}
 
 
 @pytest.fixture
@@ -104,7 +94,7 @@ async def test_a_shell_whose_requester_leaves_is_killed_and_recorded_requester_g
     assert outlived < STOPPED_WITHIN
     [decision, _] = records_of(home, frame["call"])
     assert (decision["kind"], decision["verdict"]) == ("decision", "run")
-    assert body(result) == {"call": frame["call"], **GONE_RESULT}
+    assert body(result) == gone_result(frame["call"], stopped=True)
 
 
 @needs_bwrap
@@ -146,7 +136,7 @@ async def test_an_approved_shell_stopped_by_its_requester_leaving_tells_the_owne
         (r["kind"], r.get("verdict") or r.get("outcome")) for r in records_of(home, frame["call"])
     ]
     assert kinds == [("decision", "ask"), ("approval", "ask"), ("result", None)]
-    assert body(result) == {"call": frame["call"], **GONE_RESULT}
+    assert body(result) == gone_result(frame["call"], stopped=True)
 
 
 async def test_a_fetch_whose_requester_leaves_is_closed_and_recorded_requester_gone(
@@ -182,7 +172,7 @@ async def test_a_fetch_whose_requester_leaves_is_closed_and_recorded_requester_g
                 result = await result_of(home, frame["call"])
         servers.cancel_scope.cancel()
     assert outlived < STOPPED_WITHIN
-    assert body(result) == {"call": frame["call"], **GONE_RESULT}
+    assert body(result) == gone_result(frame["call"], stopped=True)
 
 
 async def test_a_requester_that_shut_its_reading_side_is_withdrawn_at_the_pending_frame(

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
+from tests.harness.broker import gone_result
 
 from boxmaker.cli import why as why_module
 from boxmaker.cli.app import app
@@ -414,18 +415,7 @@ def test_console_script_exit_code_is_the_commands(home: Path) -> None:
 @pytest.mark.usefixtures("utc_owner")
 def test_why_tells_whether_a_call_whose_requester_left_had_begun(stopped: bool, said: str) -> None:
     at = "2026-01-02T03:04:05.000Z"
-    result: dict[str, Any] = {
-        "at": at,
-        "status": "failed",
-        "reason": "requester_gone",
-        "label": {"taint": "public", "untrusted": False},
-        "taint_after": "public",
-        "untrusted_after": False,
-        "output_sha256": None,
-        "output_bytes": 0,
-    }
-    if stopped:
-        result["stopped"] = True
+    result = {"at": at, **gone_result(CALL_A, stopped=stopped)}
     life = {
         "call": CALL_A,
         "decision": {
