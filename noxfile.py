@@ -44,6 +44,13 @@ def _docs(session: nox.Session) -> None:
     session.run("python", "tools/check_docs.py")
 
 
+def _hostile_as_user(session: nox.Session) -> None:
+    """tests/hostile/ again as an ordinary uid when the gate runs as root (CI does): the
+    attacks must hold for an owner who is not root too (tools/run_as_user.py)."""
+    if not session.posargs:
+        session.run("python", "tools/run_as_user.py", "tests/hostile")
+
+
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
@@ -74,13 +81,15 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def gate(session: nox.Session) -> None:
     """The whole gate in one environment: lint, typing, docs, tests (docs/testing.md), the
-    demo on the built-in model among them (tests/e2e/test_demo.py)."""
+    demo on the built-in model among them (tests/e2e/test_demo.py); as root, then
+    tests/hostile/ as an ordinary user."""
     _install(session, "test", "lint", "typing")
     _install_model(session)
     _lint(session)
     _typing(session)
     _docs(session)
     _tests(session)
+    _hostile_as_user(session)
 
 
 @nox.session(python=PYTHON)

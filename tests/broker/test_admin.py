@@ -13,6 +13,10 @@ from tests.harness.homes import grant, write_grants, write_state
 
 from boxmaker import __version__
 from boxmaker.broker.state import Broker
+from boxmaker.clock import utc_now
+from boxmaker.convert import new_call_id
+from boxmaker.core.approvals import GrantRef, PendingEntry
+from boxmaker.core.labels import Taint
 from boxmaker.home import Home
 from boxmaker.ledger.records import format_head, line_hash
 from boxmaker.ndjson import MAX_FRAME
@@ -220,3 +224,39 @@ async def test_two_owners_answering_one_approval_at_once_one_wins(
     approvals = [r for r in records(home) if r["kind"] == "approval"]
     assert [(r["call"], r["approval"]) for r in approvals] == [(frame["call"], a)]
     assert approvals[0]["outcome"] == ("ask" if winner == "approve" else "refused")
+
+
+async def test_an_entry_at_its_deadline_is_neither_listed_nor_counted(
+    home: Home, broker: Broker, autojump_clock: Clock
+) -> None:
+    """At ``now >= expires_at`` an entry has expired even while it is still in the table
+    (its own task has not taken it yet): ``approvals`` never lists it as waiting and
+    ``status`` never counts it. The entry a millisecond younger is the control."""
+
+    def entry(approval: str, timeout: float) -> PendingEntry:
+        return PendingEntry.create(
+            approval=approval,
+            call=new_call_id(),
+            session=SESSION,
+            tool="read_file",
+            arguments={"path": "notes.txt"},
+            grant=GrantRef(id="notes", mode="ask"),
+            taint=Taint.PUBLIC,
+            untrusted=False,
+            requested_at=utc_now(),
+            now=trio.current_time(),
+            timeout=timeout,
+        )
+
+    due, younger = entry("a-0000000d", 5.0), entry("a-0000000e", 5.001)
+    for each in (due, younger):
+        # No task waits on these: only the table holds them.
+        assert broker.pending.add(each)
+    await trio.sleep(5.0)
+    assert trio.current_time() == due.deadline
+    listed = (await admin(home, {"kind": "approvals"}))["entries"]
+    status = await admin(home, {"kind": "status"})
+    for each in (due, younger):
+        broker.pending.forget(each.approval)
+    assert [shown["approval"] for shown in listed] == ["a-0000000e"]
+    assert status["pending"] == 1

@@ -24,6 +24,7 @@ from tests.harness.broker import (
     body,
     call,
     eventually,
+    gone_result,
     records,
     records_of,
     tool_request,
@@ -324,17 +325,7 @@ async def test_auto_last_look_requester_gone_runs_nothing(
             verdict="run",
             grant="write-all",
         ),
-        {
-            "kind": "result",
-            "call": c,
-            "status": "failed",
-            "reason": "requester_gone",
-            "label": {"taint": "public", "untrusted": False},
-            "taint_after": "public",
-            "untrusted_after": False,
-            "output_sha256": None,
-            "output_bytes": 0,
-        },
+        gone_result(c, stopped=False),
     ]
 
 

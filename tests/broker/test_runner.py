@@ -26,7 +26,7 @@ from tests.harness.runner import (
     spec_for_verdict,
     verdict_for,
 )
-from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace, wait_gone
 
 from boxmaker.broker import runner, sandbox
 from boxmaker.broker.runner import NO_BWRAP_DETAIL, REAL_HOST, Host, RunResult, RunSpec, execute
@@ -610,27 +610,6 @@ async def test_write_file_needs_an_existing_parent_and_not_a_directory(ws: Path)
 
 
 # --- shell -------------------------------------------------------------------------------
-
-
-def sandbox_processes(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-async def wait_gone(marker: str) -> list[int]:
-    with trio.move_on_after(3):
-        while sandbox_processes(marker):  # noqa: ASYNC110  (polling /proc: no event to wait on)
-            await trio.sleep(0.02)
-    return sandbox_processes(marker)
 
 
 @needs_bwrap

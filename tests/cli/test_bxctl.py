@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
+from tests.harness.broker import gone_result
 
 from boxmaker.cli import why as why_module
 from boxmaker.cli.app import app
@@ -395,3 +396,38 @@ def test_console_script_exit_code_is_the_commands(home: Path) -> None:
     )
     assert done.returncode == 1
     assert "invalid" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("stopped", "said"),
+    [
+        (
+            True,
+            "began 03:04:05 (1s ago) and was stopped: requester_gone "
+            "(its requester left while it ran)",
+        ),
+        (
+            False,
+            "did not run 03:04:05 (1s ago): requester_gone (the requester left before it began)",
+        ),
+    ],
+)
+@pytest.mark.usefixtures("utc_owner")
+def test_why_tells_whether_a_call_whose_requester_left_had_begun(stopped: bool, said: str) -> None:
+    at = "2026-01-02T03:04:05.000Z"
+    result = {"at": at, **gone_result(CALL_A, stopped=stopped)}
+    life = {
+        "call": CALL_A,
+        "decision": {
+            "at": at,
+            "tool": "shell",
+            "arguments": {"command": "make"},
+            "session": SESSION_1,
+            "verdict": "run",
+            "grant": None,
+        },
+        "approval": None,
+        "result": result,
+    }
+    lines = why_module.describe_life(life, parse_utc(at) + dt.timedelta(seconds=1))
+    assert lines[-2:] == [said, "  the session is now taint public, trusted"]

@@ -19,6 +19,7 @@ from boxmaker.core.call import (
     CALL_ID_USED,
     REFUSAL_UNRECORDED,
     RESULT_UNRECORDED_DETAIL,
+    RUN_STOPPED_DETAIL,
     STOPPING_DETAIL,
     Answer,
     AnswerOutcome,
@@ -281,11 +282,61 @@ def test_a_requester_gone_at_the_last_look_runs_nothing(written: m.Event) -> Non
     run = run_verdict()
     call.handle(m.Decided(run))
     call.handle(m.Recorded())
-    gone = ResultBody(False, Reason.REQUESTER_GONE, FRESH, run.decision.state, None, 0)
+    gone = ResultBody(False, Reason.REQUESTER_GONE, FRESH, run.decision.state, None, 0, False)
     assert call.handle(m.Looked(gone=True)) == [m.Record(gone)]
     assert call.phase is Phase.GONE
     assert call.handle(written) == [CLOSE]
     assert call.phase is Phase.DONE
+
+
+@pytest.mark.parametrize("written", [m.Recorded(), m.RecordFailed()])
+def test_a_requester_gone_while_the_tool_runs_closes_the_call_with_nothing_passed_on(
+    written: m.Event,
+) -> None:
+    call = new_call()
+    run = run_verdict()
+    call.handle(m.Decided(run))
+    call.handle(m.Recorded())
+    assert call.handle(m.Looked(gone=False)) == [m.RunVerdict(run, approved=False)]
+    # The driver stopped the run: no output, no label, the state it was decided on.
+    gone = ResultBody(False, Reason.REQUESTER_GONE, FRESH, run.decision.state, None, 0, True)
+    assert call.handle(m.RequesterGone()) == [m.Record(gone)]
+    assert call.phase is Phase.GONE
+    assert call.handle(written) == [CLOSE]
+    assert call.phase is Phase.DONE
+
+
+@pytest.mark.parametrize("written", [m.Recorded(), m.RecordFailed()])
+def test_an_approved_run_stopped_by_its_requester_leaving_tells_the_owner(
+    written: m.Event,
+) -> None:
+    call = waiting()
+    now = ask_verdict()
+    call.handle(m.OwnerApproved(now))
+    call.handle(m.Looked(gone=False))
+    assert call.handle(m.Recorded()) == [m.RunVerdict(now, approved=True)]
+    gone = ResultBody(False, Reason.REQUESTER_GONE, FRESH, now.decision.state, None, 0, True)
+    assert call.handle(m.RequesterGone()) == [m.Record(gone)]
+    stopped = m.RanReply(False, Reason.REQUESTER_GONE, RUN_STOPPED_DETAIL)
+    assert call.handle(written) == [
+        m.ReplyAdmin(m.ApprovedReply(ApprovalOutcome.ASK, None, ran=stopped)),
+        CLOSE,
+    ]
+    assert RUN_STOPPED_DETAIL == "its requester left while it ran: the run was stopped"
+
+
+def test_only_its_end_or_its_requester_leaving_is_taken_while_a_tool_runs() -> None:
+    allowed = {m.Ran, m.RequesterGone}
+    for event in EVENTS:
+        call = ran_call()
+        assert call.phase is Phase.RUNNING
+        if type(event) in allowed:
+            call.handle(event)
+            continue
+        with pytest.raises(IllegalEvent) as raised:
+            call.handle(event)
+        assert raised.value.phase is Phase.RUNNING
+        assert call.phase is Phase.RUNNING
 
 
 # --- an ask and its endings -----------------------------------------------------------

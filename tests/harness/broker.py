@@ -61,6 +61,25 @@ def body(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("seq", "at", "prev")}
 
 
+def gone_result(call: str, *, stopped: bool) -> dict[str, Any]:
+    """The body of the result record of a call whose requester left before its run, or
+    while it ran (``stopped``): no output, no label, nothing raised."""
+    result: dict[str, Any] = {
+        "kind": "result",
+        "call": call,
+        "status": "failed",
+        "reason": "requester_gone",
+        "label": {"taint": "public", "untrusted": False},
+        "taint_after": "public",
+        "untrusted_after": False,
+        "output_sha256": None,
+        "output_bytes": 0,
+    }
+    if stopped:
+        result["stopped"] = True
+    return result
+
+
 def tool_request(
     tool: str, arguments: dict[str, Any], *, call: str | None = None, session: str = SESSION
 ) -> dict[str, Any]:

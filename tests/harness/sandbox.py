@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+import trio
+
 SANDBOX_UID: Final = 65534
 """The ordinary uid (and gid) that owns a test workspace when the tests run as root."""
 AS_ROOT: Final = os.geteuid() == 0
@@ -35,3 +37,28 @@ def sandbox_workspace() -> Iterator[Path]:
         yield workspace
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def processes_with(marker: str) -> list[int]:
+    """The host pids whose command line holds ``marker`` (a sandboxed ``sleep 31.4159``
+    is seen from the host under its own argv)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def wait_gone(marker: str, within: float = 3.0) -> list[int]:
+    """The processes with ``marker`` still there after ``within`` seconds at most (real
+    time; empty as soon as they are gone)."""
+    with trio.move_on_after(within):
+        while processes_with(marker):  # noqa: ASYNC110  (polling /proc: no event to wait on)
+            await trio.sleep(0.02)
+    return processes_with(marker)

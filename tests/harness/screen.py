@@ -116,6 +116,10 @@ class Pane:
     def title(self) -> str:
         return self._tmux("display-message", "-p", "#{pane_title}")
 
+    def send(self, *keys: str) -> None:
+        """Keys as tmux names them (``y``, ``Enter``, ``C-c``)."""
+        self._tmux("send-keys", *keys)
+
     def wait_for(self, wanted: str, timeout: float = WAIT_S) -> str:
         """The visible screen once it shows ``wanted``."""
         deadline = time.monotonic() + timeout

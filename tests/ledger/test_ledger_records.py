@@ -79,6 +79,14 @@ EVERY_BODY = [
     DECISION,
     APPROVAL,
     RESULT,
+    attrs.evolve(
+        RESULT,
+        status=ResultStatus.FAILED,
+        reason=Reason.REQUESTER_GONE,
+        output_sha256=None,
+        output_bytes=0,
+        stopped=True,
+    ),
 ]
 
 
@@ -120,6 +128,15 @@ def test_result_line_carries_label_as_an_object_and_nulls() -> None:
         "output_sha256": "cd" * 32,
         "output_bytes": 12,
     }
+
+
+def test_a_result_says_stopped_only_when_a_run_was_stopped() -> None:
+    # A result written before the field existed, or of a run not stopped, keeps its line.
+    assert "stopped" not in orjson.loads(encode_line(9, AT, PREV, RESULT))
+    stopped = attrs.evolve(
+        RESULT, status=ResultStatus.FAILED, reason=Reason.REQUESTER_GONE, stopped=True
+    )
+    assert orjson.loads(encode_line(9, AT, PREV, stopped))["stopped"] is True
 
 
 def test_non_ascii_is_utf8_not_escaped() -> None:

@@ -58,7 +58,9 @@ def approval(call: str, outcome: str) -> Approval:
     )
 
 
-def result(call: str, status: str = "ok", reason: Reason | None = None) -> Result:
+def result(
+    call: str, status: str = "ok", reason: Reason | None = None, *, stopped: bool = False
+) -> Result:
     return Result(
         call=call,
         status=ResultStatus(status),
@@ -68,6 +70,7 @@ def result(call: str, status: str = "ok", reason: Reason | None = None) -> Resul
         untrusted_after=False,
         output_sha256="00" * 32,
         output_bytes=3,
+        stopped=stopped,
     )
 
 
@@ -398,6 +401,11 @@ def test_a_call_id_may_be_reused_once_its_call_ended() -> None:
         (
             [decision("c-1", "run"), result("c-1", "failed", Reason.REQUESTER_GONE)],
             CallCounts(withdrawn=1),
+        ),
+        (
+            # It ran, and was stopped when its requester left: not "nothing ran".
+            [decision("c-1", "run"), result("c-1", "failed", Reason.REQUESTER_GONE, stopped=True)],
+            CallCounts(complete=1),
         ),
         ([decision("c-1", "ask"), approval("c-1", "ask"), result("c-1")], CallCounts(complete=1)),
         (

@@ -65,6 +65,8 @@ class Model:
     ran: int = 0
     closed: bool = False
     stopped_before: bool = False
+    run_stopped: bool = False
+    """Its requester left while its tool ran."""
 
     @property
     def finals(self) -> list[machine.Answer | machine.BadFrameError]:
@@ -86,6 +88,7 @@ class CallMachine(RuleBasedStateMachine):
         self.state = FRESH
         self.raise_ok = True
         self.run_ok = True
+        self.leaves_while_running = False
         self.stopping = False
         self.calls: dict[str, Model] = {}
 
@@ -157,6 +160,10 @@ class CallMachine(RuleBasedStateMachine):
         if isinstance(effect, machine.RunVerdict):
             assert not model.gone, "ran for a requester that left"
             model.ran += 1
+            if self.leaves_while_running:
+                # The requester leaves while the tool runs: the driver stops the run.
+                model.gone = model.run_stopped = True
+                return machine.RequesterGone()
             label = Label(Taint.INTERNAL, False)
             if self.run_ok:
                 return machine.Ran(machine.RunOutcome(True, None, None, "hello\n", label))
@@ -304,10 +311,11 @@ class CallMachine(RuleBasedStateMachine):
     def ledger(self, up: bool) -> None:
         self.ledger_up = up
 
-    @rule(raise_ok=st.booleans(), run_ok=st.booleans())
-    def runs(self, raise_ok: bool, run_ok: bool) -> None:
+    @rule(raise_ok=st.booleans(), run_ok=st.booleans(), leaves=st.booleans())
+    def runs(self, raise_ok: bool, run_ok: bool, leaves: bool) -> None:
         self.raise_ok = raise_ok
         self.run_ok = run_ok
+        self.leaves_while_running = leaves
 
     @rule(taint=st.sampled_from(list(Taint)), untrusted=st.booleans())
     def state_rises(self, taint: Taint, untrusted: bool) -> None:
@@ -358,6 +366,21 @@ class CallMachine(RuleBasedStateMachine):
             assert decision["verdict"] == "run" or (
                 decision["verdict"] == "ask" and outcomes in (["ask"], ["allowed"])
             ), (decision, outcomes)
+
+    @invariant()
+    def a_run_stopped_by_its_requester_is_closed_as_requester_gone(self) -> None:
+        for call, model in self.calls.items():
+            if not model.run_stopped:
+                continue
+            assert model.call.phase is Phase.DONE
+            assert model.finals == []
+            results = [(r["ok"], r["reason"]) for r in self._of(call, "result")]
+            assert results in ([], [(False, Reason.REQUESTER_GONE)]), results
+            if model.replies:  # an approve let it run: the owner hears it was stopped
+                [reply] = model.replies
+                assert isinstance(reply, machine.ApprovedReply)
+                assert reply.ran is not None
+                assert (reply.ran.ok, reply.ran.reason) == (False, Reason.REQUESTER_GONE)
 
     @invariant()
     def no_entry_outlives_its_deadline(self) -> None:

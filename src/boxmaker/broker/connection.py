@@ -18,19 +18,27 @@ A waiting call waits in its own connection's task, in the handler's own frame, u
 cancel scope whose deadline is the entry's, for its socket to become readable (then
 :meth:`Requester.left` looks) or for its ending to be delivered
 (:mod:`boxmaker.broker.pending`): no timer, no wake-up a second.
+
+A running call belongs to its connection too: a tool that can run for long (a shell
+command, an HTTP fetch: :data:`~boxmaker.broker.runner.STOPPABLE_TOOLS`) runs in a
+nursery of the connection beside a hang-up watcher (:meth:`Requester.while_here`, the
+shape of hypercorn's per-connection task group). When the requester leaves, the run is
+cancelled — the sandbox's processes are killed on the way out — and the machine records
+the result ``failed`` ``requester_gone``.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 import trio
 
 from boxmaker.broker.admin import approval_view
 from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
-from boxmaker.broker.runner import RunSpec, before_asking
+from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec, before_asking
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.convert import converter
@@ -92,7 +100,8 @@ DRAIN: Final = 65536
 after its request: they can mean nothing (one call per connection), and left unread
 they would keep the socket readable."""
 
-"""A peer that left or stalled: a normal end of a connection, not a crash (STYLE)."""
+
+T = TypeVar("T")
 
 
 class Requester:
@@ -144,6 +153,29 @@ class Requester:
         finally:
             peek.detach()
         return data == b""
+
+    async def hang_up(self) -> None:
+        """Return once the requester has closed its end: its socket becomes readable,
+        and the look finds the end (bytes it sent meanwhile are dropped). No timer."""
+        while True:
+            await trio.lowlevel.wait_readable(self.stream.socket)
+            if self.left():
+                return
+
+    async def while_here(self, work: Callable[[], Awaitable[T]]) -> T | None:
+        """``work()``'s result, or None when the requester left first: ``work`` is then
+        cancelled (so whatever it started is stopped on its way out)."""
+        result: T | None = None
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                await self.hang_up()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            result = await work()
+            nursery.cancel_scope.cancel()
+        return result
 
     async def send(self, frame: Frame) -> None:
         # A bare CancelScope rather than trio.fail_after: cheaper, once a call.
@@ -197,9 +229,7 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
                 command = broker.pending.ending(entry.approval)
                 while command is None:
                     with broker.pending.deadline(entry):
-                        await trio.lowlevel.wait_readable(stream.socket)
-                        while not requester.left():
-                            await trio.lowlevel.wait_readable(stream.socket)
+                        await requester.hang_up()
                         broker.pending.end(entry.approval, machine.RequesterGone())
                     command = broker.pending.woke(entry, trio.current_time())
                 del entry
@@ -476,9 +506,19 @@ class _Driver:
             labels=self.broker.config.labels,
             approved=approved,
         )
-        result = await self.broker.execute(
-            spec, self.broker.sandboxes, to_thread=self.broker.to_thread
-        )
+        broker = self.broker
+
+        def run() -> Awaitable[RunResult]:
+            return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
+
+        if spec.tool in STOPPABLE_TOOLS:
+            finished = await self.requester.while_here(run)
+            if finished is None:
+                log.info("call %s: its requester left while it ran; the run was stopped", spec.call)
+                return machine.RequesterGone()
+            result = finished
+        else:
+            result = await run()
         outcome = machine.RunOutcome(
             result.ok, result.reason, result.detail, result.content, result.label
         )
@@ -528,6 +568,7 @@ class _Driver:
             untrusted_after=body.state_after.untrusted,
             output_sha256=body.output_sha256,
             output_bytes=body.output_bytes,
+            stopped=body.stopped,
         )
 
 

@@ -134,6 +134,11 @@ NO_BWRAP_DETAIL: Final = (
     "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
     "see docs/runbook.md#sandbox"
 )
+STOPPABLE_TOOLS: Final[frozenset[ToolName]] = frozenset({"shell", "http_get"})
+"""The tools whose run brokerd stops when the requester leaves (broker/connection.py):
+they can run for long and can be cancelled at any point (the sandbox is killed; the
+fetch is closed). The file tools run to their end in a worker thread: short and
+bounded (1 MiB), and a write stopped half-way would leave the ledger unsure of it."""
 CACHED_READ_MAX: Final = 64 * 1024
 """The largest file read_file reads on the trio thread when all of it is cached: the
 copy and decode of a bigger one would hold up every other call."""

@@ -170,6 +170,10 @@ def _result_words(result: dict[str, Any], now: Any) -> list[str]:
         if label.get("untrusted"):
             line += " and untrusted"
         lines = [line]
+    elif result.get("reason") == "requester_gone" and result.get("stopped"):
+        lines = [f"began {when} and was stopped: requester_gone (its requester left while it ran)"]
+    elif result.get("reason") == "requester_gone":
+        lines = [f"did not run {when}: requester_gone (the requester left before it began)"]
     else:
         lines = [f"ran {when} and failed: {_because(result.get('reason'))}"]
     after = f"{result.get('taint_after')}, {_trust(result.get('untrusted_after'))}"

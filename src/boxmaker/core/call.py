@@ -67,9 +67,12 @@ The transition table (phase, event → effects → next phase)::
       Looked(gone)                → record result failed requester_gone         → GONE
       Looked(here)                → run the verdict                             → RUNNING
     GONE
-      Recorded | RecordFailed     → close (nobody to answer)                    → DONE
+      Recorded | RecordFailed     → (approved: reply approved, ran failed
+                                    requester_gone) close (nobody to answer)    → DONE
     RUNNING
       Ran(outcome)                → raise the session's state by its label      → RAISING
+      RequesterGone               → (the run was stopped) record result failed
+                                    requester_gone                              → GONE
     RAISING
       StateRaised(state)          → record the result                           → RESULT
       StateUnrecordable(detail)   → (approved: reply approved, ran failed)
@@ -85,6 +88,10 @@ An approve's last look comes before its record, so the record says what happened
 requester gone by then makes the approval ``withdrawn`` and nothing runs. An auto run's
 last look comes after its decision record; a requester gone then leaves a ``failed``
 ``requester_gone`` result, so the call is closed in the ledger.
+A requester that leaves while its tool runs (``RequesterGone`` in RUNNING) has its run
+stopped by the driver (the sandbox's processes killed); the result is ``failed``
+``requester_gone`` with nothing of the output passed on or counted into the state, as
+nobody saw it.
 """
 
 from __future__ import annotations
@@ -113,6 +120,7 @@ APPROVAL_UNRECORDED: Final = (
 REFUSAL_UNRECORDED: Final = (
     "the refusal could not be recorded; the call is denied; see docs/runbook.md#audit-unavailable"
 )
+RUN_STOPPED_DETAIL: Final = "its requester left while it ran: the run was stopped"
 
 
 def due(deadline: float, now: float) -> bool:
@@ -214,6 +222,8 @@ class ResultBody:
     state_after: Label
     output_sha256: str | None
     output_bytes: int
+    stopped: bool = False
+    """The run was stopped half-way because its requester left (else it never began)."""
 
 
 Body: TypeAlias = Decision | ApprovalBody | ResultBody
@@ -337,7 +347,8 @@ class Expired:
 
 @attrs.frozen
 class RequesterGone:
-    """The requester closed its end while the call waited."""
+    """The requester closed its end while the call waited, or while its tool ran (the
+    driver stopped the run)."""
 
 
 @attrs.frozen
@@ -675,12 +686,25 @@ class Call:
         assert isinstance(verdict, Run)
         if not event.gone:
             return Phase.RUNNING, [RunVerdict(verdict, approved=False)]
+        return self._gone(stopped=False)
+
+    def _run_stopped(self, event: RequesterGone) -> _Row:
+        return self._gone(stopped=True)
+
+    def _gone(self, *, stopped: bool) -> _Row:
+        """The requester left before the run, or during it (``stopped``): the ledger
+        closes the call with a ``failed`` ``requester_gone`` result on the state the run
+        was decided on; no output, no label (nobody saw anything)."""
+        verdict = self._verdict
+        assert verdict is not None
         state = verdict.decision.state
-        gone = ResultBody(False, Reason.REQUESTER_GONE, FRESH, state, None, 0)
+        gone = ResultBody(False, Reason.REQUESTER_GONE, FRESH, state, None, 0, stopped)
         return Phase.GONE, [Record(gone)]
 
     def _gone_recorded(self, event: Recorded | RecordFailed) -> _Row:
-        return Phase.DONE, [_CLOSE]
+        # Nobody to answer; an owner whose approve let it run hears how it ended.
+        stopped = Answer(AnswerOutcome.FAILED, Reason.REQUESTER_GONE, RUN_STOPPED_DETAIL)
+        return Phase.DONE, [*self._tell_owner(stopped), _CLOSE]
 
     def _tool_ran(self, event: Ran) -> _Row:
         self._ran = event.outcome
@@ -760,6 +784,7 @@ _TABLE: Final[dict[tuple[Phase, type[Event]], Callable[[Call, Any], _Row]]] = {
     (Phase.GONE, Recorded): Call._gone_recorded,
     (Phase.GONE, RecordFailed): Call._gone_recorded,
     (Phase.RUNNING, Ran): Call._tool_ran,
+    (Phase.RUNNING, RequesterGone): Call._run_stopped,
     (Phase.RAISING, StateRaised): Call._state_raised,
     (Phase.RAISING, StateUnrecordable): Call._state_unrecordable,
     (Phase.RESULT, Recorded): Call._result_recorded,

@@ -137,6 +137,9 @@ class Result:
     untrusted_after: bool
     output_sha256: str | None
     output_bytes: int
+    stopped: bool = False
+    """``requester_gone`` only: the run had begun and was stopped (a shell's sandbox
+    killed) when its requester left; absent when it never began."""
 
 
 @attrs.frozen
@@ -161,6 +164,10 @@ Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy
 converter.register_unstructure_hook(
     Approval,
     make_dict_unstructure_fn(Approval, converter, grant_written=override(omit_if_default=True)),
+)
+# Likewise a result of a run that was not stopped.
+converter.register_unstructure_hook(
+    Result, make_dict_unstructure_fn(Result, converter, stopped=override(omit_if_default=True))
 )
 
 BODY_TYPES: dict[Kind, type[Body]] = {

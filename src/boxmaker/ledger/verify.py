@@ -24,7 +24,7 @@ may be the one that changed.
 Call states (the summary):
 
 - ``complete``: has a result (``ok``, or ``failed`` for a reason other than
-  ``requester_gone``);
+  ``requester_gone``, or a run ``stopped`` half-way when its requester left);
 - ``denied``: a ``deny`` verdict, or an approval with outcome ``denied``;
 - ``refused``, ``expired``: the approval's outcome;
 - ``withdrawn``: an approval ``withdrawn``, or a result ``failed`` with reason
@@ -296,7 +296,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                     complete += 1
                 elif status == "failed":
                     del open_calls[call]
-                    if rec["reason"] == "requester_gone":
+                    if rec["reason"] == "requester_gone" and not rec.get("stopped"):
                         withdrawn += 1
                     else:
                         complete += 1
