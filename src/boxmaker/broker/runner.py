@@ -99,6 +99,7 @@ from boxmaker.broker.sandbox import (
     SandboxLimits,
     SandboxPool,
     SandboxRefused,
+    bwrap_version_problem,
     sandbox_argv,
     sandbox_user,
 )
@@ -750,6 +751,9 @@ def _launch(workspace: Path, runner: RunnerConfig) -> Launch | str:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return NO_BWRAP_DETAIL
+    too_old = bwrap_version_problem(bwrap)
+    if too_old is not None:
+        return f"{too_old}; see {RUNBOOK_SANDBOX}"
     try:
         user = sandbox_user(workspace, runner.sandbox_uid)
     except SandboxRefused as refused:
