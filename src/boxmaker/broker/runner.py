@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING, Final, TypeAlias
 import attrs
 import trio
 
+from boxmaker.broker.bwrap_version import bwrap_version_problem
 from boxmaker.broker.nowait import CachedFile, fd_real_path, read_cached_beneath
 from boxmaker.broker.sandbox import (
     LIMITS_FAILED,
@@ -99,7 +100,6 @@ from boxmaker.broker.sandbox import (
     SandboxLimits,
     SandboxPool,
     SandboxRefused,
-    bwrap_version_problem,
     sandbox_argv,
     sandbox_user,
 )

@@ -133,7 +133,7 @@ SYSCALLS: Final[Mapping[str, Syscalls]] = {
             323,  # userfaultfd
         ),
         enosys=_ENOSYS_COMMON,
-        clone=(56, 0),  # clone(flags, stack, parent_tid, child_tid, tls)
+        clone=(56, 0),  # clone(flags, stack, ...)
         ioctl=16,
     ),
     "aarch64": Syscalls(
@@ -161,7 +161,7 @@ SYSCALLS: Final[Mapping[str, Syscalls]] = {
             282,  # userfaultfd
         ),
         enosys=_ENOSYS_COMMON,
-        clone=(220, 0),  # clone(flags, stack, parent_tid, tls, child_tid)
+        clone=(220, 0),  # clone(flags, stack, ...)
         ioctl=29,
     ),
 }

@@ -35,7 +35,7 @@ from typing import Final, Literal
 
 import attrs
 
-from boxmaker.broker.sandbox import bwrap_version_problem
+from boxmaker.broker.bwrap_version import bwrap_version_problem
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.daemon import NOT_RELOADED, RELOADED
