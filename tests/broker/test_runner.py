@@ -776,8 +776,10 @@ async def test_a_bwrap_that_cannot_set_up_the_sandbox_is_sandbox_unavailable(
     fake = ws.parent / "fake-bin"  # where the sandbox's uid can run it from
     fake.mkdir()
     bwrap = fake / "bwrap"
+    # New enough (the version is checked before anything starts), then it fails.
     bwrap.write_text(
-        "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n"
+        "#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.8.0' && exit 0\n"
+        "echo 'bwrap: No permissions to create new namespace' >&2\nexit 1\n"
     )
     bwrap.chmod(0o755)
     monkeypatch.setenv("PATH", str(fake))

@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING, Final, TypeAlias
 import attrs
 import trio
 
+from boxmaker.broker.bwrap_version import bwrap_version_problem
 from boxmaker.broker.nowait import CachedFile, fd_real_path, read_cached_beneath
 from boxmaker.broker.sandbox import (
     LIMITS_FAILED,
@@ -755,6 +756,9 @@ def _launch(workspace: Path, runner: RunnerConfig) -> Launch | str:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return NO_BWRAP_DETAIL
+    too_old = bwrap_version_problem(bwrap)
+    if too_old is not None:
+        return f"{too_old}; see {RUNBOOK_SANDBOX}"
     try:
         user = sandbox_user(workspace, runner.sandbox_uid)
     except SandboxRefused as refused:

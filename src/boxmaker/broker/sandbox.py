@@ -212,6 +212,10 @@ def sandbox_argv(
     return (
         bwrap,
         "--unshare-all",
+        # A user namespace of its own, in which the command cannot make another: one
+        # would hold every capability over its own network namespace and mounts.
+        "--unshare-user",
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--cap-drop",

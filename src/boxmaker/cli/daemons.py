@@ -35,6 +35,7 @@ from typing import Final, Literal
 
 import attrs
 
+from boxmaker.broker.bwrap_version import bwrap_version_problem
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.daemon import NOT_RELOADED, RELOADED
@@ -165,7 +166,8 @@ def _initialised(home: Home) -> bool:
 
 
 def _bwrap_problem() -> Problem | None:
-    """bubblewrap is there and can make its namespaces (docs/runbook.md#sandbox)."""
+    """bubblewrap is there, can make its namespaces, and is new enough for the sandbox
+    (docs/runbook.md#sandbox)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return Problem(
@@ -186,7 +188,10 @@ def _bwrap_problem() -> Problem | None:
         said = str(exc)
     else:
         if done.returncode == 0:
-            return None
+            too_old = bwrap_version_problem(bwrap)
+            if too_old is None:
+                return None
+            return Problem(too_old, "docs/runbook.md#sandbox", Exit.FAILED)
         said = done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}"
     return Problem(
         f"bubblewrap ({bwrap}) cannot create its sandbox here: {said}",
