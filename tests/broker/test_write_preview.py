@@ -187,7 +187,6 @@ async def test_the_model_is_told_which_directory_is_missing(home: Home) -> None:
     )
 
 
-
 # --- every byte change is visible ---------------------------------------------------
 #
 # Each case: the file as it is, what the model writes, the preview's lines as brokerd
