@@ -17,6 +17,7 @@ converter then builds the attrs value.
 from __future__ import annotations
 
 import copy
+import re
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Final, Literal
@@ -273,10 +274,15 @@ def _schema_problem(schema: Mapping[str, Any], raw: Mapping[str, Any]) -> str | 
     return None
 
 
+_NOT_URL_CHARACTER: Final = re.compile(r"[^!-\[\]-~]")
+"""Anything but printable ASCII without the space and the backslash (one regex: a
+character loop over a 1 MiB URL held brokerd's thread for 0.17 s)."""
+
+
 def _url_problem(url: str) -> str | None:
     # Refuse what two URL parsers might read differently, so the host checked against the
     # grant is the host the runner connects to.
-    if any(ch <= " " or ch == "\\" or ch > "~" for ch in url):
+    if _NOT_URL_CHARACTER.search(url):
         return "argument 'url' must be printable ASCII without spaces or backslashes"
     try:
         parts = urllib.parse.urlsplit(url)

@@ -118,6 +118,8 @@ def url_host_problem(host: str, *, bracketed: bool) -> str | None:
         if "%" in host or not isinstance(_address(host), ipaddress.IPv6Address):
             return "in brackets, it is not an IPv6 address without a zone"
         return None
+    if len(host) > MAX_HOST_NAME:  # first: a longer host costs no parsing at all
+        return f"it is longer than {MAX_HOST_NAME} characters"
     if isinstance(_address(host), ipaddress.IPv4Address):
         return None
     if not _HOST_NAME.fullmatch(host):
@@ -126,8 +128,6 @@ def url_host_problem(host: str, *, bracketed: bool) -> str | None:
         if any(char in host for char in "*?[]%"):
             return "it has glob characters or escapes"
         return "a host name is labels of letters, digits, '-' and '_', joined by dots"
-    if len(host) > MAX_HOST_NAME:
-        return f"it is longer than {MAX_HOST_NAME} characters"
     return None
 
 
