@@ -123,10 +123,8 @@ def _ended(lines: Iterable[str]) -> list[str]:
     return ended
 
 
-def _added(summary: str, text: str | None) -> ChangePreview:
+def _added(summary: str, text: str) -> ChangePreview:
     """``text`` shown as added lines (a new file, or one not compared)."""
-    if text is None:
-        return ChangePreview(summary=f"{summary}; binary content (not shown)")
     lines, left_out = _bounded(_ended("+" + line for line in file_lines(text)))
     return ChangePreview(summary=summary, lines=lines, lines_left_out=left_out)
 
@@ -135,28 +133,27 @@ def preview_write(workspace: Path, rules: LabelRules, path: str, content: str) -
     """The preview of writing ``content`` to ``path`` (a checked workspace path).
     Blocking: run it in a worker thread."""
     new = content.encode("utf-8", errors="surrogatepass")
-    new_text = content
     target = look_before_write(workspace, path, MAX_READ)
     if target.missing_directory is not None:
         return ChangePreview(summary=f"cannot show: {target.missing_directory} does not exist")
     if target.problem is not None:
         return ChangePreview(summary=f"cannot show: {target.problem}")
     if target.data is None:
-        return _added(f"creates {_bytes(len(new))}", new_text)
+        return _added(f"creates {_bytes(len(new))}", content)
     old = target.data
     replaces = f"replaces {_bytes(len(old))} with {_bytes(len(new))}"
     if old == new:
         return ChangePreview(summary=f"no change: {path} already holds these {_bytes(len(new))}")
     opened = target.opened or path
     if rules.label_for_opened(path, opened, 1).taint is Taint.SECRET:
-        return _added(f"{replaces}; the file is secret ([labels]), only the new content", new_text)
+        return _added(f"{replaces}; the file is secret ([labels]), only the new content", content)
     old_text = _text(old)
-    if old_text is None or new_text is None:
+    if old_text is None:
         return ChangePreview(summary=f"{replaces}; binary content (not shown)")
-    diff = unified_diff(file_lines(old_text), file_lines(new_text), path)
+    diff = unified_diff(file_lines(old_text), file_lines(content), path)
     if diff is None:
         summary = f"{replaces}; over {MAX_COMPARED_LINES} changed lines: the new content"
-        return _added(summary, new_text)
+        return _added(summary, content)
     lines, left_out = _bounded(diff, _windows(diff))
     return ChangePreview(summary=replaces, lines=lines, lines_left_out=left_out)
 

@@ -57,7 +57,7 @@ def _visible(text: str) -> str:
 
 
 def _content(text: str, *, exact: bool) -> str:
-    """A line's text after its diff prefix, as shown; its trailing spaces and tabs
+    r"""A line's text after its diff prefix, as shown; its trailing spaces and tabs
     escaped (``\u0020``, ``\u0009``) so that they show."""
     trailing = _TRAILING.search(text)
     body = text if trailing is None else text[: trailing.start()]
