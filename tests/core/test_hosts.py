@@ -409,6 +409,8 @@ def test_a_url_host_that_is_one_exact_host(host: str) -> None:
         ("a b", NOT_A_NAME),
         ("a+b", NOT_A_NAME),
         ("A.org", NOT_A_NAME),  # the caller lower-cases first
+        ("X.org", NOT_A_NAME),
+        ("a..b.", NOT_A_NAME),  # a trailing dot, and more wrong before it
         ("", NOT_A_NAME),
         (".".join(["a" * 63] * 3 + ["b" * 62]), "it is longer than 253 characters"),
     ],
