@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxmaker.printable import PrintableFormatter, PrintableStream, printable
+from boxmaker.printable import PrintableFormatter, PrintableStream, printable, printable_exactly
 
 UNSAFE = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 # One of each kind the escaping is for, and one above U+FFFF (a tag character).
@@ -57,6 +57,24 @@ def test_json_stays_the_same_json(value: object) -> None:
 def test_no_unsafe_character_survives(text: str) -> None:
     assert unsafe(printable(text)) == []
     assert unsafe(printable(text, lines=True), keep="\n\t") == []
+
+
+@given(st.text(), st.text())
+def test_the_exact_form_is_printable_ascii_and_never_the_same_for_two_texts(
+    first: str, second: str
+) -> None:
+    shown = printable_exactly(first)
+    assert all(" " <= char <= "~" for char in shown)
+    # Read back: the form is one-to-one (JSON's string escapes, a backslash doubled).
+    assert orjson.loads(f'"{shown.replace(chr(34), chr(92) + chr(34))}"') == first
+    assert (printable_exactly(second) == shown) is (first == second)
+
+
+def test_the_exact_form_escapes_what_printable_leaves() -> None:
+    assert printable_exactly("\\u00a0 \u00a0 \u0430 é\t") == (
+        "\\\\u00a0 \\u00a0 \\u0430 \\u00e9\\u0009"
+    )
+    assert printable_exactly("\U0001f408") == "\\ud83d\\udc08"
 
 
 def test_a_log_record_is_one_line_and_a_traceback_cannot_pass_for_one() -> None:

@@ -70,6 +70,24 @@ def printable(text: str, *, lines: bool = False) -> str:
     return _CANDIDATE.sub(shown, text)
 
 
+_NOT_PLAIN: Final = re.compile(r"[^ -\[\]-~]")
+"""Each character but printable ASCII, and the backslash."""
+
+
+def printable_exactly(text: str) -> str:
+    """``text`` with every character but printable ASCII written as ``\\u`` and four hex
+    digits, and each backslash as two: one form for each text, so two texts that differ
+    never read the same (through :func:`printable` they may: it leaves a look-alike
+    letter, a no-break space and an escape typed as text as they are).
+
+    >>> printable_exactly("a\\u00a0b \\\\u00a0 \\u0430\\n")
+    'a\\\\u00a0b \\\\\\\\u00a0 \\\\u0430\\\\u000a'
+    """
+    return _NOT_PLAIN.sub(
+        lambda match: "\\\\" if match.group() == "\\" else _escaped(match.group()), text
+    )
+
+
 class PrintableStream:
     """A text stream that passes each write through ``printable(…, lines=True)``:
     bxctl's stdout and stderr, so that no command can forget to escape what it prints."""

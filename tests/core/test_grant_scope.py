@@ -12,7 +12,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from boxmaker.core.catalogue import CheckedArguments, check_arguments
+from boxmaker.core.catalogue import (
+    FILE_TOOLS,
+    TOOL_NAMES,
+    ArgumentProblem,
+    CheckedArguments,
+    HttpGetArgs,
+    check_arguments,
+)
 from boxmaker.core.decide import CheckedRequest, Run, decide
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, grant_of, parse_duration
 from boxmaker.core.grants import (
@@ -23,7 +30,10 @@ from boxmaker.core.grants import (
     grants_from_document,
     parse_grants,
 )
+from boxmaker.core.hosts import HostRule
 from boxmaker.core.labels import FRESH, Label, Taint
+from boxmaker.core.paths import ROOT
+from boxmaker.core.reasons import Reason
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 APPROVAL, CALL = "a-1f2e3d4c", "c-00000000000000c1"
@@ -52,7 +62,7 @@ URL = st.builds(
     st.none() | st.integers(1, 65535),
     st.from_regex(r"[a-z0-9/]{0,10}", fullmatch=True),
 )
-FILE_TOOLS = st.sampled_from(["read_file", "list_dir", "write_file"])
+FILE_TOOL = st.sampled_from(["read_file", "list_dir", "write_file"])
 
 
 def _arguments(tool: str, value: str) -> CheckedArguments:
@@ -93,7 +103,7 @@ def _runs_on(grant: Grant, arguments: CheckedArguments, state: Label = FRESH) ->
     return isinstance(verdict, Run) and verdict.grant.id == grant.id
 
 
-@given(tool=FILE_TOOLS, path=PATH, other=PATH)
+@given(tool=FILE_TOOL, path=PATH, other=PATH)
 def test_an_exact_file_grant_runs_its_path_and_no_other(tool: str, path: str, other: str) -> None:
     arguments = _arguments(tool, path)
     grant = _written(arguments)
@@ -103,7 +113,7 @@ def test_an_exact_file_grant_runs_its_path_and_no_other(tool: str, path: str, ot
     assert not grant.covers(other_arguments, NOW)
 
 
-@given(tool=FILE_TOOLS, path=PATH, other=PATH)
+@given(tool=FILE_TOOL, path=PATH, other=PATH)
 def test_a_dir_grant_runs_its_directory_and_nothing_outside_or_below(
     tool: str, path: str, other: str
 ) -> None:
@@ -136,12 +146,8 @@ def test_an_http_get_grant_runs_its_host_and_port_only(url: str, other: str) -> 
     mine, their = arguments.destination, theirs.destination
     assert mine is not None
     assert their is not None
-    default = {"http": 80, "https": 443}
-    if mine.port == default[mine.scheme]:
-        port_allowed = their.port == default[their.scheme]
-    else:
-        port_allowed = their.port == mine.port
-    assert grant.covers(theirs, NOW) is (their.host == mine.host and port_allowed)
+    # The port is always written: the scheme's other default port is not the call's.
+    assert grant.covers(theirs, NOW) is (their.host == mine.host and their.port == mine.port)
 
 
 def test_a_grant_that_matches_fnmatch_syntax_literally() -> None:
@@ -317,10 +323,12 @@ def test_the_longest_for_is_366_days_exactly() -> None:
     ("url", "hosts"),
     [
         ("http://[::1]:8080/x", ["[::1]:8080"]),
-        ("https://[2001:DB8::1]/", ["2001:db8::1"]),
+        ("https://[2001:DB8::1]/", ["[2001:db8::1]:443"]),
         ("https://[2001:db8::1]:80/", ["[2001:db8::1]:80"]),
         ("http://10.0.0.1:8080/", ["10.0.0.1:8080"]),
         ("https://a.example:8443/", ["a.example:8443"]),
+        ("http://A.Example/", ["a.example:80"]),
+        ("https://a.example:443/", ["a.example:443"]),
     ],
 )
 def test_an_ip_v6_host_is_bracketed_before_its_port(url: str, hosts: list[str]) -> None:
@@ -468,3 +476,230 @@ def test_grant_of_says_why_a_table_is_not_a_valid_grant() -> None:
         grant_of(table)
     assert str(raised.value) == problem.describe()
     assert "sometimes" in str(raised.value)
+
+
+# --- exact is exact, for every tool, whatever the model chose ---------------------------
+#
+# Hostile values: the syntax of every pattern language a grant key has (globs, fnmatch,
+# hosts entries), and what makes two spellings of one thing or one spelling of two.
+
+_HOST_LABEL = st.from_regex(r"[a-zA-Z0-9]([a-zA-Z0-9_-]{0,8}[a-zA-Z0-9])?", fullmatch=True)
+_HOST_NAME = st.lists(_HOST_LABEL, min_size=1, max_size=4).map(".".join)
+_GLOBBED = st.builds(
+    lambda name, at, char: name[:at] + char + name[at:],
+    _HOST_NAME,
+    st.integers(0, 30),
+    st.sampled_from(["*", "?", "[", "]", "[a-z]", "*.", "%2a", "%2e", "%", "%25"]),
+)
+HOSTILE_HOST = st.one_of(
+    _HOST_NAME,
+    _HOST_NAME.map(lambda name: "*." + name),
+    _GLOBBED,
+    _HOST_NAME.map(lambda name: name + "."),
+    _HOST_NAME.map(lambda name: name + ".."),
+    _HOST_NAME.map(str.upper),
+    st.sampled_from(["xn--bcher-kva.example", "bücher.example", "xn--", "a.xn--p1ai"]),
+    st.ip_addresses(v=4).map(str),
+    st.ip_addresses(v=6).map(lambda address: f"[{address}]"),
+    st.sampled_from(["[fe80::1%25eth0]", "[v1.fe]", "[1.2.3.4]", "::1", "[::1", "0x7f.1"]),
+    st.sampled_from(["1.2.3", "2130706433", "017.0.0.1", "a.123", "a.0x1f", "localhost"]),
+    st.builds(lambda user, name: f"{user}@{name}", st.sampled_from(["a", "a:b", ""]), _HOST_NAME),
+)
+HOSTILE_URL = st.builds(
+    lambda scheme, host, port, rest: f"{scheme}://{host}{port}{rest}",
+    st.sampled_from(["http", "https", "HTTPS", "ftp"]),
+    HOSTILE_HOST,
+    st.sampled_from(["", ":", ":0", ":1", ":80", ":443", ":8080", ":65535", ":65536", ":x"])
+    | st.integers(0, 70000).map(lambda port: f":{port}"),
+    st.sampled_from(["/", "", "/x?y=*", "?q", "#f", "/a/../b"]),
+)
+
+_PATH_PIECE = st.sampled_from(
+    [*"*?[]\\\n~ Aa\u202e", "**", "[!a]", "..", ".", "", "$HOME", "é", "e\u0301", "x" * 200]
+) | st.text(st.characters(exclude_characters="/\x00", codec="utf-8"), min_size=1, max_size=6)
+_PATH_SEGMENT = st.lists(_PATH_PIECE, min_size=1, max_size=4).map("".join)
+HOSTILE_PATH = st.builds(
+    lambda head, segments, tail: head + "/".join(segments) + tail,
+    st.sampled_from(["", "./", "a/../"]),
+    st.lists(_PATH_SEGMENT, min_size=1, max_size=5)
+    | st.integers(1, 25).map(lambda n: ["s" * 200] * n),  # up to the 4,096 bytes and past
+    st.sampled_from(["", "/", "/."]),
+)
+HOSTILE_COMMAND = st.lists(
+    st.sampled_from([*"*?[]!^-\\\n\r\t'\"$`;&|", "[!a]", "[a-z]", "**", "\\*", "\u2028"])
+    | st.text(st.characters(exclude_characters="\x00", codec="utf-8"), max_size=6),
+    min_size=1,
+    max_size=12,
+).map("".join)
+HOSTILE: dict[str, st.SearchStrategy[str]] = {
+    "read_file": HOSTILE_PATH,
+    "list_dir": HOSTILE_PATH,
+    "write_file": HOSTILE_PATH,
+    "shell": HOSTILE_COMMAND,
+    "http_get": HOSTILE_URL,
+}
+_KEY = {"shell": "command", "http_get": "url"}
+
+
+def _raw(tool: str, value: str) -> dict[str, Any]:
+    raw: dict[str, Any] = {_KEY.get(tool, "path"): value}
+    if tool == "write_file":
+        raw["content"] = "x"
+    return raw
+
+
+def _near(tool: str, value: str) -> st.SearchStrategy[str]:
+    """Other calls close to ``value``: what its pattern syntax would also match if it
+    were read as a pattern, a case or a character away, a step up or down, or any."""
+    edits = [
+        value + "x",
+        "x" + value,
+        value[1:],
+        value[:-1],
+        value.swapcase(),
+        value.replace("*", "anything").replace("?", "y").replace("[", ""),
+        value.replace("**", "a/b"),
+    ]
+    if tool in FILE_TOOLS:
+        edits += [f"{value}/x", f"x/{value}", posixpath.dirname(value), f"a/../{value}"]
+    elif tool == "http_get":
+        edits += [
+            value.replace("://", "://sub.", 1),
+            value.replace("://", "://a.b.", 1),
+            value.replace("http://", "https://", 1),
+            value.replace("https://", "http://", 1),
+            value.replace("://*.", "://", 1),
+            value.replace("://", "://x", 1),
+        ]
+    else:
+        edits += [value + "; rm -rf ~", value + "\n", value.replace("\\", "")]
+    return st.sampled_from(edits) | HOSTILE[tool]
+
+
+def _same_call(mine: CheckedArguments, theirs: CheckedArguments) -> bool:
+    """What an exact grant may cover besides the call itself: the same path, the same
+    command line, the same host and port (the hosts key names no scheme or path)."""
+    if mine.tool in FILE_TOOLS:
+        return mine.paths == theirs.paths
+    if mine.tool == "shell":
+        return mine.command == theirs.command
+    assert mine.destination is not None
+    assert theirs.destination is not None
+    return (mine.destination.host, mine.destination.port) == (
+        theirs.destination.host,
+        theirs.destination.port,
+    )
+
+
+def _exact_or_refused(tool: str, value: str) -> CheckedArguments | None:
+    """The checked arguments, or None when the check refused them (as it must: with
+    ``bad_arguments`` and a detail naming the argument)."""
+    checked = check_arguments(tool, _raw(tool, value))
+    if isinstance(checked, ArgumentProblem):
+        assert checked.reason is Reason.BAD_ARGUMENTS
+        assert checked.detail.startswith(f"argument '{_KEY.get(tool, 'path')}'"), checked
+        return None
+    return checked
+
+
+@pytest.mark.parametrize("tool", TOOL_NAMES)
+@given(data=st.data())
+def test_an_exact_grant_covers_the_approved_call_and_nothing_else(
+    tool: str, data: st.DataObject
+) -> None:
+    value = data.draw(HOSTILE[tool], label="value")
+    arguments = _exact_or_refused(tool, value)
+    if arguments is None:
+        return
+    fields = always_grant(
+        approval=APPROVAL,
+        call=CALL,
+        arguments=arguments,
+        asking=_asking(tool),
+        scope=Scope.EXACT,
+        lasting=None,
+        owner="owner",
+        now=NOW,
+    )
+    if isinstance(fields, ScopeProblem):
+        # Only a path no glob names exactly has no exact grant.
+        assert tool in FILE_TOOLS, fields
+        assert "*" in arguments.paths[0] or arguments.paths[0] == ROOT, fields
+        return
+    grant = grant_of(fields)
+    assert _runs_on(grant, arguments)
+    if tool == "http_get":
+        destination = arguments.destination
+        assert destination is not None
+        [entry] = fields["hosts"]
+        assert HostRule.parse(entry) == HostRule(destination.host, destination.port)
+        assert not entry.startswith("*")
+    for other in data.draw(st.lists(_near(tool, value), min_size=1, max_size=8), label="others"):
+        theirs = _exact_or_refused(tool, other)
+        if theirs is not None:
+            assert grant.covers(theirs, NOW) is _same_call(arguments, theirs), other
+
+
+@given(url=HOSTILE_URL)
+def test_a_url_whose_host_has_pattern_syntax_is_refused(url: str) -> None:
+    authority = url.partition("://")[2].split("/")[0].split("?")[0].split("#")[0]
+    checked = _exact_or_refused("http_get", url)
+    if checked is None:
+        return
+    assert checked.host is not None
+    assert not any(char in authority for char in "*%"), url
+    assert not checked.host.endswith("."), url
+    assert "@" not in authority, url
+
+
+@given(tool=FILE_TOOL, path=HOSTILE_PATH, other=HOSTILE_PATH)
+def test_a_dir_grant_covers_exactly_its_directorys_entries(
+    tool: str, path: str, other: str
+) -> None:
+    arguments = _exact_or_refused(tool, path)
+    theirs = _exact_or_refused(tool, other)
+    assume(arguments is not None)
+    assert arguments is not None
+    fields = always_grant(
+        approval=APPROVAL,
+        call=CALL,
+        arguments=arguments,
+        asking=_asking(tool),
+        scope=Scope.DIR,
+        lasting=None,
+        owner="owner",
+        now=NOW,
+    )
+    mine = arguments.paths[0]
+    directory = posixpath.dirname(mine)
+    if isinstance(fields, ScopeProblem):
+        assert "*" in directory or mine == ROOT, fields
+        return
+    grant = grant_of(fields)
+    assert _runs_on(grant, arguments)
+    for candidate in (theirs, _exact_or_refused(tool, f"{directory}/{other}")):
+        if candidate is not None:
+            their = candidate.paths[0]
+            inside = their != ROOT and posixpath.dirname(their) == directory
+            assert grant.covers(candidate, NOW) is inside, their
+
+
+def test_no_grant_names_a_host_that_is_not_one_exact_host() -> None:
+    # check_arguments refuses such a URL first; the grant is not written even so.
+    long = "http://*." + "a" * 120 + ".example.com/"
+    for url in ("http://*.example.com/", "http://example.com./", "http://[fe80::1%25eth0]/", long):
+        arguments = CheckedArguments("http_get", HttpGetArgs(url))
+        problem = always_grant(
+            approval=APPROVAL,
+            call=CALL,
+            arguments=arguments,
+            asking=_asking("http_get"),
+            scope=Scope.EXACT,
+            lasting=None,
+            owner="owner",
+            now=NOW,
+        )
+        assert arguments.destination is not None
+        assert problem == ScopeProblem(
+            f"the host {arguments.destination.host[:100]!r} is not one exact host; approve it once"
+        )

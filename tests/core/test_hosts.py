@@ -17,6 +17,7 @@ from boxmaker.core.hosts import (
     host_matches,
     host_rules,
     special_kind,
+    url_host_problem,
 )
 
 ENTRY_PROBLEM = (
@@ -353,3 +354,87 @@ def test_the_indexed_set() -> None:
     assert [u for u in allowed if not hosts.allows(destination(u))] == []
     assert [u for u in refused if hosts.allows(destination(u))] == []
     assert not HostSet(()).allows(Destination("http", "a.org", 80))
+
+
+GLOB = "it has glob characters or escapes"
+NOT_A_NAME = "a host name is labels of letters, digits, '-' and '_', joined by dots"
+NOT_IPV6 = "in brackets, it is not an IPv6 address without a zone"
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "a",
+        "docs.python.org",
+        "a-b.c_d.org",
+        "_dmarc.a.org",
+        "xn--bcher-kva.example",
+        "0.a.org",
+        "a.1b",
+        "1.2.3.4",
+        # Numeric spellings are names here, judged by the address they resolve to.
+        "2130706433",
+        "0x7f.1",
+        "017.0.0.1",
+        "255.255.255.255",
+        "a" * 63 + ".org",
+        ".".join(["a" * 63] * 3 + ["b" * 61]),  # 253 characters
+    ],
+)
+def test_a_url_host_that_is_one_exact_host(host: str) -> None:
+    assert url_host_problem(host, bracketed=False) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "problem"),
+    [
+        ("*.a.org", GLOB),
+        ("*", GLOB),
+        ("a*.org", GLOB),
+        ("a?.org", GLOB),
+        ("[a].org", GLOB),
+        ("a].org", GLOB),
+        ("%2a.a.org", GLOB),
+        ("exa%6dple.com", GLOB),
+        ("a.org.", "it ends in a dot"),
+        ("a.", "it ends in a dot"),
+        (".", NOT_A_NAME),
+        ("a..org", NOT_A_NAME),
+        ("..org.", NOT_A_NAME),
+        (".a.org", NOT_A_NAME),
+        ("-a.org", NOT_A_NAME),
+        ("a-.org", NOT_A_NAME),
+        ("a.org-", NOT_A_NAME),
+        ("a" * 64 + ".org", NOT_A_NAME),
+        ("a b", NOT_A_NAME),
+        ("a+b", NOT_A_NAME),
+        ("A.org", NOT_A_NAME),  # the caller lower-cases first
+        ("X.org", NOT_A_NAME),
+        ("a..b.", NOT_A_NAME),  # a trailing dot, and more wrong before it
+        ("", NOT_A_NAME),
+        (".".join(["a" * 63] * 3 + ["b" * 62]), "it is longer than 253 characters"),
+    ],
+)
+def test_a_url_host_that_is_not_one_exact_host(host: str, problem: str) -> None:
+    assert url_host_problem(host, bracketed=False) == problem
+
+
+@pytest.mark.parametrize(
+    ("host", "problem"),
+    [
+        ("::1", None),
+        ("2001:db8::1", None),
+        ("::ffff:1.2.3.4", None),
+        ("fe80::1%eth0", NOT_IPV6),
+        ("fe80::1%25eth0", NOT_IPV6),
+        ("v1.fe", NOT_IPV6),
+        ("1.2.3.4", NOT_IPV6),
+        ("a.org", NOT_IPV6),
+    ],
+)
+def test_a_bracketed_host_is_an_ipv6_address_without_a_zone(host: str, problem: str) -> None:
+    assert url_host_problem(host, bracketed=True) == problem
+
+
+def test_an_ipv6_address_is_no_host_without_brackets() -> None:
+    assert url_host_problem("::1", bracketed=False) == NOT_A_NAME

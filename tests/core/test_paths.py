@@ -19,6 +19,7 @@ from boxmaker.core.paths import (
     glob_problem,
     match_form,
     normalize_path,
+    path_below,
 )
 
 WORKSPACE = "/home/me/work"
@@ -66,6 +67,70 @@ def test_normalize_accepts(raw: str, expected: str) -> None:
 )
 def test_normalize_refuses(raw: str, message: str) -> None:
     assert normalize_path(raw, WORKSPACE) == PathProblem(message)
+
+
+@pytest.mark.parametrize("sibling", ["work-evil", "work2", "work.d", "workshop", "wor"])
+def test_an_absolute_path_into_a_sibling_named_like_the_workspace_is_outside(
+    sibling: str,
+) -> None:
+    assert normalize_path(f"/home/me/{sibling}/a.txt", WORKSPACE) == PathProblem(
+        "absolute path outside the workspace"
+    )
+    assert normalize_path(f"/home/me/work/../{sibling}/a.txt", WORKSPACE) == PathProblem(
+        "absolute path outside the workspace"
+    )
+
+
+@pytest.mark.parametrize(
+    ("root", "real", "expected"),
+    [
+        ("/w/ws", "/w/ws", ROOT),
+        ("/w/ws", "/w/ws/a", "a"),
+        ("/w/ws", "/w/ws/a/b.txt", "a/b.txt"),
+        ("/w/ws", "/w/ws/...", "..."),
+        ("/w/ws", "/w/ws/.env", ".env"),
+        ("/w/ws", "/w/ws/ws-evil", "ws-evil"),
+        ("/", "/", ROOT),
+        ("/", "/etc/passwd", "etc/passwd"),
+        ("/w/ws/", "/w/ws/a", "a"),
+        # Beside the workspace, whatever string they start with.
+        ("/w/ws", "/w/ws-evil", None),
+        ("/w/ws", "/w/ws-evil/secret", None),
+        ("/w/ws", "/w/ws2/secret", None),
+        ("/w/ws", "/w/ws.d/secret", None),
+        ("/w/ws", "/w/wsx", None),
+        ("/w/ws", "/w/w", None),
+        ("/w/ws", "/w", None),
+        ("/w/ws", "/", None),
+        ("/w/ws", "/etc/passwd", None),
+        ("/w/ws", "w/ws/a", None),
+        # Not normalized: never below, whatever it starts with.
+        ("/w/ws", "/w/ws/", None),
+        ("/w/ws", "/w/ws//a", None),
+        ("/w/ws", "/w/ws/./a", None),
+        ("/w/ws", "/w/ws/a/.", None),
+        ("/w/ws", "/w/ws/../ws-evil/secret", None),
+        ("/w/ws", "/w/ws/a/..", None),
+    ],
+)
+def test_path_below(root: str, real: str, expected: str | None) -> None:
+    assert path_below(root, real) == expected
+
+
+_REAL_SEGMENT = st.sampled_from(["ws", "ws-evil", "ws2", "ws.d", "w", "a", "..", ".", ""])
+
+
+@given(
+    root=st.lists(_REAL_SEGMENT.filter(lambda s: s not in ("", ".", "..")), max_size=3),
+    real=st.lists(_REAL_SEGMENT, max_size=5),
+)
+def test_path_below_agrees_with_whole_segments(root: list[str], real: list[str]) -> None:
+    root_path, real_path = "/" + "/".join(root), "/" + "/".join(real)
+    real = [] if real_path == "/" else real
+    clean = all(segment not in ("", ".", "..") for segment in real)
+    below = clean and real[: len(root)] == root
+    expected = ("/".join(real[len(root) :]) or ROOT) if below else None
+    assert path_below(root_path, real_path) == expected
 
 
 def test_absolute_refused_without_a_workspace() -> None:

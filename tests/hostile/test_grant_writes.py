@@ -20,13 +20,13 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.harness.broker import Brokerd, Client, admin, tool_request
+from tests.harness.broker import Brokerd, Client, admin, records_of, tool_request
 from tests.harness.cli import bxctl_in_process as bxctl
-from tests.harness.grants import checked, exact_always
+from tests.harness.grants import checked, exact_always, grant_set
 from tests.harness.homes import grant, write_grants
 
 from boxmaker import grants_edit
-from boxmaker.core.catalogue import CheckedArguments, check_arguments
+from boxmaker.core.catalogue import CheckedArguments, HttpGetArgs, check_arguments
 from boxmaker.core.grant_scope import ScopeProblem, grant_of
 from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.grants_edit import GrantsEditError, add_grant, lock_path, locked
@@ -209,3 +209,78 @@ async def test_a_held_lock_cannot_hang_brokerd(
     answer = await admin(home, {"kind": "approve", "approval": approval})
     assert answer["outcome"] == "ask"
     await client.aclose()
+
+
+WILDCARD_ASK = grant(
+    "ask-example", "http_get", "ask", hosts=["*.example.com", "localhost:9"], note="ask me"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("http://*.example.com/", "*.example.com"),
+        ("https://*.EXAMPLE.com:443/x", "*.example.com"),
+        # Percent-escaped: the ask grant's '*.example.com' matches it as well.
+        ("http://%2A.example.com/", "%2A.example.com"),
+    ],
+)
+async def test_a_wildcard_url_is_refused_and_no_approve_can_write_it(
+    home: Home,
+    brokerd: Brokerd,
+    capsys: pytest.CaptureFixture[str],
+    url: str,
+    host: str,
+) -> None:
+    """The attack: the owner asks for http_get to ``*.example.com``; the model asks for
+    ``http://*.example.com/``, which that grant matches; the owner approves it always,
+    trusting ``exact`` to mean this one host, and every subdomain would run unasked
+    (``hosts = ["*.example.com"]``). Now the URL is ``bad_arguments`` before anyone is
+    asked, and recorded so; an approve of a real host writes that host and port only."""
+    write_grants(home, WILDCARD_ASK)
+    # What the model counts on: the owner's ask grant covers the URL as it is.
+    [asking, *_] = grant_set(WILDCARD_ASK).grants
+    assert asking.covers(CheckedArguments("http_get", HttpGetArgs(url)), NOW)
+    await brokerd.start()
+    client = await Client.open(home.broker_sock)
+    request = tool_request("http_get", {"url": url})
+    answer = await client.ask(request)
+    detail = (
+        f"argument 'url': the host {host!r} is not a host name or IP address: "
+        "it has glob characters or escapes"
+    )
+    assert answer == {
+        "kind": "answer",
+        "final": True,
+        "call": request["call"],
+        "outcome": "denied",
+        "reason": "bad_arguments",
+        "detail": detail,
+    }
+    await client.aclose()
+    [decision] = [r for r in records_of(home, request["call"]) if r["kind"] == "decision"]
+    assert (decision["verdict"], decision["reason"], decision["grant"]) == (
+        "deny",
+        "bad_arguments",
+        None,
+    )
+    assert (decision["tool"], decision["arguments"]) == ("http_get", {"url": url})
+    assert await bxctl(home, "approvals", "--json") == 0
+    assert capsys.readouterr().out.strip() == "[]"
+    assert home.grants_toml.read_text(encoding="utf-8") == WILDCARD_ASK
+
+    # The same grant asks for a real host; approved always, exactly that host and port.
+    client = await Client.open(home.broker_sock)
+    pending = await client.ask(tool_request("http_get", {"url": "http://LOCALHOST:9/x"}))
+    assert pending["kind"] == "pending", pending
+    assert await bxctl(home, "approve", pending["approval"], "--always") == 0
+    # It ran, and failed at the address check: loopback, which the grant does not name.
+    assert (await client.final())["outcome"] == "failed"
+    await client.aclose()
+    written = load_grants(home.grants_toml)
+    assert isinstance(written, GrantSet)
+    hosts = [(g.id, g.hosts) for g in written.grants]
+    assert hosts == [
+        ("ask-example", ("*.example.com", "localhost:9")),
+        (f"always-{pending['approval']}", ("localhost:9",)),
+    ]

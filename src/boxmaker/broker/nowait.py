@@ -26,6 +26,8 @@ from typing import Final
 
 import attrs
 
+from boxmaker.core.paths import ROOT, path_below
+
 AT_FDCWD: Final = -100
 SYS_OPENAT2: Final = 437
 """The same number on every Linux architecture (added in 5.6)."""
@@ -139,12 +141,10 @@ def read_cached_beneath(
         os.close(fd)
     if data is None or real is None:
         return None
-    if real == real_root:
+    relative = path_below(real_root, real)
+    if relative is None or relative == ROOT:
         return None
-    prefix = real_root.rstrip("/") + "/"
-    if not real.startswith(prefix):
-        return None
-    return CachedFile(data, real[len(prefix) :], info.st_nlink)
+    return CachedFile(data, relative, info.st_nlink)
 
 
 def _read_whole(fd: int, size: int) -> bytes | None:

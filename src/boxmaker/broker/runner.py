@@ -118,7 +118,7 @@ from boxmaker.core.decide import Ask, Deny, Run
 from boxmaker.core.grants import Grant, opened_refusal
 from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
-from boxmaker.core.paths import ROOT
+from boxmaker.core.paths import ROOT, path_below
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
 from boxmaker.threads import WORKER_THREAD, ToThread
@@ -391,12 +391,10 @@ def _real_root(workspace: Path) -> str:
 def _real_relative(workspace: Path, path: str) -> tuple[str, str]:
     """(the workspace's real path, ``path``'s real path relative to it), or path_escape."""
     root = _real_root(workspace)
-    full = os.path.realpath(os.path.join(root, path))  # noqa: PTH118
-    if full == root:
-        return root, ROOT
-    if not full.startswith(root.rstrip("/") + "/"):
+    relative = path_below(root, os.path.realpath(os.path.join(root, path)))  # noqa: PTH118
+    if relative is None:
         raise _escape(path)
-    return root, full[len(root.rstrip("/")) + 1 :]
+    return root, relative
 
 
 def _walk(root: str, relative: str, path: str) -> int:
@@ -440,12 +438,10 @@ def _opened_relative(
     real = opened_path(fd)
     if real is None:
         return walked
-    if real == root:
-        return ROOT
-    prefix = root.rstrip("/") + "/"
-    if not real.startswith(prefix):
+    relative = path_below(root, real)
+    if relative is None:
         raise _escape(path)
-    return real[len(prefix) :]
+    return relative
 
 
 def _bound(spec: RunSpec, path: str, real: str, links: int = 1) -> None:

@@ -17,6 +17,7 @@ from boxmaker.cli.admin_client import (
     approve_timeout,
     ask_broker,
 )
+from boxmaker.cli.change import change_lines
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemons import daemon_states
 from boxmaker.cli.terminal import is_interactive
@@ -106,20 +107,20 @@ def _arguments_shown(entry: ApprovalView) -> str:
 
 def _change_lines(entry: ApprovalView) -> list[str]:
     """A write_file's change: brokerd's preview, or (from a brokerd without one) the
-    content as lines."""
+    content as added lines; every byte change visible (:mod:`boxmaker.cli.change`)."""
     if entry.tool != "write_file":
         return []
     preview = entry.preview
     if preview is None:
         content = str(entry.arguments.get("content", ""))
-        lines = content.split("\n")
+        lines = ["+" + line for line in content.split("\n")]
         preview = ChangePreview(
             summary=f"{len(content.encode('utf-8', 'surrogatepass'))} bytes of content",
             lines=lines[:PREVIEW_FALLBACK_LINES],
             lines_left_out=max(0, len(lines) - PREVIEW_FALLBACK_LINES),
         )
     lines = [f"  change     {preview.summary}"]
-    lines += [f"    {line}" for line in preview.lines]
+    lines += [f"    {line}" for line in change_lines(preview.lines)]
     if preview.lines_left_out:
         more = preview.lines_left_out
         lines.append(f"    … {more} more line{'s' if more != 1 else ''}")

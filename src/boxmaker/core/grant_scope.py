@@ -4,9 +4,10 @@ The grant is never broader than the approved call, in any key:
 
 - its patterns are the narrowest the grant keys can say: with scope ``exact`` the path
   itself (``paths``), the whole command line with every fnmatch metacharacter escaped
-  (``commands``), the URL's host and, when it is not the scheme's own, its port
-  (``hosts``); with scope ``dir`` (file tools only) ``DIR/*``, the files and directories
-  directly in the path's directory, never below it;
+  (``commands``), the URL's host and its port, always written (``hosts``: an entry
+  without a port would also allow the other scheme's own port, 80 or 443); with scope
+  ``dir`` (file tools only) ``DIR/*``, the files and directories directly in the path's
+  directory, never below it;
 - it keeps the conditions of the grant that asked (``max_taint``, ``label_taint``,
   ``hard_links``, and its ``expires`` when that comes before ``--for``'s), and never
   runs an untrusted session's call without asking: its ``if_untrusted`` is ``ask``, or
@@ -14,8 +15,10 @@ The grant is never broader than the approved call, in any key:
 - it is ``mode = "auto"`` with ``wins_over_ask = true``, so it decides before the ask
   grant that asked (a deny grant still wins: core.grants' precedence).
 
-A path a glob cannot name exactly (one with a ``*``, or the workspace root itself) has no
-exact grant: the owner is told so, and may approve the call once instead.
+A path a glob cannot name exactly (one with a ``*``, or the workspace root itself), or a
+host that is not one exact host (:func:`boxmaker.core.hosts.url_host_problem`; the
+argument check refuses such a URL first), has no exact grant: the owner is told so, and
+may approve the call once instead.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from boxmaker.core.grants import (
     Mode,
     grants_from_document,
 )
-from boxmaker.core.hosts import DEFAULT_PORTS
+from boxmaker.core.hosts import url_host_problem
 from boxmaker.core.paths import ROOT
 
 MAX_FOR: Final = dt.timedelta(days=366)
@@ -121,9 +124,14 @@ def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, list[str]]
         return {"commands": [escape_command(arguments.command)]}
     destination = arguments.destination
     assert destination is not None
-    host = f"[{destination.host}]" if ":" in destination.host else destination.host
-    if destination.port == DEFAULT_PORTS[destination.scheme]:
-        return {"hosts": [destination.host]}
+    # check_arguments refuses such a URL already; a host written here must never be a
+    # '*.suffix' or anything else an entry reads as more than that one host.
+    address = ":" in destination.host
+    if url_host_problem(destination.host, bracketed=address) is not None:
+        return ScopeProblem(
+            f"the host {destination.host[:100]!r} is not one exact host; approve it once"
+        )
+    host = f"[{destination.host}]" if address else destination.host
     return {"hosts": [f"{host}:{destination.port}"]}
 
 

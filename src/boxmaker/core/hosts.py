@@ -32,6 +32,12 @@ DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 only this one."""
 
 _NAME: Final = re.compile(r"(?:\*\.)?[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?")
+_LABEL: Final = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOST_NAME: Final = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}")
+"""A URL's host name: labels of letters, digits, ``-`` and ``_`` (at most 63 each, no
+``-`` at either end) joined by single dots; no glob character, escape or trailing dot."""
+MAX_HOST_NAME: Final = 253
+"""The longest host name DNS can carry, in characters."""
 _PORT: Final = re.compile(r"[0-9]{1,5}")
 _NAT64: Final = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 
@@ -91,6 +97,38 @@ class Destination:
         if scheme not in DEFAULT_PORTS or not host:
             return None
         return cls(scheme, _canonical_host(host), DEFAULT_PORTS[scheme] if port is None else port)
+
+
+def url_host_problem(host: str, *, bracketed: bool) -> str | None:
+    """Why ``host`` (a URL's, lower-cased, its brackets taken off) is not one exact host:
+    a host name, an IPv4 address in dotted decimal, or, ``bracketed``, an IPv6 address
+    without a zone. None when it is one. Only such a host is what a grant that names it
+    means, and what an exact approve-always may write. A numeric spelling of an address
+    (``2130706433``, ``0x7f.1``) is a name here; the address it resolves to is judged
+    when the call runs (:func:`address_problem`).
+
+    >>> url_host_problem("docs.python.org", bracketed=False) is None
+    True
+    >>> [url_host_problem(h, bracketed=False) for h in ("*.a.org", "%2a.a.org", "a.org.")]
+    ['it has glob characters or escapes', 'it has glob characters or escapes', 'it ends in a dot']
+    >>> url_host_problem("v1.fe", bracketed=True), url_host_problem("::1", bracketed=True)
+    ('in brackets, it is not an IPv6 address without a zone', None)
+    """
+    if bracketed:
+        if "%" in host or not isinstance(_address(host), ipaddress.IPv6Address):
+            return "in brackets, it is not an IPv6 address without a zone"
+        return None
+    if len(host) > MAX_HOST_NAME:  # first: a longer host costs no parsing at all
+        return f"it is longer than {MAX_HOST_NAME} characters"
+    if isinstance(_address(host), ipaddress.IPv4Address):
+        return None
+    if not _HOST_NAME.fullmatch(host):
+        if host.endswith(".") and _HOST_NAME.fullmatch(host[:-1]):
+            return "it ends in a dot"
+        if any(char in host for char in "*?[]%"):
+            return "it has glob characters or escapes"
+        return "a host name is labels of letters, digits, '-' and '_', joined by dots"
+    return None
 
 
 def host_matches(pattern: str, host: str) -> bool:

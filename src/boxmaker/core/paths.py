@@ -118,6 +118,31 @@ def normalize_path(raw: str, workspace: str | None = None) -> str | PathProblem:
     return "/".join(relative) if relative else ROOT
 
 
+def path_below(root: str, real: str) -> str | None:
+    """The workspace path of the real path ``real`` when it is the real path ``root`` or
+    below it, else None. Both are absolute (``realpath``, ``/proc/self/fd``); what is
+    below is decided on whole segments, never on a string prefix: ``/w/ws-evil``,
+    ``/w/ws2`` and ``/w/ws.d`` are beside ``/w/ws``, not in it. A path that is not
+    normalized (an empty, ``.`` or ``..`` segment) is never below.
+
+    >>> path_below("/w/ws", "/w/ws/notes/a.txt"), path_below("/w/ws", "/w/ws")
+    ('notes/a.txt', '.')
+    >>> path_below("/w/ws", "/w/ws-evil/secret"), path_below("/w/ws", "/w/ws/../ws-evil")
+    (None, None)
+    >>> path_below("/", "/etc/passwd")
+    'etc/passwd'
+    """
+    if real == root:
+        return ROOT
+    prefix = root if root.endswith("/") else root + "/"
+    if not real.startswith(prefix):
+        return None
+    relative = real[len(prefix) :]
+    if any(segment in ("", ".", "..") for segment in relative.split("/")):
+        return None
+    return relative
+
+
 def glob_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be a glob, or None.
 
