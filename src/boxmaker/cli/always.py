@@ -93,7 +93,7 @@ class AlwaysGrant:
             *(f"    {line}" for line in grant_text(fields).splitlines()),
             "    (and a note: who approved it, when, for which approval and call)",
             f"  from now on it runs, without asking: {self.runs()}",
-            f"  (a session that is untrusted: {'denied' if untrusted == 'deny' else 'asked'})",
+            f"  (an untrusted session is {'denied' if untrusted == 'deny' else 'still asked'})",
         ]
         return [printable(line) for line in lines]
 

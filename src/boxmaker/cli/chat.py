@@ -286,6 +286,7 @@ class ApprovalPrompt:
         print("\n".join(grant.lines()))
         if await confirmed(self.terminal):
             return True
+        self.terminal.clear_line()  # the question, where Escape left it
         print("  " + NOT_CONFIRMED)
         return False
 

@@ -8,10 +8,10 @@ cancelled at once, as when a call waiting for the owner is answered from another
 terminal while its prompt is up.
 
 Keys typed before a question was on the screen never answer it (docs/threat-model.md,
-the owner's terminal): every prompt is drawn through :meth:`OwnerTerminal.settle`, which
-drops what was typed ahead — the terminal's input queue and what blessed has already read
-— when what is asked appears, again :data:`ANSWER_DELAY_S` later, and only then is the
-question shown and a key taken.
+the owner's terminal): every prompt is drawn through :meth:`OwnerTerminal.settle`. What
+is asked (the call) appears first; :data:`ANSWER_DELAY_S` later everything typed until
+then — the terminal's input queue and what blessed has already read — is dropped, and
+only then is the question shown and a key taken.
 
 Only bxctl's own controls go to the terminal raw (the bell, "clear to the end of the
 line", the cursor's column); every text is still written through ``printable``.
@@ -138,10 +138,10 @@ class OwnerTerminal:
             decoder.reset()
 
     async def settle(self) -> None:
-        """What a prompt asks has just been drawn: what was typed before it is dropped,
-        then so is everything typed in the next :data:`ANSWER_DELAY_S` (trio's clock).
-        The caller shows its question after this; only keys from then on answer it."""
-        self.discard_typed_ahead()
+        """What a prompt asks has just been drawn: :data:`ANSWER_DELAY_S` later (trio's
+        clock), everything typed until then — before the prompt, or in the moment after
+        it appeared — is dropped. The caller shows its question after this; only keys
+        from then on answer it."""
         await trio.sleep(ANSWER_DELAY_S)
         self.discard_typed_ahead()
 
