@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import fcntl
 import os
+import struct
 import sys
 import termios
 import time
@@ -24,7 +25,7 @@ import trio
 import trio.testing
 
 from boxmaker.cli import demo
-from boxmaker.cli.terminal import ANSWER_DELAY_S, OwnerTerminal
+from boxmaker.cli.terminal import ANSWER_DELAY_S, STILL_TYPING, OwnerTerminal
 
 HELD_S = 5.0
 """How long a key may take to reach the terminal's input queue (real time)."""
@@ -76,9 +77,11 @@ class Pty:
 
 @pytest.fixture
 def pty(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pty]:
-    """A pseudo-terminal; :func:`attached` makes it bxctl's stdin and stdout."""
+    """A pseudo-terminal of 120 columns; :func:`attached` makes it bxctl's stdin and
+    stdout."""
     master, slave = os.openpty()
     os.set_blocking(master, False)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     monkeypatch.setenv("TERM", "xterm-256color")
     # blessed asks the terminal for its capabilities and waits 10 s for a reply no one
     # sends on a bare pseudo-terminal; it skips the question for this terminal.
@@ -134,10 +137,17 @@ async def test_a_key_typed_before_the_prompt_never_answers_it(
         async with trio.open_nursery() as nursery:
             answer = await answer_of(nursery, lambda: terminal.answer_key("approve? "))
             await moved(mock_clock, ANSWER_DELAY_S)
+            # y is dropped; the owner is told why the question waits, for one more moment.
             assert answer() is None
             assert pty.queued() == 0
+            dropped = pty.screen()
+            await moved(mock_clock, ANSWER_DELAY_S)
+            asked = pty.screen()
             pty.type(b"n")
     assert answer() == "n"
+    assert dropped.endswith(STILL_TYPING.encode())
+    assert b"approve? " not in dropped
+    assert asked.endswith(b"approve? ")
 
 
 async def test_a_key_in_the_moment_after_the_prompt_is_dropped_and_one_after_it_counts(
@@ -149,15 +159,40 @@ async def test_a_key_in_the_moment_after_the_prompt_is_dropped_and_one_after_it_
             answer = await answer_of(nursery, lambda: terminal.answer_key("approve? "))
             await moved(mock_clock, ANSWER_DELAY_S - 0.001)
             pty.type(b"y")
-            await trio.testing.wait_all_tasks_blocked()
-            before_the_moment_ended = pty.screen()
             await moved(mock_clock, 0.001)
             assert answer() is None
+            assert pty.queued() == 0
+            await moved(mock_clock, ANSWER_DELAY_S - 0.001)
+            not_yet = pty.screen()
+            await moved(mock_clock, 0.001)
             asked = pty.screen()
             pty.type(b"n")
     assert answer() == "n"
-    # The question appears when the moment ends, not before.
-    assert b"approve? " not in before_the_moment_ended
+    # The question appears once no key came for the whole moment, not before.
+    assert b"approve? " not in not_yet
+    assert asked.endswith(b"approve? ")
+
+
+async def test_the_question_waits_while_the_owner_goes_on_typing(
+    pty: Pty, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    terminal = attached(pty, monkeypatch)
+    with terminal.keys():
+        async with trio.open_nursery() as nursery:
+            answer = await answer_of(nursery, lambda: terminal.answer_key("approve? "))
+            # The next request, typed on as the prompt came: "and say yes", a key each
+            # 0.3 s, each a moment shorter than ANSWER_DELAY_S after the one before.
+            for char in b"and say yes":
+                await moved(mock_clock, 0.3)
+                pty.type(bytes([char]))
+            typing = pty.screen()
+            await moved(mock_clock, 0.3)
+            assert pty.queued() == 0
+            await moved(mock_clock, ANSWER_DELAY_S)
+            asked = pty.screen()
+            pty.type(b"n")
+    assert answer() == "n"
+    assert b"approve? " not in typing
     assert asked.endswith(b"approve? ")
 
 
@@ -208,15 +243,19 @@ async def test_a_line_typed_ahead_never_becomes_the_answer(
 ) -> None:
     terminal = attached(pty, monkeypatch)
     with terminal.keys():
-        pty.type(b"n")
+        # n and a reason in one go: blessed read them all with the n, and holds the rest.
+        pty.type(b"nprivate\r")
         assert await terminal.key() == "n"
+        assert pty.queued() == 0
         async with trio.open_nursery() as nursery:
             answer = await answer_of(nursery, lambda: terminal.line("reason: ", limit=50))
-            pty.type(b"private\r")
             await moved(mock_clock, ANSWER_DELAY_S)
             assert answer() is None
+            dropped = pty.screen()
+            await moved(mock_clock, ANSWER_DELAY_S)
             pty.type(b"mine\r")
     assert answer() == "mine"
+    assert dropped.endswith(STILL_TYPING.encode())
 
 
 async def test_the_demos_prompt_drops_a_yes_typed_ahead(
@@ -228,6 +267,7 @@ async def test_the_demos_prompt_drops_a_yes_typed_ahead(
         answer = await answer_of(nursery, demo._answer)
         await moved(mock_clock, ANSWER_DELAY_S)
         assert answer() is None
+        await moved(mock_clock, ANSWER_DELAY_S)
         pty.type(b"n\r")
     assert answer() == "n"
     screen, prompt = pty.screen(), demo.APPROVE_PROMPT.encode()

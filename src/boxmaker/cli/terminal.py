@@ -9,9 +9,9 @@ terminal while its prompt is up.
 
 Keys typed before a question was on the screen never answer it (docs/threat-model.md,
 the owner's terminal): every prompt is drawn through :meth:`OwnerTerminal.settle`. What
-is asked (the call) appears first; :data:`ANSWER_DELAY_S` later everything typed until
-then — the terminal's input queue and what blessed has already read — is dropped, and
-only then is the question shown and a key taken.
+is asked (the call) appears first; once no key has come for :data:`ANSWER_DELAY_S`,
+everything typed until then — the terminal's input queue and what blessed has already
+read — is dropped, and only then is the question shown and a key taken.
 
 Only bxctl's own controls go to the terminal raw (the bell, "clear to the end of the
 line", the cursor's column); every text is still written through ``printable``.
@@ -19,7 +19,9 @@ line", the cursor's column); every text is still written through ``printable``.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import signal
 import sys
 import termios
@@ -38,9 +40,10 @@ ESC_DELAY_S: Final = 0.05
 SILENT_READS: Final = 200
 """Readable but no key this many times running: the terminal has gone (stdin at its end)."""
 ANSWER_DELAY_S: Final = 0.5
-"""Keys that arrive within this long of a prompt appearing are dropped unread: nobody
-reads a call and decides on it faster, so such a key was typed before its question
-could be read (docs/decisions.md)."""
+"""A prompt's question appears once no key has come for this long since the prompt was
+drawn, and every key until then is dropped unread: nobody reads a call and decides on it
+faster, so such a key was typed before its question could be read (docs/decisions.md)."""
+STILL_TYPING: Final = "  .. keys typed before the question are dropped; it comes once they stop"
 
 T = TypeVar("T")
 
@@ -123,27 +126,36 @@ class OwnerTerminal:
                 raise EOFError
             await trio.sleep(0.005)
 
-    def discard_typed_ahead(self) -> None:
+    def discard_typed_ahead(self) -> bool:
         """Drop every key typed and not yet taken: the terminal's input queue (the kernel's,
         a half-typed line too) and what blessed has read but not returned (the rest of its
-        last read, a character half decoded). Raises EOFError when the terminal has gone."""
+        last read, a character half decoded). True when a key was dropped (a half-typed
+        line is not counted: in cbreak mode, where prompts settle, there is none).
+        Raises EOFError when the terminal has gone."""
         try:
+            queued = array.array("i", [0])
+            fcntl.ioctl(self.keyboard, termios.FIONREAD, queued)
             termios.tcflush(self.keyboard, termios.TCIFLUSH)
-        except termios.error as exc:
+        except (OSError, termios.error) as exc:
             raise EOFError(f"the terminal cannot be read: {exc}") from exc
         # flushinp() empties blessed's own buffer and reads what came in meanwhile.
-        self.term.flushinp()
+        held = self.term.flushinp()
         decoder = getattr(self.term, "_keyboard_decoder", None)
         if decoder is not None:
             decoder.reset()
+        return queued[0] > 0 or bool(held)
 
     async def settle(self) -> None:
-        """What a prompt asks has just been drawn: :data:`ANSWER_DELAY_S` later (trio's
-        clock), everything typed until then — before the prompt, or in the moment after
-        it appeared — is dropped. The caller shows its question after this; only keys
-        from then on answer it."""
-        await trio.sleep(ANSWER_DELAY_S)
-        self.discard_typed_ahead()
+        """What a prompt asks has just been drawn: once no key has come for
+        :data:`ANSWER_DELAY_S` (trio's clock), everything typed until then — before the
+        prompt, in the moment after it appeared, or while the owner went on typing — is
+        dropped. The caller shows its question after this; only keys from then on
+        answer it."""
+        while True:
+            await trio.sleep(ANSWER_DELAY_S)
+            if not self.discard_typed_ahead():
+                return
+            self.status(STILL_TYPING)
 
     async def answer_key(self, question: str) -> Keystroke:
         """The owner's key in answer to ``question`` (inside :meth:`keys`): the status line
