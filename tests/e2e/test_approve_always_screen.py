@@ -169,3 +169,31 @@ async def test_a_in_the_approvals_view_approves_always(home: Home) -> None:
     found = re.search(WRITTEN, left, re.M)
     assert found is not None, left
     assert shown_grant(confirm) == written_grant(home, found.group(1))
+
+
+async def test_a_call_no_grant_can_name_is_said_so_and_asked_again(home: Home) -> None:
+    write_grants(home, grant("ls", "list_dir", "ask"))
+    grants = home.grants_toml.read_bytes()
+    call = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
+    fake = FakeLlama(script=[call, {"content": "Fine."}])
+    async with stack(home, fake), terminal(chat_argv(home, "--say", "list")) as screen:
+        await screen.wait_for(APPROVE_PROMPT)
+        await screen.send("a")
+        told = await screen.wait_for(
+            lambda text: "no grant can be written" in text and asking(text)
+        )
+        await screen.send("n")
+        await screen.wait_for(REASON_PROMPT)
+        await screen.type("no")
+        await screen.send("Enter")
+        assert await screen.exit_code() == 0
+    # grant_scope's own reason, and no confirmation asked for.
+    assert (
+        "  no grant can be written for this call: a glob cannot name the workspace root "
+        "alone; approve it once\n" + APPROVE_PROMPT
+    ) in told
+    assert CONFIRM_PROMPT not in told
+    assert [(r["outcome"], r["by"]) for r in records(home) if r["kind"] == "approval"] == [
+        ("refused", "owner")
+    ]
+    assert home.grants_toml.read_bytes() == grants

@@ -19,10 +19,12 @@ screen reaches it (docs/decisions.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
+import trio
 
 from boxmaker.broker.admin import owner_name
 from boxmaker.cli.terminal import OwnerTerminal
@@ -42,7 +44,7 @@ CONFIRM_PROMPT: Final = f"type {CONFIRM_WORD} and Enter to write it (anything el
 CONFIRM_LIMIT: Final = 40
 """The longest line the confirmation prompt takes: room for a wrong answer, no more."""
 NOT_CONFIRMED: Final = "not confirmed: no grant written; the call still waits"
-NO_GRANT: Final = "no grant can be written for this call: {problem}; y approves it once"
+NO_GRANT: Final = "no grant can be written for this call: {problem}"
 
 
 @attrs.frozen
@@ -131,9 +133,24 @@ def always_grant_for(home: Home, entry: ApprovalView) -> AlwaysGrant | ScopeProb
     return AlwaysGrant(fields, checked)
 
 
-async def confirmed(terminal: OwnerTerminal) -> bool:
-    """Did the owner type :data:`CONFIRM_WORD` at the confirmation prompt (inside
-    ``terminal.keys()``, the grant already shown)? Escape, Enter alone or any other
-    text is no."""
+async def confirm_always(
+    terminal: OwnerTerminal, home: Home, entry: ApprovalView | None, show: Callable[[str], None]
+) -> bool:
+    """``a`` pressed on ``entry`` (inside ``terminal.keys()``): the grant it would write
+    (or why there is none) given to ``show``, then the confirmation's question. Did the
+    owner type :data:`CONFIRM_WORD`? Escape, Enter alone or any other text is no, and
+    ``show`` hears so."""
+    grant = (
+        ScopeProblem("brokerd's view of the call cannot be had")
+        if entry is None
+        else await trio.to_thread.run_sync(always_grant_for, home, entry)
+    )
+    if isinstance(grant, ScopeProblem):
+        show(printable("  " + NO_GRANT.format(problem=grant.message)))
+        return False
+    show("\n".join(grant.lines()))
     answer = await terminal.line(CONFIRM_PROMPT, limit=CONFIRM_LIMIT)
-    return answer is not None and answer.strip() == CONFIRM_WORD
+    if answer is not None and answer.strip() == CONFIRM_WORD:
+        return True
+    show("  " + NOT_CONFIRMED)
+    return False

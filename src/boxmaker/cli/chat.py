@@ -24,13 +24,12 @@ import orjson
 import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
-from boxmaker.cli.always import NO_GRANT, NOT_CONFIRMED, always_grant_for, confirmed
+from boxmaker.cli.always import confirm_always
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive, until_interrupted
 from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import SESSION_ID
-from boxmaker.core.grant_scope import ScopeProblem
 from boxmaker.home import Home
 from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.printable import printable
@@ -272,23 +271,10 @@ class ApprovalPrompt:
                     return entry
         return None
 
-    async def _confirm_always(self, entry: ApprovalView | None) -> bool:
-        """``a``: the grant it would write, shown; did the owner confirm that grant?"""
-        grant = (
-            ScopeProblem("brokerd's view of the call cannot be had")
-            if entry is None
-            else await trio.to_thread.run_sync(always_grant_for, self.home, entry)
-        )
+    def _show(self, text: str) -> None:
+        """``text`` below the approval, in place of the question (or what Escape left)."""
         self.terminal.clear_line()
-        if isinstance(grant, ScopeProblem):
-            print(printable("  " + NO_GRANT.format(problem=grant.message)))
-            return False
-        print("\n".join(grant.lines()))
-        if await confirmed(self.terminal):
-            return True
-        self.terminal.clear_line()  # the question, where Escape left it
-        print("  " + NOT_CONFIRMED)
-        return False
+        print(text)
 
     async def _ask(self) -> Approve | Refuse | None:
         self.terminal.bell()
@@ -304,7 +290,9 @@ class ApprovalPrompt:
                     if key == "y":
                         self._decided = True
                         return Approve(approval=approval)
-                    if key == "a" and await self._confirm_always(entry):
+                    if key == "a" and await confirm_always(
+                        self.terminal, self.home, entry, self._show
+                    ):
                         self._decided = True
                         return Approve(approval=approval, always=ALWAYS_KEY)
                     if key == "n":

@@ -20,13 +20,12 @@ import attrs
 import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
-from boxmaker.cli.always import NO_GRANT, NOT_CONFIRMED, always_grant_for, confirmed
+from boxmaker.cli.always import confirm_always
 from boxmaker.cli.chat import ALWAYS_KEY
 from boxmaker.cli.common import Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, until_interrupted
 from boxmaker.clock import utc_now
-from boxmaker.core.grant_scope import ScopeProblem
 from boxmaker.home import Home
 from boxmaker.printable import printable
 from boxmaker.wire import (
@@ -111,7 +110,7 @@ class ApprovalsWatch:
         if key == "y":
             request = Approve(approval=entry.approval)
         elif key == "a":
-            if not await self._confirm_always(entry):
+            if not await confirm_always(self.terminal, self.home, entry, self._show):
                 return
             request = Approve(approval=entry.approval, always=ALWAYS_KEY)
         else:
@@ -128,18 +127,10 @@ class ApprovalsWatch:
         self.done.append(self.message)
         await self.refresh()
 
-    async def _confirm_always(self, entry: ApprovalView) -> bool:
-        """``a``: the grant it would write, shown; did the owner confirm that grant?"""
-        grant = await trio.to_thread.run_sync(always_grant_for, self.home, entry)
-        if isinstance(grant, ScopeProblem):
-            self.message = printable(NO_GRANT.format(problem=grant.message))
-            return False
-        self.message = "\n".join(grant.lines())
+    def _show(self, text: str) -> None:
+        """``text`` as the view's message, drawn at once."""
+        self.message = text
         self.draw()
-        if await confirmed(self.terminal):
-            return True
-        self.message = NOT_CONFIRMED
-        return False
 
     async def run(self) -> None:
         with self.terminal.keys():
