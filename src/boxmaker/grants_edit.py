@@ -153,6 +153,29 @@ def _grant_tables(document: tomlkit.TOMLDocument) -> AoT | None:
     return item
 
 
+def _grant_table(fields: dict[str, Any]) -> Table:
+    table = tomlkit.table()
+    for name, value in fields.items():
+        table.add(name, value)
+    return table
+
+
+def grant_text(fields: dict[str, Any]) -> str:
+    """The ``[[grant]]`` table :func:`add_grant` writes for ``fields``, as text: what
+    the owner is shown before it is written.
+
+    >>> print(grant_text({"id": "g", "paths": ["a b"]}), end="")
+    [[grant]]
+    id = "g"
+    paths = ["a b"]
+    """
+    tables = tomlkit.aot()
+    tables.append(_grant_table(fields))
+    document = tomlkit.document()
+    document.append("grant", tables)
+    return tomlkit.dumps(document)
+
+
 def add_grant(path: Path, fields: dict[str, Any], new: Grant) -> None:
     """Append one ``[[grant]]`` table (``fields``, in their order) at the end of the
     grants; ``new`` is the grant they make. Raises :class:`GrantsEditError`."""
@@ -160,9 +183,7 @@ def add_grant(path: Path, fields: dict[str, Any], new: Grant) -> None:
     def edit(document: tomlkit.TOMLDocument, grants: GrantSet) -> tuple[Grant, ...]:
         if any(grant.id == new.id for grant in grants.grants):
             raise GrantsEditError(f"grants.toml already has a grant {new.id}")
-        table = tomlkit.table()
-        for name, value in fields.items():
-            table.add(name, value)
+        table = _grant_table(fields)
         tables = _grant_tables(document)
         if tables is None:
             tables = tomlkit.aot()

@@ -35,11 +35,20 @@ async def test_the_owner_chooses_the_second_approval_and_approves_it(home: Home)
         first, second = await waiting_approvals(home, 2, within=20)
         argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
         async with terminal(argv) as screen:
-            listed = await screen.wait_for(second["approval"])
+            # Keys count once the chosen approval is marked ▶ (the view has settled).
+            listed = await screen.wait_for(
+                lambda text: second["approval"] in text and f"▶ {first['approval']}" in text
+            )
             await screen.send("Down")
             await screen.wait_for(f"▶ {second['approval']}")
             await screen.send("y")
-            after = await screen.wait_for(f"approved {second['call']}: read_file ran (ok)")
+            # The view settles on the approval left before it takes the next key.
+            after = await screen.wait_for(
+                lambda text: (
+                    f"approved {second['call']}: read_file ran (ok)" in text
+                    and f"▶ {first['approval']}" in text
+                )
+            )
             await screen.send("q")
             code = await screen.exit_code()
             left = await screen.text()

@@ -80,6 +80,9 @@ class FakeLlama:
     """Chat answers being written now (slot 0 is processing while any is)."""
     usage: list[dict[str, int]] = attrs.Factory(list)
     """Every chat answer's usage, as written (even when a stream did not send it)."""
+    hold_calls: trio.Event | None = None
+    """When given, a streamed answer stops before its first tool call until it is set:
+    the model still writing, for as long as a test needs (in process only)."""
     _turn: int = 0
 
     async def serve(
@@ -213,6 +216,8 @@ class FakeLlama:
                 await send({"type": "http.response.body", "body": b""})
                 return
             await trio.sleep(self.token_delay)
+            if "tool_calls" in delta and self.hold_calls is not None:
+                await self.hold_calls.wait()
             await _event(send, {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         final = {"choices": [{"index": 0, "delta": {}, "finish_reason": answer.finish_reason}]}
         await _event(send, final)

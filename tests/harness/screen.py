@@ -61,13 +61,25 @@ class Screen:
     async def title(self) -> str:
         return (await self._tmux("display-message", "-p", "-t", "owner", "#{pane_title}")).strip()
 
-    async def wait_for(self, wanted: str | Callable[[str], bool], timeout: float = WAIT_S) -> str:
+    async def program(self) -> int:
+        """The pid of the program the pane runs (the child of its ``sh -c``)."""
+        shell = (await self._tmux("display-message", "-p", "-t", "owner", "#{pane_pid}")).strip()
+        listed = trio.Path(f"/proc/{shell}/task/{shell}/children")
+        with trio.fail_after(WAIT_S):
+            while not (children := await listed.read_text()):  # noqa: ASYNC110 - /proc has no event
+                await trio.sleep(0.01)
+        [pid] = children.split()
+        return int(pid)
+
+    async def wait_for(
+        self, wanted: str | Callable[[str], bool], timeout: float = WAIT_S, *, poll: float = 0.05
+    ) -> str:
         """The screen once it shows ``wanted`` (a text, or a test on the whole screen)."""
         check = wanted if callable(wanted) else (lambda screen: wanted in screen)
         screen = ""
         with trio.move_on_after(timeout):
             while not check(screen := await self.text()):  # noqa: ASYNC110 - tmux has no event
-                await trio.sleep(0.05)
+                await trio.sleep(poll)
             return screen
         raise AssertionError(f"the screen never showed {wanted!r}; it shows:\n{screen}")
 

@@ -24,6 +24,7 @@ import orjson
 import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
+from boxmaker.cli.always import confirm_always
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive, until_interrupted
@@ -37,6 +38,7 @@ from boxmaker.wire import (
     Always,
     ApprovalsAnswer,
     ApprovalsRequest,
+    ApprovalView,
     Approve,
     BadFrame,
     ErrorFrame,
@@ -61,7 +63,8 @@ PROMPT: Final = "you> "
 APPROVE_PROMPT: Final = "approve? [y]es / [a]lways (exact, no expiry) / [n]o (with a reason) "
 REASON_PROMPT: Final = "reason (Enter refuses, Esc goes back): "
 ALWAYS_KEY: Final = Always()
-"""What ``a`` at an approval prompt asks for: a grant for exactly this call, no expiry."""
+"""What ``a`` at an approval prompt asks for, once confirmed (cli/always.py): a grant for
+exactly this call, no expiry of its own."""
 INTERRUPTED: Final = (
     "interrupted: the turn is ended (loopd drops the model request; "
     "a call waiting for you is withdrawn)"
@@ -227,8 +230,10 @@ class TurnScreen:
 @attrs.define
 class ApprovalPrompt:
     """The decision on one waiting call, asked on the terminal: the bell, the approval
-    as ``bxctl approvals`` shows it, then y (approve) or n and a reason (refuse), sent
-    on brokerd's admin.sock. While the owner has not decided, :meth:`close` takes the
+    as ``bxctl approvals`` shows it, then — once the prompt has settled, so no key typed
+    ahead answers it (cli/terminal.py) — y (approve), a (approve always, once the owner
+    confirmed the grant shown: cli/always.py) or n and a reason (refuse), sent on
+    brokerd's admin.sock. While the owner has not decided, :meth:`close` takes the
     prompt away (the call ended otherwise: answered from another terminal, expired,
     withdrawn); once they have, it waits for brokerd's answer to be shown."""
 
@@ -254,7 +259,8 @@ class ApprovalPrompt:
             self._asking.cancel()
         await self._done.wait()
 
-    async def _block(self) -> str:
+    async def _entry(self) -> ApprovalView | None:
+        """brokerd's view of the waiting call (None when it cannot be had)."""
         try:
             answer = await ask_broker(self.home, ApprovalsRequest())
         except DaemonUnreachable:
@@ -262,21 +268,33 @@ class ApprovalPrompt:
         if isinstance(answer, ApprovalsAnswer):
             for entry in answer.entries:
                 if entry.approval == self.waiting.approval:
-                    return approval_block(entry, utc_now())
-        return describe(self.waiting) or ""
+                    return entry
+        return None
+
+    def _show(self, text: str) -> None:
+        """``text`` below the approval, in place of the question (or what Escape left)."""
+        self.terminal.clear_line()
+        print(text)
 
     async def _ask(self) -> Approve | Refuse | None:
         self.terminal.bell()
-        print(await self._block())
+        entry = await self._entry()
+        print((describe(self.waiting) or "") if entry is None else approval_block(entry, utc_now()))
         approval = self.waiting.approval
         try:
             with self.terminal.keys():
                 while True:
-                    self.terminal.status(APPROVE_PROMPT)
-                    key = (await self.terminal.key()).lower()
-                    if key in ("y", "a"):
+                    # Each time the question is asked anew it settles first: a key typed
+                    # ahead (of the call, or of the question after a wrong answer) is dropped.
+                    key = (await self.terminal.answer_key(APPROVE_PROMPT)).lower()
+                    if key == "y":
                         self._decided = True
-                        return Approve(approval=approval, always=ALWAYS_KEY if key == "a" else None)
+                        return Approve(approval=approval)
+                    if key == "a" and await confirm_always(
+                        self.terminal, self.home, entry, self._show
+                    ):
+                        self._decided = True
+                        return Approve(approval=approval, always=ALWAYS_KEY)
                     if key == "n":
                         reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
                         if reason is not None and reason.strip():
@@ -381,9 +399,11 @@ async def chat(
     """Talk to the agent: one turn with --say, else a prompt loop (an empty line or
     Ctrl-D ends it). Shows each tool call, its outcome (the detail, the head of the
     output, the time taken) and the reply as it is written. On a terminal a call waiting
-    for your approval rings the bell and asks you right there (y, or n and a reason);
-    `bxctl approve` from another terminal works as well. Ctrl-C ends the turn (the
-    waiting call is withdrawn): --say exits 130, the prompt loop asks again.
+    for your approval rings the bell and asks you right there (y; a, then the word
+    always to confirm the grant it writes; or n and a reason); keys typed before the
+    question appears are dropped. `bxctl approve` from another terminal works as well.
+    Ctrl-C ends the turn (the waiting call is withdrawn): --say exits 130, the prompt
+    loop asks again.
 
     Parameters
     ----------

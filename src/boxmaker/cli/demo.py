@@ -29,6 +29,7 @@ from boxmaker.cli.chat import run_turn
 from boxmaker.cli.common import Common, Exit, fail
 from boxmaker.cli.daemons import DAEMONS, daemon_states, stop, up
 from boxmaker.cli.owner import approval_block
+from boxmaker.cli.terminal import OwnerTerminal, is_interactive
 from boxmaker.clock import utc_now
 from boxmaker.home import Home, HomeError, resolve_home
 from boxmaker.ledger.writer import open_ledger
@@ -41,6 +42,8 @@ from boxmaker.wire import (
     WaitingEvent,
 )
 
+APPROVE_PROMPT: Final = "approve this call? [y/N] "
+ANSWER_LIMIT: Final = 20
 NOTES: Final = "Buy milk.\nCall the plumber about the kitchen tap.\n"
 QUESTION: Final = 'Read the file at path "notes.txt" and tell me what it says.'
 CONFIG: Final = """\
@@ -79,6 +82,24 @@ def _prepare(home: Home) -> None:
     open_ledger(home.audit_log)
 
 
+async def _answer() -> str:
+    """The owner's answer to :data:`APPROVE_PROMPT`. On a terminal the prompt settles
+    first (cli/terminal.py): nothing typed while the stack started or the model wrote
+    its call answers it; Escape or the terminal's end is no. Elsewhere (a script's
+    pipe) the next line."""
+    if not is_interactive():
+        try:
+            return await trio.to_thread.run_sync(input, APPROVE_PROMPT)
+        except EOFError:
+            return ""
+    terminal = OwnerTerminal()
+    try:
+        with terminal.keys():
+            return await terminal.line(APPROVE_PROMPT, limit=ANSWER_LIMIT) or ""
+    except EOFError:
+        return ""
+
+
 async def _owner_decides(home: Home, event: WaitingEvent, *, yes: bool) -> None:
     """Show the waiting call as ``bxctl approvals`` does, and approve or refuse it."""
     answer = await ask_broker(home, ApprovalsRequest())
@@ -91,7 +112,8 @@ async def _owner_decides(home: Home, event: WaitingEvent, *, yes: bool) -> None:
         print(f"\napproving (--yes): bxctl approve {event.approval}\n")
         allowed = True
     else:
-        reply = await trio.to_thread.run_sync(input, "\napprove this call? [y/N] ")
+        print()
+        reply = await _answer()
         allowed = reply.strip().lower() in ("y", "yes")
         print()
     if allowed:

@@ -7,15 +7,24 @@ blessed decodes what is there without blocking. So every wait for a key can be
 cancelled at once, as when a call waiting for the owner is answered from another
 terminal while its prompt is up.
 
+Keys typed before a question was on the screen never answer it (docs/threat-model.md,
+the owner's terminal): every prompt is drawn through :meth:`OwnerTerminal.settle`. What
+is asked (the call) appears first; once no key has come for :data:`ANSWER_DELAY_S`,
+everything typed until then — the terminal's input queue and what blessed has already
+read — is dropped, and only then is the question shown and a key taken.
+
 Only bxctl's own controls go to the terminal raw (the bell, "clear to the end of the
 line", the cursor's column); every text is still written through ``printable``.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import signal
 import sys
+import termios
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, TextIO, TypeVar
 
@@ -30,6 +39,11 @@ ESC_DELAY_S: Final = 0.05
 """How long a lone Escape waits for the rest of a key sequence (an arrow key's)."""
 SILENT_READS: Final = 200
 """Readable but no key this many times running: the terminal has gone (stdin at its end)."""
+ANSWER_DELAY_S: Final = 0.5
+"""A prompt's question appears once no key has come for this long since the prompt was
+drawn, and every key until then is dropped unread: nobody reads a call and decides on it
+faster, so such a key was typed before its question could be read (docs/decisions.md)."""
+STILL_TYPING: Final = "  .. keys typed before the question are dropped; it comes once they stop"
 
 T = TypeVar("T")
 
@@ -112,10 +126,53 @@ class OwnerTerminal:
                 raise EOFError
             await trio.sleep(0.005)
 
+    def discard_typed_ahead(self) -> bool:
+        """Drop every key typed and not yet taken: the terminal's input queue (the kernel's,
+        a half-typed line too) and what blessed has read but not returned (the rest of its
+        last read, a character half decoded). True when a key was dropped (a half-typed
+        line is not counted: in cbreak mode, where prompts settle, there is none).
+        Raises EOFError when the terminal has gone."""
+        try:
+            queued = array.array("i", [0])
+            fcntl.ioctl(self.keyboard, termios.FIONREAD, queued)
+            termios.tcflush(self.keyboard, termios.TCIFLUSH)
+        except (OSError, termios.error) as exc:
+            raise EOFError(f"the terminal cannot be read: {exc}") from exc
+        # flushinp() empties blessed's own buffer and reads what came in meanwhile.
+        held = self.term.flushinp()
+        decoder = getattr(self.term, "_keyboard_decoder", None)
+        if decoder is not None:
+            decoder.reset()
+        return queued[0] > 0 or bool(held)
+
+    async def settle(self) -> None:
+        """What a prompt asks has just been drawn: once no key has come for
+        :data:`ANSWER_DELAY_S` (trio's clock), everything typed until then — before the
+        prompt, in the moment after it appeared, or while the owner went on typing — is
+        dropped. The caller shows its question after this; only keys from then on
+        answer it."""
+        while True:
+            await trio.sleep(ANSWER_DELAY_S)
+            if not self.discard_typed_ahead():
+                return
+            self.status(STILL_TYPING)
+
+    async def answer_key(self, question: str) -> Keystroke:
+        """The owner's key in answer to ``question`` (inside :meth:`keys`): the status line
+        empty while the prompt settles (:meth:`settle`), then ``question`` on it, then
+        the next key."""
+        self.clear_line()
+        await self.settle()
+        self.status(question)
+        return await self.key()
+
     async def line(self, prompt: str, *, limit: int) -> str | None:
         """A line the owner types after ``prompt`` (inside :meth:`keys`), with readline's
         usual editing keys; None when they press Escape. Only printable characters
-        can be typed."""
+        can be typed, and only once ``prompt`` is shown: it appears when the prompt has
+        settled (:meth:`settle`), so nothing typed ahead becomes the line."""
+        self.clear_line()
+        await self.settle()
         width = max(self.term.width - len(prompt) - 1, 10)
         editor = LineEditor(limit=limit, max_width=width, text_sgr="", suggestion_sgr="")
         while True:

@@ -1,8 +1,14 @@
 """``bxctl approvals --watch`` on a terminal: the pending approvals, kept fresh, and the
 owner's decision on the one they choose (↑/↓ or k/j choose, y approves, a approves
-always: a grant for exactly this call, no expiry; n asks a reason and refuses, q quits).
-It runs on the terminal's alternate screen; what the owner did
-is printed on leaving, so it stays in the scrollback.
+always: a grant for exactly this call, no expiry, written once the owner confirms the
+grant shown; n asks a reason and refuses, q quits). It runs on the terminal's alternate
+screen; what the owner did is printed on leaving, so it stays in the scrollback.
+
+Whenever the approval the keys act on changes — one appears, the chosen one is answered
+or ends and the next takes its place, the owner moves — the view settles before it takes
+a key (cli/terminal.py): keys typed before are dropped, and so are those of the next
+:data:`~boxmaker.cli.terminal.ANSWER_DELAY_S`; the chosen approval is marked ▷ meanwhile,
+▶ once keys count.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import attrs
 import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
+from boxmaker.cli.always import confirm_always
 from boxmaker.cli.chat import ALWAYS_KEY
 from boxmaker.cli.common import Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
@@ -35,6 +42,10 @@ REFRESH_S: Final = 1.0
 KEYS_HELP: Final = "↑/↓ or k/j choose · y approve · a always (exact, no expiry) · n refuse · q quit"
 REASON_PROMPT: Final = "refuse, reason (Enter refuses, Esc goes back): "
 NONE_PENDING: Final = "no pending approvals"
+CHOSEN: Final = "▶ "
+"""The chosen approval's mark once keys act on it."""
+SETTLING: Final = "▷ "
+"""The chosen approval's mark while the view settles (keys are dropped)."""
 
 
 @attrs.define
@@ -44,6 +55,9 @@ class ApprovalsWatch:
     entries: list[ApprovalView] = attrs.Factory(list)
     chosen: str | None = None
     """The chosen approval's id (kept across refreshes while it is listed)."""
+    settled_on: str | None = None
+    """The approval the view last settled on: keys act on :attr:`chosen` only when it
+    is this one."""
     message: str = ""
     done: list[str] = attrs.Factory(list)
     """What the owner did, one line each, printed on leaving."""
@@ -76,14 +90,16 @@ class ApprovalsWatch:
             lines.append(NONE_PENDING)
         now = utc_now()
         start = self._index() if len(self.entries) * 8 > term.term.height - 4 else 0
+        ready = self.settled_on == self.chosen
         for entry in self.entries[start:]:
-            mark = "▶ " if entry.approval == self.chosen else "  "
+            mark = "  "
+            if entry.approval == self.chosen:
+                mark = CHOSEN if ready else SETTLING
             block = approval_block(entry, now).split("\n")
             lines += [mark + block[0], *("  " + line for line in block[1:]), ""]
-        height = max(term.term.height - 2, 3)
-        print("\n".join(lines[:height]))
-        if self.message:
-            print(self.message)
+        message = self.message.split("\n") if self.message else []
+        height = max(term.term.height - 2 - len(message), 3)
+        print("\n".join(lines[:height] + message))
         sys.stdout.flush()
 
     async def decide(self, key: str) -> None:
@@ -91,8 +107,12 @@ class ApprovalsWatch:
         if entry is None:
             return
         request: Approve | Refuse
-        if key in ("y", "a"):
-            request = Approve(approval=entry.approval, always=ALWAYS_KEY if key == "a" else None)
+        if key == "y":
+            request = Approve(approval=entry.approval)
+        elif key == "a":
+            if not await confirm_always(self.terminal, self.home, entry, self._show):
+                return
+            request = Approve(approval=entry.approval, always=ALWAYS_KEY)
         else:
             reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
             if reason is None or not reason.strip():
@@ -107,10 +127,23 @@ class ApprovalsWatch:
         self.done.append(self.message)
         await self.refresh()
 
+    def _show(self, text: str) -> None:
+        """``text`` as the view's message, drawn at once."""
+        self.message = text
+        self.draw()
+
     async def run(self) -> None:
         with self.terminal.keys():
             while True:
                 await self.refresh()
+                if self.settled_on != self.chosen:
+                    # Another approval under the keys: what was typed before it was on
+                    # the screen, or in the moment after, must not answer it.
+                    self.settled_on = None
+                    self.draw()
+                    await self.terminal.settle()
+                    self.settled_on = self.chosen
+                    continue
                 self.draw()
                 key = None
                 with trio.move_on_after(REFRESH_S):
@@ -126,6 +159,8 @@ class ApprovalsWatch:
                     self.move(1)
                 elif char in {"y", "a", "n"}:
                     await self.decide(char)
+                    # Asked again, after an answer or a prompt left: it settles anew.
+                    self.settled_on = None
 
 
 async def watch_approvals(home: Home) -> Exit:

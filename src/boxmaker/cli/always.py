@@ -1,0 +1,156 @@
+"""``a`` (approve always) at an approval prompt — the chat's and ``bxctl approvals
+--watch``'s: the grant it would write, shown before anything is sent, and the owner's
+confirmation of exactly that grant.
+
+The grant shown is built by the code brokerd writes it with
+(:func:`boxmaker.core.grant_scope.always_grant`), from the inputs brokerd uses: brokerd's
+own view of the call (its ``approvals`` entry, whose arguments are the checked ones),
+the grant in grants.toml that asked, the workspace's real path; and it is shown as
+:func:`boxmaker.grants_edit.grant_text` writes it. Only its note is left out: it names
+the time of writing. What the grant lets run is said in words from the same checked
+arguments.
+
+The confirmation is the word :data:`CONFIRM_WORD` and Enter, typed at a prompt that
+settles first (:meth:`~boxmaker.cli.terminal.OwnerTerminal.line`): a word cannot come
+from a single key pressed out of habit, and nothing typed before the grant was on the
+screen reaches it (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import trio
+
+from boxmaker.broker.admin import owner_name
+from boxmaker.cli.terminal import OwnerTerminal
+from boxmaker.clock import local_time, utc_now
+from boxmaker.core.catalogue import FILE_TOOLS, ArgumentProblem, CheckedArguments, check_arguments
+from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant
+from boxmaker.core.grants import GrantsProblem
+from boxmaker.core.hosts import DEFAULT_PORTS
+from boxmaker.grants_edit import grant_text
+from boxmaker.grants_file import read_grants
+from boxmaker.home import ConfigError, Home, HomeError, load_config
+from boxmaker.printable import printable
+from boxmaker.wire import ApprovalView
+
+CONFIRM_WORD: Final = "always"
+CONFIRM_PROMPT: Final = f"type {CONFIRM_WORD} and Enter to write it (anything else goes back): "
+CONFIRM_LIMIT: Final = 40
+"""The longest line the confirmation prompt takes: room for a wrong answer, no more."""
+NOT_CONFIRMED: Final = "not confirmed: no grant written; the call still waits"
+NO_GRANT: Final = "no grant can be written for this call: {problem}"
+
+
+@attrs.frozen
+class AlwaysGrant:
+    """The grant ``a`` would write: its keys, in the order written, and the call's checked
+    arguments it was built from."""
+
+    fields: dict[str, Any]
+    arguments: CheckedArguments
+
+    def runs(self) -> str:
+        """What the grant lets run without asking, in words.
+
+        >>> from boxmaker.core.catalogue import check_arguments
+        >>> shell = check_arguments("shell", {"command": "ls *.txt"})
+        >>> AlwaysGrant({"commands": ["ls [*].txt"]}, shell).runs()
+        'shell with exactly the command line: ls *.txt'
+        >>> get = check_arguments("http_get", {"url": "https://example.org/a"})
+        >>> AlwaysGrant({"hosts": ["example.org"]}, get).runs()
+        "http_get of any URL of the host example.org on its scheme's own port (80, 443)"
+        """
+        tool, arguments = self.arguments.tool, self.arguments
+        if tool in FILE_TOOLS:
+            return f"{tool} of exactly the path: {arguments.paths[0]}"
+        if tool == "shell":
+            return f"shell with exactly the command line: {arguments.command}"
+        destination = arguments.destination
+        assert destination is not None
+        port = (
+            "its scheme's own port (80, 443)"
+            if destination.port == DEFAULT_PORTS[destination.scheme]
+            else f"port {destination.port}"
+        )
+        return f"http_get of any URL of the host {destination.host} on {port}"
+
+    def lines(self) -> list[str]:
+        """The confirmation's text, each line escaped."""
+        fields = {key: value for key, value in self.fields.items() if key != "note"}
+        expires = self.fields.get("expires")
+        until = (
+            "no expiry"
+            if expires is None
+            else f"until {local_time(expires, utc_now())} (the asking grant's own expiry)"
+        )
+        untrusted = self.fields["if_untrusted"]
+        lines = [
+            f"  always: this grant is added to grants.toml ({until}):",
+            *(f"    {line}" for line in grant_text(fields).splitlines()),
+            "    (and a note: who approved it, when, for which approval and call)",
+            f"  from now on it runs, without asking: {self.runs()}",
+            f"  (an untrusted session is {'denied' if untrusted == 'deny' else 'still asked'})",
+        ]
+        return [printable(line) for line in lines]
+
+
+def always_grant_for(home: Home, entry: ApprovalView) -> AlwaysGrant | ScopeProblem:
+    """The grant ``a`` on ``entry`` would make brokerd write (exact, no ``--for``), or why
+    there is none. Reads config.toml and grants.toml: run it in a worker thread."""
+    try:
+        config = load_config(home)
+    except (ConfigError, HomeError) as exc:
+        return ScopeProblem(f"{exc}; see docs/runbook.md#config")
+    # The workspace's real path, as brokerd resolves it at start (broker/serve.py).
+    workspace = str(Path(os.path.realpath(config.workspace)))
+    grants = read_grants(home.grants_toml).value
+    if isinstance(grants, GrantsProblem):
+        return ScopeProblem(f"grants.toml is invalid: {grants.describe()}")
+    asking = next((grant for grant in grants.grants if grant.id == entry.grant.id), None)
+    if asking is None:
+        return ScopeProblem(f"grant {entry.grant.id}, which asked, is no longer in grants.toml")
+    checked = check_arguments(entry.tool, entry.arguments, workspace=workspace)
+    if isinstance(checked, ArgumentProblem):
+        return ScopeProblem(checked.detail)
+    fields = always_grant(
+        approval=entry.approval,
+        call=entry.call,
+        arguments=checked,
+        asking=asking,
+        scope=Scope.EXACT,
+        lasting=None,
+        owner=owner_name(os.getuid()),
+        now=utc_now(),
+    )
+    if isinstance(fields, ScopeProblem):
+        return fields
+    return AlwaysGrant(fields, checked)
+
+
+async def confirm_always(
+    terminal: OwnerTerminal, home: Home, entry: ApprovalView | None, show: Callable[[str], None]
+) -> bool:
+    """``a`` pressed on ``entry`` (inside ``terminal.keys()``): the grant it would write
+    (or why there is none) given to ``show``, then the confirmation's question. Did the
+    owner type :data:`CONFIRM_WORD`? Escape, Enter alone or any other text is no, and
+    ``show`` hears so."""
+    grant = (
+        ScopeProblem("brokerd's view of the call cannot be had")
+        if entry is None
+        else await trio.to_thread.run_sync(always_grant_for, home, entry)
+    )
+    if isinstance(grant, ScopeProblem):
+        show(printable("  " + NO_GRANT.format(problem=grant.message)))
+        return False
+    show("\n".join(grant.lines()))
+    answer = await terminal.line(CONFIRM_PROMPT, limit=CONFIRM_LIMIT)
+    if answer is not None and answer.strip() == CONFIRM_WORD:
+        return True
+    show("  " + NOT_CONFIRMED)
+    return False
