@@ -22,11 +22,15 @@ What the command is (docs/runbook.md#sandbox-as-root, #sandbox-limits): never ho
 — brokerd as root starts bwrap as an ordinary uid (:func:`sandbox_user`), and
 :meth:`Sandbox.start` refuses uid 0 — with no capabilities, under a seccomp filter that
 keeps setuid/setgid bits off its files (seccomp.py), with /proc/sys and the other host
-knobs under /proc read-only, and under the resource limits the launcher sets before it
-execs the command. bwrap starts with an empty environment and its options in a pipe
-(``--args``): its /proc entries, readable as the sandbox's pid 1, show neither
-brokerd's environment nor host paths. (The workspace's host path still shows in the
-sandbox's /proc/self/mountinfo, as the root of its bind mount.)
+knobs under /proc read-only, under the resource limits the launcher sets before it
+execs the command, and, where brokerd can have cgroups (cgroups.py), in a cgroup of its
+own that bounds the memory and tasks of the whole sandbox: bwrap's first process joins
+it before it execs bwrap (:data:`JOINER`), so everything of the sandbox is in it, and
+:meth:`Sandbox.close` kills what is left in it and removes it. bwrap starts with an
+empty environment and its options in a pipe (``--args``): its /proc entries, readable
+as the sandbox's pid 1, show neither brokerd's environment nor host paths. (The
+workspace's host path still shows in the sandbox's /proc/self/mountinfo, as the root
+of its bind mount.)
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import errno
 import functools
 import logging
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -46,6 +51,14 @@ import attrs
 import orjson
 import trio
 
+from boxmaker.broker.cgroups import (
+    RUNBOOK,
+    CgroupError,
+    CgroupTree,
+    NoCgroups,
+    SandboxCgroup,
+    Usage,
+)
 from boxmaker.broker.seccomp import filter_program
 
 logger = logging.getLogger("boxmaker.brokerd.sandbox")
@@ -77,6 +90,27 @@ LAUNCHER: Final = (
 )
 """What a sandbox starts with: it waits for its command on stdin, then becomes
 ``/bin/sh -c COMMAND`` with stdin on /dev/null."""
+JOIN_FAILED_WORDS: Final = "boxmaker: the sandbox could not join its cgroup"
+JOINER: Final = (
+    # Run as brokerd's user, with the cgroup.procs files, "--", then what to exec (bwrap,
+    # behind setpriv when the uid changes). Builtins only: nothing else runs first. The
+    # shell exports the PWD it sets (brokerd's directory): unset, so bwrap's
+    # environment stays empty.
+    "unset PWD OLDPWD; "
+    'while [ "$1" != -- ]; do echo $$ >"$1" || '
+    f"{{ echo '{JOIN_FAILED_WORDS}' >&2; exit 125; }}; "
+    'shift; done; shift; exec "$@"'
+)
+"""What a sandbox with a cgroup starts as: a shell that writes its own pid into the
+sandbox's cgroups, then execs bwrap (the same process: bwrap and all it starts are in
+the cgroup from their first instruction)."""
+CGROUP_REMOVE_S: Final = 2.0
+"""Seconds :meth:`Sandbox.close` tries to remove the sandbox's cgroup; then it logs."""
+SETPRIV_MISSING: Final = (
+    "setpriv (util-linux) is not installed: as root, brokerd starts each sandbox in its "
+    "cgroup and then as the sandbox's uid through setpriv; install util-linux; "
+    f"see {RUNBOOK}"
+)
 NOT_ROOT_DETAIL: Final = "the sandbox never runs as host root (uid 0)"
 NOT_ROOT_GROUP_DETAIL: Final = "the sandbox never runs in the host's root group (gid 0)"
 
@@ -105,7 +139,8 @@ class SandboxLimits:
     memory: int
     """Bytes of address space (RLIMIT_AS; ``ulimit -v``, KiB)."""
     processes: int
-    """Processes of the sandbox's uid in its user namespace (RLIMIT_NPROC)."""
+    """Processes of the sandbox's uid in its user namespace (RLIMIT_NPROC), and, with a
+    cgroup, the tasks of the whole sandbox, bwrap's two included (``pids.max``)."""
     file_size: int
     """Bytes of the largest file a command may write (RLIMIT_FSIZE; ``ulimit -f``, in
     POSIX's 512-byte blocks: /bin/sh is always started as ``sh``, so bash is in POSIX
@@ -147,6 +182,43 @@ class Launch:
 
 class SandboxRefused(Exception):
     """The sandbox cannot run safely as things are; the message says why and what to do."""
+
+
+@attrs.frozen
+class SandboxBounds:
+    """What bounds each sandbox as a whole, besides the per-process limits: a cgroup of
+    its own, made in ``cgroups`` (cgroups.py), or nothing, and why."""
+
+    cgroups: CgroupTree | NoCgroups
+    setpriv: str | None = attrs.field(factory=lambda: shutil.which("setpriv"))
+    """Where brokerd as root finds setpriv: the sandbox's uid is taken after the cgroup
+    is joined, which needs root."""
+
+    @classmethod
+    def none(cls, why: str) -> SandboxBounds:
+        return cls(NoCgroups(why))
+
+    @property
+    def refusal(self) -> str | None:
+        """Why no sandbox can start at all: cgroups in use, and brokerd root without
+        setpriv (running without the cgroup would be a bound silently lost)."""
+        needed = isinstance(self.cgroups, CgroupTree) and os.geteuid() == 0
+        return SETPRIV_MISSING if needed and self.setpriv is None else None
+
+    def describe(self) -> str:
+        """For the owner: ``bxctl status``'s sandbox_bounds and brokerd's log. Starts
+        with "cgroup" only where each sandbox is bounded as a whole."""
+        if self.refusal is not None:
+            return f"refused: {self.refusal} ({self.cgroups.describe()})"
+        return self.cgroups.describe()
+
+    @property
+    def bounded(self) -> bool:
+        """Is the sandbox's memory bounded as a whole?"""
+        return isinstance(self.cgroups, CgroupTree)
+
+
+UNBOUNDED: Final = SandboxBounds(NoCgroups("no cgroup was set up (not brokerd)"), None)
 
 
 def sandbox_user(workspace: Path, configured_uid: int | None) -> SandboxUser | None:
@@ -284,6 +356,8 @@ class ShellRun:
     returncode: int | None
     out: Capture
     err: Capture
+    usage: Usage = attrs.field(factory=Usage)
+    """What the sandbox's cgroup counted (nothing without one)."""
 
     def content(self, cap: int) -> str:
         """stdout, then stderr after a ``[stderr]`` line when there is any, cut at ``cap``
@@ -335,6 +409,19 @@ def _launch_args(launch: Launch, fds: Mapping[str, int]) -> bytes:
     return b"".join(os.fsencode(arg) + b"\0" for arg in head + options)
 
 
+def _joined(
+    cgroup: SandboxCgroup, argv: list[str], user: SandboxUser | None, setpriv: str | None
+) -> list[str]:
+    """``argv`` behind :data:`JOINER`: into ``cgroup``, then (``user``) the sandbox's uid
+    and gid with no supplementary groups, as Popen's ``user=`` would have set them."""
+    become: list[str] = []
+    if user is not None:
+        if setpriv is None:
+            raise SandboxRefused(SETPRIV_MISSING)
+        become = [setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--"]
+    return ["/bin/sh", "-c", JOINER, "boxmaker-join", *cgroup.procs_files, "--", *become, *argv]
+
+
 def _filled_pipe(data: bytes) -> int:
     """A pipe's read end with ``data`` (at most a pipe's buffer) waiting in it."""
     read_end, write_end = os.pipe()
@@ -358,6 +445,8 @@ class Sandbox:
     _outputs: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream, trio.lowlevel.FdStream]
     """stdout, stderr and bwrap's ``--json-status-fd``."""
     started_at: float
+    cgroup: SandboxCgroup | None = None
+    """Its own cgroup, when brokerd has cgroups (:class:`SandboxBounds`)."""
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -365,7 +454,11 @@ class Sandbox:
 
     @classmethod
     def start(
-        cls, launch: Launch, *, seccomp_filter: Callable[[], bytes | None] = filter_program
+        cls,
+        launch: Launch,
+        *,
+        bounds: SandboxBounds = UNBOUNDED,
+        seccomp_filter: Callable[[], bytes | None] = filter_program,
     ) -> Sandbox:
         """Start bwrap for ``launch``. Raises OSError when it cannot be started, and
         when it would run as root. Call from the trio thread, never a worker thread:
@@ -377,7 +470,12 @@ class Sandbox:
         bwrap starts with an empty environment (the sandbox's pid 1 is bwrap's child,
         and its /proc/1/environ is readable inside) and finds its options, host paths
         included, in a pipe (``--args``), so its command line shows none of them. The
-        filter is ``seccomp_filter()``: the host architecture's (a test passes another)."""
+        filter is ``seccomp_filter()``: the host architecture's (a test passes another).
+
+        With cgroups (``bounds``), a new cgroup is made with the launch's limits and the
+        sandbox starts in it (:data:`JOINER`); as root, the uid changes after joining,
+        by setpriv. Raises SandboxRefused when the cgroup cannot be made or setpriv is
+        missing: the sandbox never starts without the bound brokerd reports."""
         user = launch.user
         if (user.uid if user is not None else os.geteuid()) == 0:
             raise OSError(errno.EPERM, NOT_ROOT_DETAIL)
@@ -389,6 +487,17 @@ class Sandbox:
                 errno.ENOSYS,
                 "no seccomp filter for this architecture (only x86_64 and aarch64)",
             )
+        if bounds.refusal is not None:
+            raise SandboxRefused(bounds.refusal)
+        cgroup: SandboxCgroup | None = None
+        if isinstance(bounds.cgroups, CgroupTree):
+            limits = launch.limits
+            try:
+                cgroup = bounds.cgroups.child(memory=limits.memory, processes=limits.processes)
+            except CgroupError as exc:
+                raise SandboxRefused(
+                    f"the sandbox's cgroup could not be made: {exc.strerror}; see {RUNBOOK}"
+                ) from None
         opened: list[int] = []
         pipes: list[tuple[int, int]] = []
         try:
@@ -402,8 +511,13 @@ class Sandbox:
             opened.append(_filled_pipe(seccomp))
             fds = {"seccomp": opened[0], "status": status_write}
             opened.append(_filled_pipe(_launch_args(launch, fds)))
+            argv = [launch.argv[0], "--args", str(opened[1]), *launch.argv[-3:]]
+            # With a cgroup the uid changes after joining (setpriv), not in Popen.
+            become = user if cgroup is None else None
+            if cgroup is not None:
+                argv = _joined(cgroup, argv, user, bounds.setpriv)
             process = subprocess.Popen(
-                [launch.argv[0], "--args", str(opened[1]), *launch.argv[-3:]],
+                argv,
                 stdin=command_read,
                 stdout=out_write,
                 stderr=err_write,
@@ -413,9 +527,9 @@ class Sandbox:
                 # a second setsid here measurably slowed every call.
                 process_group=0,
                 pass_fds=(*opened, status_write),
-                user=None if user is None else user.uid,
-                group=None if user is None else user.gid,
-                extra_groups=None if user is None else [],
+                user=None if become is None else become.uid,
+                group=None if become is None else become.gid,
+                extra_groups=None if become is None else [],
             )
         except BaseException:
             for read_end, write_end in pipes:
@@ -423,6 +537,8 @@ class Sandbox:
                 os.close(write_end)
             for fd in opened:
                 os.close(fd)
+            if cgroup is not None:
+                cgroup.remove()
             raise
         for fd in (command_read, out_write, err_write, status_write, *opened):
             os.close(fd)
@@ -433,6 +549,7 @@ class Sandbox:
             trio.lowlevel.FdStream(pipes[0][1]),
             (out, err, status),
             trio.current_time(),
+            cgroup,
         )
 
     def usable(self, launch: Launch, now: float) -> bool:
@@ -458,18 +575,32 @@ class Sandbox:
                     await self._command_in.send_all(os.fsencode(command) + b"\n")
                 await self._command_in.aclose()
             await _wait(self.process)
+        # bwrap has exited, and its pid namespace with it: the counts are final.
+        usage = Usage() if self.cgroup is None else self.cgroup.usage()
+        if self.cgroup is not None:
+            logger.debug(
+                "sandbox cgroup %s: memory peak %s of %d bytes, %d OOM kill(s), %d fork(s) refused",
+                self.cgroup.memory,
+                usage.memory_peak,
+                self.cgroup.limit,
+                usage.oom_kills,
+                usage.forks_refused,
+            )
         return ShellRun(
             timed_out=scope.cancelled_caught,
             ran=_command_ran(bytes(status.head)),
             returncode=self.process.returncode,
             out=out,
             err=err,
+            usage=usage,
         )
 
     async def close(self) -> None:
-        """Kill what is left of the sandbox, reap bwrap, close the pipes. Shielded: it
-        runs on every way out, cancellation included."""
+        """Kill what is left of the sandbox, reap bwrap, close the pipes, remove its
+        cgroup. Shielded: it runs on every way out, cancellation included."""
         with trio.CancelScope(shield=True):
+            if self.cgroup is not None:
+                self.cgroup.kill()
             # bwrap leads its own process group (process_group=0); killing it takes the
             # sandbox's pid 1 with it (--die-with-parent), and the pid namespace dies
             # with that. poll() first: an unreaped pid cannot have been reused.
@@ -479,6 +610,24 @@ class Sandbox:
             await _wait(self.process)
             for stream in (self._command_in, *self._outputs):
                 await stream.aclose()
+            if self.cgroup is not None:
+                await _remove_cgroup(self.cgroup)
+
+
+async def _remove_cgroup(cgroup: SandboxCgroup) -> None:
+    """Kill and rmdir until the cgroup is gone (a dying process keeps it busy a moment),
+    for CGROUP_REMOVE_S at most; one that stays is logged, never raised."""
+    deadline = trio.current_time() + CGROUP_REMOVE_S
+    pause = 0.001
+    while (failure := cgroup.remove()) is not None:
+        if failure.errno != errno.EBUSY or trio.current_time() >= deadline:
+            logger.warning(
+                "the sandbox's cgroup %s could not be removed: %s", cgroup.memory, failure.strerror
+            )
+            return
+        cgroup.kill()
+        await trio.sleep(pause)
+        pause = min(2 * pause, 0.05)
 
 
 class SandboxPool:
@@ -487,10 +636,12 @@ class SandboxPool:
     :meth:`run` is brokerd's task that starts sandboxes (from the trio thread, see
     :meth:`Sandbox.start`) and tears down unused ones. Nothing is set up before the first
     shell call, whose Launch the pool then keeps using; without :meth:`run` every call
-    sets up its own sandbox.
+    sets up its own sandbox. ``bounds``: each sandbox's cgroup (brokerd's, made at its
+    start); :meth:`run` removes its subtree when it ends.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: SandboxBounds = UNBOUNDED) -> None:
+        self.bounds = bounds
         self._warm: Sandbox | None = None
         self._wanted: Launch | None = None
         self._retired: list[Sandbox] = []
@@ -504,8 +655,9 @@ class SandboxPool:
     @contextlib.asynccontextmanager
     async def sandbox(self, launch: Launch) -> AsyncIterator[Sandbox]:
         """A sandbox for one call with ``launch``: the warm one when it is usable, else
-        a new one (OSError when bwrap cannot be started). Torn down on the way out."""
-        sandbox = self._take(launch) or Sandbox.start(launch)
+        a new one (OSError when bwrap cannot be started, SandboxRefused when it may not).
+        Torn down on the way out."""
+        sandbox = self._take(launch) or Sandbox.start(launch, bounds=self.bounds)
         try:
             yield sandbox
         finally:
@@ -534,8 +686,8 @@ class SandboxPool:
                     await self._retired.pop().close()
                 if self._wanted is not None and self._warm is None:
                     try:
-                        self._warm = Sandbox.start(self._wanted)
-                    except OSError as exc:
+                        self._warm = Sandbox.start(self._wanted, bounds=self.bounds)
+                    except (OSError, SandboxRefused) as exc:
                         # The call that needs it will start its own and report why.
                         logger.debug("no sandbox set up ahead: %s", exc)
         finally:
@@ -543,3 +695,5 @@ class SandboxPool:
             for sandbox in ([warm] if warm else []) + self._retired:
                 await sandbox.close()
             self._retired.clear()
+            if isinstance(self.bounds.cgroups, CgroupTree):
+                self.bounds.cgroups.remove()
