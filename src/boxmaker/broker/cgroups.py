@@ -422,9 +422,12 @@ class SandboxCgroup:
             with contextlib.suppress(CgroupError):
                 _write(kill_file, "1")
                 return
+        listed = self.processes()
+        if not listed:
+            return
         pidfds: dict[int, int] = {}
         try:
-            for pid in self.processes():
+            for pid in listed:
                 with contextlib.suppress(OSError):
                     pidfds[pid] = os.pidfd_open(pid)
             # Listed after its pidfd was opened: the pidfd is that process, or one that
