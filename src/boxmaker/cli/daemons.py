@@ -20,6 +20,7 @@ a reused pid ever gets a stranger signalled.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import select
@@ -202,8 +203,11 @@ def _sandbox_bounds_warning(home: Home) -> str | None:
     """A warning when brokerd (running) says nothing bounds each shell sandbox as a
     whole: no cgroup could be had, and only the per-process limits hold
     (docs/runbook.md#sandbox-limits). Not a problem: the shell still runs."""
+    # In a trio run of its own, on a thread: `bxctl demo` calls up from inside its run.
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        asked = thread.submit(lambda: trio.run(ask_broker, home, StatusRequest()))
     try:
-        answer = trio.run(ask_broker, home, StatusRequest())
+        answer = asked.result()
     except DaemonUnreachable:
         return None
     if not isinstance(answer, StatusAnswer) or answer.sandbox_bounds.startswith("cgroup"):
