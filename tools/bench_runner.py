@@ -31,9 +31,9 @@ from typing import Final
 
 import trio
 
-from boxmaker.broker.cgroups import CgroupTree, find_cgroups
+from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.runner import RunResult, RunSpec, execute
-from boxmaker.broker.sandbox import SandboxBounds, SandboxPool
+from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.decide import Run, ToolRequest, evaluate
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, LabelRules

@@ -12,7 +12,7 @@ from tests.harness.broker import SESSION, Brokerd, Client, admin, call, records,
 from tests.harness.homes import grant, write_grants, write_state
 
 from boxmaker import __version__
-from boxmaker.broker.cgroups import NoCgroups
+from boxmaker.broker.cgroup_plan import NoCgroups
 from boxmaker.broker.state import Broker
 from boxmaker.home import Home
 from boxmaker.ledger.records import format_head, line_hash

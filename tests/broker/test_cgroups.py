@@ -29,29 +29,28 @@ from tests.harness.runner import spec_for
 from tests.harness.sandbox import AS_ROOT, CGROUPS, sandbox_workspace
 
 from boxmaker.broker import sandbox
-from boxmaker.broker.cgroups import (
-    CgroupError,
+from boxmaker.broker.cgroup_plan import (
     CgroupPlan,
-    CgroupTree,
     Hierarchy,
     HostProbe,
     Mount,
     NoCgroups,
-    SandboxCgroup,
     parse_mountinfo,
     parse_self_cgroup,
     plan_cgroups,
-    remove_leftovers,
 )
-from boxmaker.broker.runner import RunSpec, execute
-from boxmaker.broker.sandbox import (
+from boxmaker.broker.cgroups import (
     JOIN_FAILED_WORDS,
     JOINER,
     SETPRIV_MISSING,
-    Launch,
+    CgroupError,
+    CgroupTree,
     SandboxBounds,
-    SandboxPool,
+    SandboxCgroup,
+    remove_leftovers,
 )
+from boxmaker.broker.runner import RunSpec, execute
+from boxmaker.broker.sandbox import Launch, SandboxPool
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
 
@@ -524,3 +523,23 @@ async def test_as_root_without_setpriv_the_shell_fails_closed(tree: CgroupTree, 
     assert (result.reason, result.detail) == (Reason.SANDBOX_UNAVAILABLE, SETPRIV_MISSING)
     assert SETPRIV_MISSING.endswith("; see docs/runbook.md#sandbox-limits")
     assert not (ws / "ran").exists()
+
+
+@needs_cgroups
+@pytest.mark.parametrize("ending", ["time limit", "cancelled"])
+async def test_a_call_that_ends_early_leaves_no_process_and_no_cgroup(
+    tree: CgroupTree, ws: Path, ending: str
+) -> None:
+    # The command and a process it started in the background still run when the call
+    # ends: at its time limit, or cancelled (its requester left).
+    launch = shell_spec(ws, "true").sandbox
+    assert isinstance(launch, Launch)
+    pool = SandboxPool(SandboxBounds(tree))
+    with trio.move_on_after(1 if ending == "cancelled" else 30):
+        async with pool.sandbox(launch) as box:
+            assert box.cgroup is not None
+            cgroup = box.cgroup
+            limit = 0.5 if ending == "time limit" else None
+            run = await box.run("sleep 60 & exec sleep 60", time_limit=limit, output_cap=4096)
+            assert run.timed_out
+    assert not any(directory.exists() for directory in cgroup.directories)

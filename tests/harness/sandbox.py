@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from boxmaker.broker.cgroups import CgroupPlan, HostProbe, plan_cgroups
+from boxmaker.broker.cgroup_plan import CgroupPlan, HostProbe, plan_cgroups
 
 SANDBOX_UID: Final = 65534
 """The ordinary uid (and gid) that owns a test workspace when the tests run as root."""

@@ -33,7 +33,7 @@ from tests.harness.broker import admin, call, records_of, running, tool_request
 from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.sandbox import CGROUPS, sandbox_workspace
 
-from boxmaker.broker.cgroups import NoCgroups
+from boxmaker.broker.cgroup_plan import NoCgroups
 from boxmaker.cli.daemons import _sandbox_bounds_warning
 from boxmaker.home import Home
 
@@ -92,7 +92,7 @@ class Counted:
 async def shell(home: Home, command: str, caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
     """The answer to one shell call on the real brokerd, checked against its result
     record."""
-    caplog.set_level(logging.DEBUG, logger="boxmaker.brokerd.sandbox")
+    caplog.set_level(logging.DEBUG, logger="boxmaker.brokerd.cgroups")
     with trio.fail_after(LIMIT):
         async with running(home):
             frame = tool_request("shell", {"command": command})

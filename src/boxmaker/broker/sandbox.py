@@ -40,7 +40,6 @@ import errno
 import functools
 import logging
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -51,11 +50,12 @@ import attrs
 import orjson
 import trio
 
+from boxmaker.broker.cgroup_plan import RUNBOOK
 from boxmaker.broker.cgroups import (
-    RUNBOOK,
+    UNBOUNDED,
     CgroupError,
     CgroupTree,
-    NoCgroups,
+    SandboxBounds,
     SandboxCgroup,
     Usage,
 )
@@ -90,27 +90,8 @@ LAUNCHER: Final = (
 )
 """What a sandbox starts with: it waits for its command on stdin, then becomes
 ``/bin/sh -c COMMAND`` with stdin on /dev/null."""
-JOIN_FAILED_WORDS: Final = "boxmaker: the sandbox could not join its cgroup"
-JOINER: Final = (
-    # Run as brokerd's user, with the cgroup.procs files, "--", then what to exec (bwrap,
-    # behind setpriv when the uid changes). Builtins only: nothing else runs first. The
-    # shell exports the PWD it sets (brokerd's directory): unset, so bwrap's
-    # environment stays empty.
-    "unset PWD OLDPWD; "
-    'while [ "$1" != -- ]; do echo $$ >"$1" || '
-    f"{{ echo '{JOIN_FAILED_WORDS}' >&2; exit 125; }}; "
-    'shift; done; shift; exec "$@"'
-)
-"""What a sandbox with a cgroup starts as: a shell that writes its own pid into the
-sandbox's cgroups, then execs bwrap (the same process: bwrap and all it starts are in
-the cgroup from their first instruction)."""
 CGROUP_REMOVE_S: Final = 2.0
 """Seconds :meth:`Sandbox.close` tries to remove the sandbox's cgroup; then it logs."""
-SETPRIV_MISSING: Final = (
-    "setpriv (util-linux) is not installed: as root, brokerd starts each sandbox in its "
-    "cgroup and then as the sandbox's uid through setpriv; install util-linux; "
-    f"see {RUNBOOK}"
-)
 NOT_ROOT_DETAIL: Final = "the sandbox never runs as host root (uid 0)"
 NOT_ROOT_GROUP_DETAIL: Final = "the sandbox never runs in the host's root group (gid 0)"
 
@@ -182,43 +163,6 @@ class Launch:
 
 class SandboxRefused(Exception):
     """The sandbox cannot run safely as things are; the message says why and what to do."""
-
-
-@attrs.frozen
-class SandboxBounds:
-    """What bounds each sandbox as a whole, besides the per-process limits: a cgroup of
-    its own, made in ``cgroups`` (cgroups.py), or nothing, and why."""
-
-    cgroups: CgroupTree | NoCgroups
-    setpriv: str | None = attrs.field(factory=lambda: shutil.which("setpriv"))
-    """Where brokerd as root finds setpriv: the sandbox's uid is taken after the cgroup
-    is joined, which needs root."""
-
-    @classmethod
-    def none(cls, why: str) -> SandboxBounds:
-        return cls(NoCgroups(why))
-
-    @property
-    def refusal(self) -> str | None:
-        """Why no sandbox can start at all: cgroups in use, and brokerd root without
-        setpriv (running without the cgroup would be a bound silently lost)."""
-        needed = isinstance(self.cgroups, CgroupTree) and os.geteuid() == 0
-        return SETPRIV_MISSING if needed and self.setpriv is None else None
-
-    def describe(self) -> str:
-        """For the owner: ``bxctl status``'s sandbox_bounds and brokerd's log. Starts
-        with "cgroup" only where each sandbox is bounded as a whole."""
-        if self.refusal is not None:
-            return f"refused: {self.refusal} ({self.cgroups.describe()})"
-        return self.cgroups.describe()
-
-    @property
-    def bounded(self) -> bool:
-        """Is the sandbox's memory bounded as a whole?"""
-        return isinstance(self.cgroups, CgroupTree)
-
-
-UNBOUNDED: Final = SandboxBounds(NoCgroups("no cgroup was set up (not brokerd)"), None)
 
 
 def sandbox_user(workspace: Path, configured_uid: int | None) -> SandboxUser | None:
@@ -409,19 +353,6 @@ def _launch_args(launch: Launch, fds: Mapping[str, int]) -> bytes:
     return b"".join(os.fsencode(arg) + b"\0" for arg in head + options)
 
 
-def _joined(
-    cgroup: SandboxCgroup, argv: list[str], user: SandboxUser | None, setpriv: str | None
-) -> list[str]:
-    """``argv`` behind :data:`JOINER`: into ``cgroup``, then (``user``) the sandbox's uid
-    and gid with no supplementary groups, as Popen's ``user=`` would have set them."""
-    become: list[str] = []
-    if user is not None:
-        if setpriv is None:
-            raise SandboxRefused(SETPRIV_MISSING)
-        become = [setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--"]
-    return ["/bin/sh", "-c", JOINER, "boxmaker-join", *cgroup.procs_files, "--", *become, *argv]
-
-
 def _filled_pipe(data: bytes) -> int:
     """A pipe's read end with ``data`` (at most a pipe's buffer) waiting in it."""
     read_end, write_end = os.pipe()
@@ -489,15 +420,12 @@ class Sandbox:
             )
         if bounds.refusal is not None:
             raise SandboxRefused(bounds.refusal)
-        cgroup: SandboxCgroup | None = None
-        if isinstance(bounds.cgroups, CgroupTree):
-            limits = launch.limits
-            try:
-                cgroup = bounds.cgroups.child(memory=limits.memory, processes=limits.processes)
-            except CgroupError as exc:
-                raise SandboxRefused(
-                    f"the sandbox's cgroup could not be made: {exc.strerror}; see {RUNBOOK}"
-                ) from None
+        try:
+            cgroup = bounds.cgroup(memory=launch.limits.memory, processes=launch.limits.processes)
+        except CgroupError as exc:
+            raise SandboxRefused(
+                f"the sandbox's cgroup could not be made: {exc.strerror}; see {RUNBOOK}"
+            ) from None
         opened: list[int] = []
         pipes: list[tuple[int, int]] = []
         try:
@@ -515,7 +443,8 @@ class Sandbox:
             # With a cgroup the uid changes after joining (setpriv), not in Popen.
             become = user if cgroup is None else None
             if cgroup is not None:
-                argv = _joined(cgroup, argv, user, bounds.setpriv)
+                ids = None if user is None else (user.uid, user.gid)
+                argv = bounds.joined_argv(cgroup, argv, ids)
             process = subprocess.Popen(
                 argv,
                 stdin=command_read,
@@ -577,15 +506,6 @@ class Sandbox:
             await _wait(self.process)
         # bwrap has exited, and its pid namespace with it: the counts are final.
         usage = Usage() if self.cgroup is None else self.cgroup.usage()
-        if self.cgroup is not None:
-            logger.debug(
-                "sandbox cgroup %s: memory peak %s of %d bytes, %d OOM kill(s), %d fork(s) refused",
-                self.cgroup.memory,
-                usage.memory_peak,
-                self.cgroup.limit,
-                usage.oom_kills,
-                usage.forks_refused,
-            )
         return ShellRun(
             timed_out=scope.cancelled_caught,
             ran=_command_ran(bytes(status.head)),

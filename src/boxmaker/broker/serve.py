@@ -43,9 +43,10 @@ from boxmaker import __version__, state_files
 from boxmaker.broker import runner
 from boxmaker.broker.accept import serve_capped
 from boxmaker.broker.admin import handle_admin_connection
-from boxmaker.broker.cgroups import CgroupTree, NoCgroups, find_cgroups
+from boxmaker.broker.cgroup_plan import NoCgroups
+from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.connection import handle_broker_connection
-from boxmaker.broker.sandbox import SandboxBounds, SandboxPool
+from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.broker.state import (
     Broker,
     Executor,
