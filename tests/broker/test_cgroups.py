@@ -543,3 +543,18 @@ async def test_a_call_that_ends_early_leaves_no_process_and_no_cgroup(
             run = await box.run("sleep 60 & exec sleep 60", time_limit=limit, output_cap=4096)
             assert run.timed_out
     assert not any(directory.exists() for directory in cgroup.directories)
+
+
+def test_a_subtree_that_cannot_be_made_leaves_nothing(tmp_path: Path) -> None:
+    # The second hierarchy's directory is gone: what the first got is removed again.
+    (tmp_path / "memory").mkdir()
+    plan = CgroupPlan(
+        (
+            Hierarchy(1, tmp_path / "memory", "/", frozenset({"memory"})),
+            Hierarchy(1, tmp_path / "gone", "/", frozenset({"pids"})),
+        )
+    )
+    with pytest.raises(CgroupError) as raised:
+        CgroupTree.make(plan, "boxmaker-1-b-x")
+    assert raised.value.strerror == f"{tmp_path}/gone/boxmaker-1-b-x: No such file or directory"
+    assert list((tmp_path / "memory").iterdir()) == []
