@@ -405,29 +405,34 @@ def test_a_subtree_removed_by_hand_is_made_again(tree: CgroupTree) -> None:
 
 
 @needs_cgroups
-def test_leftovers_of_a_dead_brokerd_are_removed_and_nothing_else(tree: CgroupTree) -> None:
+def test_leftovers_of_a_dead_brokerd_are_killed_and_removed_and_nothing_else(
+    tree: CgroupTree,
+) -> None:
     ended = subprocess.Popen(["true"])
     ended.wait()
     own = tree.plan.hierarchies[0].own
     dead = own / f"boxmaker-{ended.pid}-b-0123456789abcdef"
     (dead / "sandbox-3").mkdir(parents=True)
-    busy = own / f"boxmaker-{ended.pid}-b-busy"
-    (busy / "sandbox-1").mkdir(parents=True)
-    holder = SandboxCgroup(tree.plan.version, busy / "sandbox-1", None, 0)
-    process = joined(holder, "sleep", "60")
+    # A sandbox that outlived its brokerd (killed while bwrap set up: bwrap's
+    # --die-with-parent came too late), and one of ours, which runs on.
+    orphan = SandboxCgroup(tree.plan.version, dead / "sandbox-2", None, 0)
+    orphan.memory.mkdir()
+    ours = tree.child(memory=64 * MIB, processes=8)
+    orphaned, running = joined(orphan, "sleep", "60"), joined(ours, "sleep", "60")
     try:
-        await_processes(holder, 1)
+        await_processes(orphan, 1)
+        await_processes(ours, 1)
         assert remove_leftovers(own) == [dead.name]
-        # Ours (a live pid) and a subtree with a process in it stay.
-        assert (own / tree.name).is_dir()
-        assert (busy / "sandbox-1").is_dir()
+        assert orphaned.wait(10) == -signal.SIGKILL
         assert not dead.exists()
+        assert running.poll() is None
+        assert (own / tree.name).is_dir()
     finally:
-        process.kill()
-        process.wait()
-        await_processes(holder, 0)
-        (busy / "sandbox-1").rmdir()
-        busy.rmdir()
+        for process in (orphaned, running):
+            process.kill()
+            process.wait()
+        await_processes(ours, 0)
+        assert ours.remove() is None
 
 
 @needs_cgroups

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final, Literal
@@ -67,6 +68,8 @@ JOINER: Final = (
 """What a sandbox with a cgroup starts as: a shell that writes its own pid into the
 sandbox's cgroups, then execs bwrap (the same process: bwrap and all it starts are in
 the cgroup from their first instruction)."""
+LEFTOVER_S: Final = 1.0
+"""Seconds a start waits for what it killed in a dead brokerd's subtree to end."""
 SETPRIV_MISSING: Final = (
     "setpriv (util-linux) is not installed: as root, brokerd starts each sandbox in its "
     "cgroup and then as the sandbox's uid through setpriv; install util-linux; "
@@ -126,12 +129,40 @@ def _rmdir(path: Path) -> OSError | None:
     return None
 
 
-def _remove_children(tree: Path) -> None:
-    """rmdir every child cgroup of ``tree`` that can be removed."""
-    with contextlib.suppress(OSError), os.scandir(tree) as children:
-        for child in children:
-            if child.is_dir(follow_symlinks=False):
-                _rmdir(Path(child.path))
+def _children(tree: Path) -> list[Path]:
+    with contextlib.suppress(OSError), os.scandir(tree) as entries:
+        return [Path(entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
+    return []
+
+
+def _listed(directories: Iterable[Path]) -> set[int]:
+    """The processes in these cgroups now."""
+    found: set[int] = set()
+    for directory in directories:
+        found |= {int(pid) for pid in _read(directory / "cgroup.procs").split()}
+    return found
+
+
+def _kill_listed(directories: Sequence[Path]) -> None:
+    """SIGKILL each process these cgroups list, through a pidfd opened while it is
+    listed and used only if it is listed still: a pid reused by a stranger is never
+    signalled (the pidfd is then of a process that has ended: the signal goes nowhere)."""
+    listed = _listed(directories)
+    if not listed:
+        return
+    pidfds: dict[int, int] = {}
+    try:
+        for pid in listed:
+            with contextlib.suppress(OSError):
+                pidfds[pid] = os.pidfd_open(pid)
+        listed = _listed(directories)
+        for pid, pidfd in pidfds.items():
+            if pid in listed:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        for pidfd in pidfds.values():
+            os.close(pidfd)
 
 
 def _alive(pid: int) -> bool:
@@ -146,20 +177,24 @@ def _alive(pid: int) -> bool:
 
 def remove_leftovers(directory: Path) -> list[str]:
     """Remove the subtrees under ``directory`` that brokerds no longer running left
-    behind (a crash, a kill -9, a v2 leaf), and only while empty: what rmdir refuses
-    stays. The names removed."""
+    behind (a crash, a kill -9, a v2 leaf). A sandbox of a dead brokerd must not run on
+    (bwrap's --die-with-parent misses a brokerd killed while bwrap sets up): what is
+    left in them is killed first, and waited for LEFTOVER_S at most; what rmdir still
+    refuses stays. The names removed."""
     removed: list[str] = []
-    with contextlib.suppress(OSError), os.scandir(directory) as entries:
-        for entry in entries:
-            match = _TREE_NAME.fullmatch(entry.name)
-            if match is None or not entry.is_dir(follow_symlinks=False):
-                continue
-            if _alive(int(match[1])):
-                continue
-            tree = Path(entry.path)
-            _remove_children(tree)
-            if _rmdir(tree) is None:
-                removed.append(entry.name)
+    for tree in _children(directory):
+        match = _TREE_NAME.fullmatch(tree.name)
+        if match is None or _alive(int(match[1])):
+            continue
+        children = _children(tree)
+        deadline = time.monotonic() + LEFTOVER_S
+        while _listed(children) and time.monotonic() < deadline:
+            _kill_listed(children)
+            time.sleep(0.01)
+        for child in children:
+            _rmdir(child)
+        if _rmdir(tree) is None:
+            removed.append(tree.name)
     return removed
 
 
@@ -216,38 +251,17 @@ class SandboxCgroup:
 
     def processes(self) -> set[int]:
         """The processes in it now (in every hierarchy)."""
-        found: set[int] = set()
-        for directory in self.directories:
-            found |= {int(pid) for pid in _read(directory / "cgroup.procs").split()}
-        return found
+        return _listed(self.directories)
 
     def kill(self) -> None:
         """SIGKILL everything in it: ``cgroup.kill`` where the kernel has it, else each
-        process listed, through a pidfd opened while it is listed, so a pid reused by
-        a stranger is never signalled."""
+        process listed (:func:`_kill_listed`)."""
         kill_file = self.memory / "cgroup.kill"
         if self.version == 2 and kill_file.exists():
             with contextlib.suppress(CgroupError):
                 _write(kill_file, "1")
                 return
-        listed = self.processes()
-        if not listed:
-            return
-        pidfds: dict[int, int] = {}
-        try:
-            for pid in listed:
-                with contextlib.suppress(OSError):
-                    pidfds[pid] = os.pidfd_open(pid)
-            # Listed after its pidfd was opened: the pidfd is that process, or one that
-            # has ended (then the signal goes nowhere).
-            listed = self.processes()
-            for pid, pidfd in pidfds.items():
-                if pid in listed:
-                    with contextlib.suppress(OSError):
-                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        finally:
-            for pidfd in pidfds.values():
-                os.close(pidfd)
+        _kill_listed(self.directories)
 
     def remove(self) -> OSError | None:
         """rmdir each directory; the first failure (EBUSY while a process is left)."""
@@ -330,7 +344,8 @@ class CgroupTree:
         holding brokerd is removed by the next start)."""
         for hierarchy in self.plan.hierarchies:
             tree = hierarchy.own / self.name
-            _remove_children(tree)
+            for child in _children(tree):
+                _rmdir(child)
             failure = _rmdir(tree)
             if failure is not None and not (hierarchy.leaf_needed and failure.errno == errno.EBUSY):
                 logger.warning("the cgroup %s could not be removed: %s", tree, failure.strerror)
