@@ -144,6 +144,7 @@ admin_answers = (
         pending=counts,
         sessions=counts,
         uptime_s=st.floats(0, 1e9),
+        sandbox_bounds=text,
     )
     | st.builds(
         SessionsAnswer,

@@ -7,6 +7,11 @@ usual case: an agent's shell calls are a model round trip apart; the bench leave
 SPACING between calls), calls back to back (each waits for a sandbox to be set up), and
 a call without brokerd's pool (sets up its own). The target is for the first.
 
+Each way twice where cgroups can be had (as root here and in CI): with each sandbox in
+a cgroup of its own, as brokerd runs it (docs/runbook.md#sandbox-limits), and without,
+so the cgroup's cost (making it, joining it through a shell and setpriv, removing it)
+is the ratio of the two in the same run.
+
     python tools/bench_runner.py [--runs 50]
 """
 
@@ -22,9 +27,11 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Final
 
 import trio
 
+from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.runner import RunResult, RunSpec, execute
 from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.decide import Run, ToolRequest, evaluate
@@ -67,24 +74,43 @@ async def timed(
         raise SystemExit(f"shell failed: {result.reason}: {result.detail}")
 
 
-async def bench(runs: int, workspace: Path) -> dict[str, float]:
+WAYS: Final = ("set up ahead", "back to back", "own sandbox")
+CGROUP: Final = " + cgroup"
+
+
+async def bench(runs: int, workspace: Path, bounds: SandboxBounds | None) -> dict[str, float]:
     spec = shell_spec(workspace)
-    calls: dict[str, list[float]] = {
-        name: [] for name in ("plain", "set up ahead", "back to back", "own sandbox")
-    }
-    pool = SandboxPool()
+    kinds = ["", CGROUP] if bounds is not None else [""]
+    calls: dict[str, list[float]] = {"plain": []}
+    calls |= {way + kind: [] for kind in kinds for way in WAYS}
+    pools = {"": SandboxPool()}
+    if bounds is not None:
+        pools[CGROUP] = SandboxPool(bounds)
     async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        await execute(spec, pool)  # the first call sets the pool going
+        for kind in kinds:
+            await nursery.start(pools[kind].run)
+            await execute(spec, pools[kind])  # the first call sets the pool going
         # Interleaved, so drift in the machine's load hits all alike.
         for _ in range(runs):
             await timed(calls, "plain", trio.run_process, ["true"])
-            await trio.sleep(SPACING)
-            await timed(calls, "set up ahead", execute, spec, pool)
-            await timed(calls, "back to back", execute, spec, pool)
-            await timed(calls, "own sandbox", execute, spec)
+            for kind in kinds:
+                pool = pools[kind]
+                await trio.sleep(SPACING)
+                await timed(calls, "set up ahead" + kind, execute, spec, pool)
+                await timed(calls, "back to back" + kind, execute, spec, pool)
+                # A pool that does not run sets up a sandbox for the call at hand only.
+                own = SandboxPool(pool.bounds)
+                await timed(calls, "own sandbox" + kind, execute, spec, own)
         nursery.cancel_scope.cancel()
     return {name: statistics.median(times) for name, times in calls.items()}
+
+
+def cgroup_bounds() -> SandboxBounds | None:
+    found = find_cgroups(f"b-bench{os.getpid()}")
+    if not isinstance(found, CgroupTree):
+        print(f"no cgroup for the sandbox here: {found.describe()}")
+        return None
+    return SandboxBounds(found)
 
 
 def main() -> None:
@@ -96,15 +122,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         if os.geteuid() == 0:
             os.chown(directory, SANDBOX_UID, SANDBOX_UID)
-        medians = trio.run(bench, options.runs, Path(directory))
+        bounds = cgroup_bounds()
+        medians = trio.run(bench, options.runs, Path(directory), bounds)
     plain = medians.pop("plain")
     print(f"plain trio.run_process(['true']):        median {plain * 1000:.2f} ms")
     for name, median in medians.items():
         label = f"shell 'true', {name}:"
-        print(f"{label:<40} median {median * 1000:.2f} ms ({median / plain:.2f}x)")
-    ratio = medians["set up ahead"] / plain
+        print(f"{label:<49} median {median * 1000:.2f} ms ({median / plain:.2f}x)")
+    if bounds is not None:
+        print(f"each sandbox's cgroup: {bounds.describe()}; its cost, with / without:")
+        for way in WAYS:
+            cost = medians[way + CGROUP] - medians[way]
+            ratio = medians[way + CGROUP] / medians[way]
+            print(f"  {way + ':':<14} {ratio:.2f}x ({cost * 1000:+.2f} ms)")
+    kind = CGROUP if bounds is not None else ""
+    ratio = medians["set up ahead" + kind] / plain
     verdict = "ok" if ratio <= TARGET else "over target"
-    print(f"ratio with a sandbox set up ahead {ratio:.2f}x (target <= {TARGET:g}x): {verdict}")
+    print(
+        f"ratio with a sandbox set up ahead{kind} {ratio:.2f}x (target <= {TARGET:g}x): {verdict}"
+    )
 
 
 if __name__ == "__main__":

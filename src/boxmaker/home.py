@@ -327,9 +327,11 @@ class RunnerConfig:
     """The host uid (and gid) the sandbox runs as when brokerd runs as root; None: the
     workspace's owner. Never 0."""
     memory_limit_mib: int = attrs.field(default=1024, validator=_at_least(1))
-    """Address space of each sandboxed process (RLIMIT_AS), MiB."""
+    """Address space of each sandboxed process (RLIMIT_AS), MiB; with a cgroup, also the
+    memory and swap of the whole sandbox."""
     process_limit: int = attrs.field(default=256, validator=_at_least(1))
-    """Processes the sandbox's uid may have in the sandbox (RLIMIT_NPROC)."""
+    """Processes the sandbox's uid may have in the sandbox (RLIMIT_NPROC); with a
+    cgroup, also its tasks in all (pids.max)."""
     file_size_limit_mib: int = attrs.field(default=1024, validator=_at_least(1))
     """The largest file a sandboxed command may write (RLIMIT_FSIZE), MiB."""
     cpu_time_limit: int | None = attrs.field(
@@ -556,6 +558,8 @@ def default_config_text() -> str:
 # output_cap = 65536
 # The shell sandbox's limits (docs/runbook.md#sandbox-limits): per process, address space
 # and the largest file written (MiB) and CPU seconds; processes of the sandbox in all.
+# Where brokerd can have cgroups (bxctl status: sandbox_bounds), memory (with swap) and
+# processes also bound the whole sandbox together.
 # memory_limit_mib = 1024
 # file_size_limit_mib = 1024
 # process_limit = 256

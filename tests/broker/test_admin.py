@@ -12,6 +12,7 @@ from tests.harness.broker import SESSION, Brokerd, Client, admin, call, records,
 from tests.harness.homes import grant, write_grants, write_state
 
 from boxmaker import __version__
+from boxmaker.broker.cgroup_plan import NoCgroups
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.convert import new_call_id
@@ -43,6 +44,7 @@ async def test_status_reports_the_boot_head_and_counts(
         "pending": 0,
         "sessions": 0,
         "uptime_s": pytest.approx(3.0),
+        "sandbox_bounds": broker.sandboxes.bounds.describe(),
     }
     await call(home, tool_request("read_file", {"path": "x"}))
     assert (await admin(home, {"kind": "status"}))["sessions"] == 1
@@ -58,6 +60,18 @@ async def test_status_shows_a_grants_problem(
     assert status["grants_valid"] is False
     assert "grants.toml" in status["grants_problem"]
     assert "'a'" in status["grants_problem"]
+
+
+async def test_status_says_what_bounds_the_sandbox(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
+    # Where no cgroup can be had, the owner is told why and what still holds.
+    await brokerd.start(cgroups=lambda boot: NoCgroups("no cgroup file system is mounted"))
+    status = await admin(home, {"kind": "status"})
+    assert status["sandbox_bounds"] == (
+        "none: no cgroup file system is mounted; only the per-process limits (ulimit) "
+        "hold, not a total of memory or processes; see docs/runbook.md#sandbox-limits"
+    )
 
 
 async def test_sessions_lists_sessions_seen_with_their_state(

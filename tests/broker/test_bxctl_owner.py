@@ -163,6 +163,9 @@ async def test_status_and_sessions(
     assert status["down"] == ["model", "inferproxy", "loopd"]
     assert status["problem"] is None
     assert (status["boot"], status["pending"], status["sessions"]) == (broker.boot, 1, 1)
+    # What bounds the shell's sandbox (docs/runbook.md#sandbox-limits).
+    bounds = broker.sandboxes.bounds.describe()
+    assert status["sandbox_bounds"] == bounds
     assert status["daemons"] == {
         "model": False,
         "brokerd": True,
@@ -179,6 +182,7 @@ async def test_status_and_sessions(
     assert "True" not in out
     assert "None" not in out
     assert "ledger_usable  yes" in out
+    assert f"sandbox_bounds {bounds}" in out.splitlines()
     assert out.splitlines()[0] == (
         "daemons        model down, brokerd up, inferproxy down, loopd down"
     )

@@ -18,6 +18,8 @@ from typing import Final
 
 import trio
 
+from boxmaker.broker.cgroup_plan import CgroupPlan, HostProbe, plan_cgroups
+
 SANDBOX_UID: Final = 65534
 """The ordinary uid (and gid) that owns a test workspace when the tests run as root."""
 AS_ROOT: Final = os.geteuid() == 0
@@ -62,3 +64,18 @@ async def wait_gone(marker: str, within: float = 3.0) -> list[int]:
         while processes_with(marker):  # noqa: ASYNC110  (polling /proc: no event to wait on)
             await trio.sleep(0.02)
     return processes_with(marker)
+
+
+def _cgroups_here() -> bool:
+    """Can brokerd, run by these tests, give each sandbox a cgroup of its own here
+    (docs/runbook.md#sandbox-limits)? Decided as brokerd decides, without making one."""
+    try:
+        texts = [Path(name).read_text() for name in ("/proc/self/mountinfo", "/proc/self/cgroup")]
+    except OSError:
+        return False
+    plan = plan_cgroups(*texts, uid=os.geteuid(), probe=HostProbe())
+    return isinstance(plan, CgroupPlan) and (not AS_ROOT or shutil.which("setpriv") is not None)
+
+
+CGROUPS: Final = _cgroups_here()
+"""Each sandbox is in a cgroup of its own (as root on a machine with cgroups, as CI is)."""

@@ -352,6 +352,7 @@ async def _status(broker: Broker) -> StatusAnswer:
         pending=len(broker.table.live(trio.current_time())),
         sessions=len(broker.sessions),
         uptime_s=max(0.0, trio.current_time() - broker.started_at),
+        sandbox_bounds=broker.sandboxes.bounds.describe(),
     )
 
 

@@ -47,7 +47,10 @@ Choices made here (docs/decisions.md, "The runner and the sandbox", repeats them
   host knobs under /proc are read-only. The ``[runner]`` limits (memory, processes,
   file size, CPU time) hold for every process of the command; one that kills it
   (SIGXCPU, SIGXFSZ) is named in the ``tool_error`` detail, and a memory or fork
-  failure's stderr points at its limit (docs/runbook.md#sandbox-limits).
+  failure's stderr points at its limit (docs/runbook.md#sandbox-limits). Where brokerd
+  has cgroups, the memory limit (swap included) and the process limit also hold for
+  the sandbox as a whole; a process its OOM killer killed, or a fork it refused, is
+  named for certain (the kernel counted it), a kill even when the command exits 0.
 - ``http_get``: no redirect is followed (a 3xx is ``tool_error`` naming the Location,
   so the next URL goes through decide() again); a status of 400 or more is
   ``tool_error``; the body is capped after content decoding (no zip bombs); proxies and
@@ -90,6 +93,7 @@ import attrs
 import trio
 
 from boxmaker.broker.bwrap_version import bwrap_version_problem
+from boxmaker.broker.cgroups import Usage
 from boxmaker.broker.nowait import CachedFile, fd_real_path, read_cached_beneath
 from boxmaker.broker.sandbox import (
     LIMITS_FAILED,
@@ -763,10 +767,15 @@ def _launch(workspace: Path, runner: RunnerConfig) -> Launch | str:
     return Launch(sandbox_argv(bwrap, workspace, limits), user, limits)
 
 
-def _limit_detail(limits: SandboxLimits, returncode: int, stderr: str) -> str | None:
-    """What to say of a command that the sandbox's limits stopped, if they did: a
-    SIGXCPU or SIGXFSZ death names its limit; the memory and process limits only make a
-    call fail, and the command's own words are the hint."""
+def _limit_detail(limits: SandboxLimits, returncode: int, stderr: str, usage: Usage) -> str | None:
+    """What to say of a command that the sandbox's limits stopped, if they did: what its
+    cgroup counted (an OOM kill, a refused fork) and a SIGXCPU or SIGXFSZ death name
+    their limit; the per-process memory and process limits only make a call fail, and
+    the command's own words are the hint."""
+    memory = f"memory_limit_mib ({limits.memory >> 20} MiB)"
+    if usage.oom_kills:
+        who = "the command" if returncode != 0 else "a process of the command"
+        return f"{who} was killed: it exceeded [runner] {memory}"
     killed = {
         signal.SIGXCPU: f"cpu_time_limit ({limits.cpu_time} s)",
         signal.SIGXFSZ: f"file_size_limit_mib ({limits.file_size >> 20} MiB)",
@@ -774,13 +783,16 @@ def _limit_detail(limits: SandboxLimits, returncode: int, stderr: str) -> str | 
     for number, key in killed.items():
         if returncode in (128 + number, -number):
             return f"the command was killed ({number.name}): it exceeded [runner] {key}"
+    processes = f"process_limit ({limits.processes})"
+    if usage.forks_refused:
+        return f"the command reached [runner] {processes}: a new process was refused"
     hints = {
-        f"memory_limit_mib ({limits.memory >> 20} MiB)": (
+        memory: (
             "Cannot allocate memory",
             "MemoryError",
             "out of memory",
         ),
-        f"process_limit ({limits.processes})": (
+        processes: (
             "Cannot fork",
             "can't fork",
             "Resource temporarily unavailable",
@@ -801,6 +813,8 @@ async def _shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) -> 
         # A pool that is not running only ever sets up a sandbox for the call at hand.
         async with (sandboxes or SandboxPool()).sandbox(launch) as sandbox:
             run = await sandbox.run(command, time_limit=spec.time_limit, output_cap=spec.output_cap)
+    except SandboxRefused as refused:
+        return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, str(refused), spec.label)
     except OSError as exc:
         detail = f"bubblewrap (bwrap) could not be started: {_describe(exc)}; see {RUNBOOK_SANDBOX}"
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
@@ -808,14 +822,19 @@ async def _shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) -> 
         detail = f"killed after {spec.time_limit:g} s (the time limit)"
         return RunResult.failure(Reason.TIMEOUT, detail, spec.label)
     stderr = run.err.last_words()
-    if not run.ran or (run.returncode == LIMITS_FAILED and stderr.endswith(LIMITS_FAILED_WORDS)):
+    # An OOM kill (of bwrap's pid 1 too, when the victim) is the limit, never the set-up.
+    killed = run.usage.oom_kills > 0
+    set_up = run.ran and not (
+        run.returncode == LIMITS_FAILED and stderr.endswith(LIMITS_FAILED_WORDS)
+    )
+    if not set_up and not killed:
         detail = f"bubblewrap could not set up the sandbox: {stderr}; see {RUNBOOK_SANDBOX}"
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
-    if run.returncode != 0:
+    if run.returncode != 0 or killed:
         detail = f"exit status {run.returncode}"
         if run.err.total:
             detail += ": " + stderr
-        limit = _limit_detail(launch.limits, run.returncode or 0, stderr)
+        limit = _limit_detail(launch.limits, run.returncode or 0, stderr, run.usage)
         if limit is not None:
             detail = f"{limit} ({detail}); see {RUNBOOK_SANDBOX_LIMITS}"
         return RunResult.failure(Reason.TOOL_ERROR, detail, spec.label)

@@ -22,11 +22,15 @@ What the command is (docs/runbook.md#sandbox-as-root, #sandbox-limits): never ho
 — brokerd as root starts bwrap as an ordinary uid (:func:`sandbox_user`), and
 :meth:`Sandbox.start` refuses uid 0 — with no capabilities, under a seccomp filter that
 keeps setuid/setgid bits off its files (seccomp.py), with /proc/sys and the other host
-knobs under /proc read-only, and under the resource limits the launcher sets before it
-execs the command. bwrap starts with an empty environment and its options in a pipe
-(``--args``): its /proc entries, readable as the sandbox's pid 1, show neither
-brokerd's environment nor host paths. (The workspace's host path still shows in the
-sandbox's /proc/self/mountinfo, as the root of its bind mount.)
+knobs under /proc read-only, under the resource limits the launcher sets before it
+execs the command, and, where brokerd can have cgroups (cgroups.py), in a cgroup of its
+own that bounds the memory and tasks of the whole sandbox: bwrap's first process joins
+it before it execs bwrap (:data:`JOINER`), so everything of the sandbox is in it, and
+:meth:`Sandbox.close` kills what is left in it and removes it. bwrap starts with an
+empty environment and its options in a pipe (``--args``): its /proc entries, readable
+as the sandbox's pid 1, show neither brokerd's environment nor host paths. (The
+workspace's host path still shows in the sandbox's /proc/self/mountinfo, as the root
+of its bind mount.)
 """
 
 from __future__ import annotations
@@ -46,6 +50,15 @@ import attrs
 import orjson
 import trio
 
+from boxmaker.broker.cgroup_plan import RUNBOOK
+from boxmaker.broker.cgroups import (
+    UNBOUNDED,
+    CgroupError,
+    CgroupTree,
+    SandboxBounds,
+    SandboxCgroup,
+    Usage,
+)
 from boxmaker.broker.seccomp import filter_program
 
 logger = logging.getLogger("boxmaker.brokerd.sandbox")
@@ -77,6 +90,8 @@ LAUNCHER: Final = (
 )
 """What a sandbox starts with: it waits for its command on stdin, then becomes
 ``/bin/sh -c COMMAND`` with stdin on /dev/null."""
+CGROUP_REMOVE_S: Final = 2.0
+"""Seconds :meth:`Sandbox.close` tries to remove the sandbox's cgroup; then it logs."""
 NOT_ROOT_DETAIL: Final = "the sandbox never runs as host root (uid 0)"
 NOT_ROOT_GROUP_DETAIL: Final = "the sandbox never runs in the host's root group (gid 0)"
 
@@ -105,7 +120,8 @@ class SandboxLimits:
     memory: int
     """Bytes of address space (RLIMIT_AS; ``ulimit -v``, KiB)."""
     processes: int
-    """Processes of the sandbox's uid in its user namespace (RLIMIT_NPROC)."""
+    """Processes of the sandbox's uid in its user namespace (RLIMIT_NPROC), and, with a
+    cgroup, the tasks of the whole sandbox, bwrap's two included (``pids.max``)."""
     file_size: int
     """Bytes of the largest file a command may write (RLIMIT_FSIZE; ``ulimit -f``, in
     POSIX's 512-byte blocks: /bin/sh is always started as ``sh``, so bash is in POSIX
@@ -288,6 +304,8 @@ class ShellRun:
     returncode: int | None
     out: Capture
     err: Capture
+    usage: Usage = attrs.field(factory=Usage)
+    """What the sandbox's cgroup counted (nothing without one)."""
 
     def content(self, cap: int) -> str:
         """stdout, then stderr after a ``[stderr]`` line when there is any, cut at ``cap``
@@ -362,6 +380,8 @@ class Sandbox:
     _outputs: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream, trio.lowlevel.FdStream]
     """stdout, stderr and bwrap's ``--json-status-fd``."""
     started_at: float
+    cgroup: SandboxCgroup | None = None
+    """Its own cgroup, when brokerd has cgroups (:class:`SandboxBounds`)."""
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -369,7 +389,11 @@ class Sandbox:
 
     @classmethod
     def start(
-        cls, launch: Launch, *, seccomp_filter: Callable[[], bytes | None] = filter_program
+        cls,
+        launch: Launch,
+        *,
+        bounds: SandboxBounds = UNBOUNDED,
+        seccomp_filter: Callable[[], bytes | None] = filter_program,
     ) -> Sandbox:
         """Start bwrap for ``launch``. Raises OSError when it cannot be started, and
         when it would run as root. Call from the trio thread, never a worker thread:
@@ -381,7 +405,12 @@ class Sandbox:
         bwrap starts with an empty environment (the sandbox's pid 1 is bwrap's child,
         and its /proc/1/environ is readable inside) and finds its options, host paths
         included, in a pipe (``--args``), so its command line shows none of them. The
-        filter is ``seccomp_filter()``: the host architecture's (a test passes another)."""
+        filter is ``seccomp_filter()``: the host architecture's (a test passes another).
+
+        With cgroups (``bounds``), a new cgroup is made with the launch's limits and the
+        sandbox starts in it (:data:`JOINER`); as root, the uid changes after joining,
+        by setpriv. Raises SandboxRefused when the cgroup cannot be made or setpriv is
+        missing: the sandbox never starts without the bound brokerd reports."""
         user = launch.user
         if (user.uid if user is not None else os.geteuid()) == 0:
             raise OSError(errno.EPERM, NOT_ROOT_DETAIL)
@@ -393,6 +422,14 @@ class Sandbox:
                 errno.ENOSYS,
                 "no seccomp filter for this architecture (only x86_64 and aarch64)",
             )
+        if bounds.refusal is not None:
+            raise SandboxRefused(bounds.refusal)
+        try:
+            cgroup = bounds.cgroup(memory=launch.limits.memory, processes=launch.limits.processes)
+        except CgroupError as exc:
+            raise SandboxRefused(
+                f"the sandbox's cgroup could not be made: {exc.strerror}; see {RUNBOOK}"
+            ) from None
         opened: list[int] = []
         pipes: list[tuple[int, int]] = []
         try:
@@ -406,8 +443,14 @@ class Sandbox:
             opened.append(_filled_pipe(seccomp))
             fds = {"seccomp": opened[0], "status": status_write}
             opened.append(_filled_pipe(_launch_args(launch, fds)))
+            argv = [launch.argv[0], "--args", str(opened[1]), *launch.argv[-3:]]
+            # With a cgroup the uid changes after joining (setpriv), not in Popen.
+            become = user if cgroup is None else None
+            if cgroup is not None:
+                ids = None if user is None else (user.uid, user.gid)
+                argv = bounds.joined_argv(cgroup, argv, ids)
             process = subprocess.Popen(
-                [launch.argv[0], "--args", str(opened[1]), *launch.argv[-3:]],
+                argv,
                 stdin=command_read,
                 stdout=out_write,
                 stderr=err_write,
@@ -417,9 +460,9 @@ class Sandbox:
                 # a second setsid here measurably slowed every call.
                 process_group=0,
                 pass_fds=(*opened, status_write),
-                user=None if user is None else user.uid,
-                group=None if user is None else user.gid,
-                extra_groups=None if user is None else [],
+                user=None if become is None else become.uid,
+                group=None if become is None else become.gid,
+                extra_groups=None if become is None else [],
             )
         except BaseException:
             for read_end, write_end in pipes:
@@ -427,6 +470,8 @@ class Sandbox:
                 os.close(write_end)
             for fd in opened:
                 os.close(fd)
+            if cgroup is not None:
+                cgroup.remove()
             raise
         for fd in (command_read, out_write, err_write, status_write, *opened):
             os.close(fd)
@@ -437,6 +482,7 @@ class Sandbox:
             trio.lowlevel.FdStream(pipes[0][1]),
             (out, err, status),
             trio.current_time(),
+            cgroup,
         )
 
     def usable(self, launch: Launch, now: float) -> bool:
@@ -462,18 +508,23 @@ class Sandbox:
                     await self._command_in.send_all(os.fsencode(command) + b"\n")
                 await self._command_in.aclose()
             await _wait(self.process)
+        # bwrap has exited, and its pid namespace with it: the counts are final.
+        usage = Usage() if self.cgroup is None else self.cgroup.usage()
         return ShellRun(
             timed_out=scope.cancelled_caught,
             ran=_command_ran(bytes(status.head)),
             returncode=self.process.returncode,
             out=out,
             err=err,
+            usage=usage,
         )
 
     async def close(self) -> None:
-        """Kill what is left of the sandbox, reap bwrap, close the pipes. Shielded: it
-        runs on every way out, cancellation included."""
+        """Kill what is left of the sandbox, reap bwrap, close the pipes, remove its
+        cgroup. Shielded: it runs on every way out, cancellation included."""
         with trio.CancelScope(shield=True):
+            if self.cgroup is not None:
+                self.cgroup.kill()
             # bwrap leads its own process group (process_group=0); killing it takes the
             # sandbox's pid 1 with it (--die-with-parent), and the pid namespace dies
             # with that. poll() first: an unreaped pid cannot have been reused.
@@ -483,6 +534,24 @@ class Sandbox:
             await _wait(self.process)
             for stream in (self._command_in, *self._outputs):
                 await stream.aclose()
+            if self.cgroup is not None:
+                await _remove_cgroup(self.cgroup)
+
+
+async def _remove_cgroup(cgroup: SandboxCgroup) -> None:
+    """Kill and rmdir until the cgroup is gone (a dying process keeps it busy a moment),
+    for CGROUP_REMOVE_S at most; one that stays is logged, never raised."""
+    deadline = trio.current_time() + CGROUP_REMOVE_S
+    pause = 0.001
+    while (failure := cgroup.remove()) is not None:
+        if failure.errno != errno.EBUSY or trio.current_time() >= deadline:
+            logger.warning(
+                "the sandbox's cgroup %s could not be removed: %s", cgroup.memory, failure.strerror
+            )
+            return
+        cgroup.kill()
+        await trio.sleep(pause)
+        pause = min(2 * pause, 0.05)
 
 
 class SandboxPool:
@@ -491,10 +560,12 @@ class SandboxPool:
     :meth:`run` is brokerd's task that starts sandboxes (from the trio thread, see
     :meth:`Sandbox.start`) and tears down unused ones. Nothing is set up before the first
     shell call, whose Launch the pool then keeps using; without :meth:`run` every call
-    sets up its own sandbox.
+    sets up its own sandbox. ``bounds``: each sandbox's cgroup (brokerd's, made at its
+    start); :meth:`run` removes its subtree when it ends.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: SandboxBounds = UNBOUNDED) -> None:
+        self.bounds = bounds
         self._warm: Sandbox | None = None
         self._wanted: Launch | None = None
         self._retired: list[Sandbox] = []
@@ -508,8 +579,9 @@ class SandboxPool:
     @contextlib.asynccontextmanager
     async def sandbox(self, launch: Launch) -> AsyncIterator[Sandbox]:
         """A sandbox for one call with ``launch``: the warm one when it is usable, else
-        a new one (OSError when bwrap cannot be started). Torn down on the way out."""
-        sandbox = self._take(launch) or Sandbox.start(launch)
+        a new one (OSError when bwrap cannot be started, SandboxRefused when it may not).
+        Torn down on the way out."""
+        sandbox = self._take(launch) or Sandbox.start(launch, bounds=self.bounds)
         try:
             yield sandbox
         finally:
@@ -538,8 +610,8 @@ class SandboxPool:
                     await self._retired.pop().close()
                 if self._wanted is not None and self._warm is None:
                     try:
-                        self._warm = Sandbox.start(self._wanted)
-                    except OSError as exc:
+                        self._warm = Sandbox.start(self._wanted, bounds=self.bounds)
+                    except (OSError, SandboxRefused) as exc:
                         # The call that needs it will start its own and report why.
                         logger.debug("no sandbox set up ahead: %s", exc)
         finally:
@@ -547,3 +619,5 @@ class SandboxPool:
             for sandbox in ([warm] if warm else []) + self._retired:
                 await sandbox.close()
             self._retired.clear()
+            if isinstance(self.bounds.cgroups, CgroupTree):
+                self.bounds.cgroups.remove()

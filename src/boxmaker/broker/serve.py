@@ -43,7 +43,10 @@ from boxmaker import __version__, state_files
 from boxmaker.broker import runner
 from boxmaker.broker.accept import serve_capped
 from boxmaker.broker.admin import handle_admin_connection
+from boxmaker.broker.cgroup_plan import NoCgroups
+from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.connection import handle_broker_connection
+from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.broker.state import (
     Broker,
     Executor,
@@ -146,6 +149,7 @@ async def serve_broker(
     execute: Executor = runner.execute,
     raise_state: StateRaiser = state_files.raise_state,
     to_thread: ToThread = WORKER_THREAD,
+    cgroups: Callable[[str], CgroupTree | NoCgroups] = find_cgroups,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -158,7 +162,8 @@ async def serve_broker(
     found to reach the home while serving stops brokerd, which then raises ConfigError.
     The seams tests pass their own of: ``grants_watcher`` (a slow one), ``execute`` (a
     slow run), ``raise_state`` (a state that cannot be raised) and ``to_thread`` (every
-    blocking step run inline, so the autojump clock stays exact; :mod:`boxmaker.threads`).
+    blocking step run inline, so the autojump clock stays exact; :mod:`boxmaker.threads`)
+    and ``cgroups`` (what bounds each sandbox, made for the boot: cgroups.py).
     """
     prepared = await to_thread(
         functools.partial(
@@ -177,6 +182,13 @@ async def serve_broker(
         await writer.aclose()
         raise
     boot = new_boot_id()
+    bounds = SandboxBounds(await to_thread(cgroups, boot))
+    # Once per start: what bounds the shell's sandbox (bxctl status shows it too).
+    log.log(
+        logging.INFO if bounds.bounded and bounds.refusal is None else logging.WARNING,
+        "sandbox bounds: %s",
+        bounds.describe(),
+    )
     policy = PolicyRecorder(writer, boot, policies_dir(home.audit_log), to_thread=to_thread)
     broker = Broker(
         home=home,
@@ -197,6 +209,7 @@ async def serve_broker(
         execute=execute,
         raise_state=raise_state,
         to_thread=to_thread,
+        sandboxes=SandboxPool(bounds),
     )
     try:
         async with trio.open_nursery() as nursery:

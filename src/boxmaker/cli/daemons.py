@@ -20,6 +20,7 @@ a reused pid ever gets a stranger signalled.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import select
@@ -34,8 +35,10 @@ from pathlib import Path
 from typing import Final, Literal
 
 import attrs
+import trio
 
 from boxmaker.broker.bwrap_version import bwrap_version_problem
+from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.daemon import NOT_RELOADED, RELOADED
@@ -44,6 +47,7 @@ from boxmaker.home import Config, ConfigError, Home, HomeError, load_config
 from boxmaker.model.serve import ModelUnavailable, check_installed
 from boxmaker.printable import printable
 from boxmaker.regular_file import open_regular_file
+from boxmaker.wire import StatusAnswer, StatusRequest
 
 START_S: Final = 30.0
 STOP_S: Final = 15.0
@@ -197,6 +201,25 @@ def _bwrap_problem() -> Problem | None:
         f"bubblewrap ({bwrap}) cannot create its sandbox here: {said}",
         "docs/runbook.md#sandbox",
         Exit.FAILED,
+    )
+
+
+def _sandbox_bounds_warning(home: Home) -> str | None:
+    """A warning when brokerd (running) says nothing bounds each shell sandbox as a
+    whole: no cgroup could be had, and only the per-process limits hold
+    (docs/runbook.md#sandbox-limits). Not a problem: the shell still runs."""
+    # In a trio run of its own, on a thread: `bxctl demo` calls up from inside its run.
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        asked = thread.submit(lambda: trio.run(ask_broker, home, StatusRequest()))
+    try:
+        answer = asked.result()
+    except DaemonUnreachable:
+        return None
+    if not isinstance(answer, StatusAnswer) or answer.sandbox_bounds.startswith("cgroup"):
+        return None
+    return (
+        "warning: no cgroup bounds the shell sandbox's memory and processes as a whole: "
+        f"{answer.sandbox_bounds}"
     )
 
 
@@ -410,6 +433,10 @@ def _up(home: Home, config: Config, common: Common) -> Exit:
         return fail(str(exc))
     result = start_all(home, config)
     found = where(home, config)
+    if result.failed is None:
+        warning = _sandbox_bounds_warning(home)
+        if warning is not None:
+            fail(warning)
     if common.json:
         data: dict[str, object] = {"daemons": result.report}
         if result.failed is None:

@@ -167,6 +167,9 @@ class StatusAnswer:
     pending: int = attrs.field(validator=non_negative)
     sessions: int = attrs.field(validator=non_negative)
     uptime_s: float = attrs.field(validator=non_negative)
+    sandbox_bounds: str
+    """What bounds the shell's sandbox as a whole: "cgroup v1: memory+swap, pids",
+    "cgroup v2: …", or "none: why" (docs/runbook.md#sandbox-limits)."""
 
 
 @attrs.frozen(kw_only=True)
