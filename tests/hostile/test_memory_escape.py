@@ -34,7 +34,7 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.sandbox import CGROUPS, sandbox_workspace
 
 from boxmaker.broker.cgroup_plan import NoCgroups
-from boxmaker.cli.daemons import _sandbox_bounds_warning
+from boxmaker.cli.daemons import sandbox_bounds_warning
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -63,7 +63,7 @@ async def owner_is_told(home: Home) -> None:
     """No cgroup here: status and ``bxctl up`` say so, naming the runbook."""
     async with running(home):
         status = await admin(home, {"kind": "status"})
-        warning = await trio.to_thread.run_sync(_sandbox_bounds_warning, home)
+        warning = await trio.to_thread.run_sync(sandbox_bounds_warning, home)
     bounds: str = status["sandbox_bounds"]
     assert bounds.startswith(("none: ", "refused: ")), bounds
     assert bounds.endswith("see docs/runbook.md#sandbox-limits") or "#sandbox-limits" in bounds
@@ -240,7 +240,7 @@ async def test_without_a_cgroup_the_owner_is_told_and_the_per_process_limits_hol
     with trio.fail_after(LIMIT):
         async with running(home, cgroups=lambda boot: NoCgroups(why)):
             status = await admin(home, {"kind": "status"})
-            warning = await trio.to_thread.run_sync(_sandbox_bounds_warning, home)
+            warning = await trio.to_thread.run_sync(sandbox_bounds_warning, home)
             [answer] = await call(home, tool_request("shell", {"command": MEMFD}))
     bounds = (
         f"none: {why}; only the per-process limits (ulimit) hold, not a total of memory "
@@ -262,6 +262,6 @@ async def test_with_a_cgroup_the_owner_is_not_warned(home: Home, ws: Path) -> No
     with trio.fail_after(LIMIT):
         async with running(home):
             status = await admin(home, {"kind": "status"})
-            warning = await trio.to_thread.run_sync(_sandbox_bounds_warning, home)
+            warning = await trio.to_thread.run_sync(sandbox_bounds_warning, home)
     assert status["sandbox_bounds"].startswith("cgroup v"), status
     assert warning is None

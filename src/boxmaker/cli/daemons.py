@@ -20,7 +20,6 @@ a reused pid ever gets a stranger signalled.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 import select
@@ -204,15 +203,14 @@ def _bwrap_problem() -> Problem | None:
     )
 
 
-def _sandbox_bounds_warning(home: Home) -> str | None:
+def sandbox_bounds_warning(home: Home) -> str | None:
     """A warning when brokerd (running) says nothing bounds each shell sandbox as a
     whole: no cgroup could be had, and only the per-process limits hold
     (docs/runbook.md#sandbox-limits). Not a problem: the shell still runs."""
-    # In a trio run of its own, on a thread: `bxctl demo` calls up from inside its run.
-    with concurrent.futures.ThreadPoolExecutor(1) as thread:
-        asked = thread.submit(lambda: trio.run(ask_broker, home, StatusRequest()))
+    # up is a plain function, never called on a trio thread (`bxctl demo` runs it in a
+    # worker thread): one trio run of its own for one question.
     try:
-        answer = asked.result()
+        answer = trio.run(ask_broker, home, StatusRequest())
     except DaemonUnreachable:
         return None
     if not isinstance(answer, StatusAnswer) or answer.sandbox_bounds.startswith("cgroup"):
@@ -434,7 +432,7 @@ def _up(home: Home, config: Config, common: Common) -> Exit:
     result = start_all(home, config)
     found = where(home, config)
     if result.failed is None:
-        warning = _sandbox_bounds_warning(home)
+        warning = sandbox_bounds_warning(home)
         if warning is not None:
             fail(warning)
     if common.json:

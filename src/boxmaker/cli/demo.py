@@ -16,6 +16,7 @@ The model is tiny (SmolLM2-135M): it writes a proper tool call only with help â€
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -152,7 +153,8 @@ async def demo(*, yes: bool = False, keep: bool = False, home: str | None = None
             _prepare(where)
         except (HomeError, OSError) as exc:
             return fail(f"{root}: cannot prepare the demo's home: {exc}")
-        code = up(common=common)
+        # up waits on the daemons' sockets, blocking: off the trio thread.
+        code = await trio.to_thread.run_sync(functools.partial(up, common=common))
         if code is not Exit.DONE:
             return code
         print(f"\nyou> {QUESTION}")
