@@ -9,19 +9,31 @@ interpreter may live under a 0700 home), the project and its test dependencies
 installed there, then ``pytest ARGS`` run as ``--uid`` (default 65534) with a clean
 environment. It exits with pytest's status.
 
+Where root's cgroups allow it (v1 memory and pids hierarchies, as on this project's
+machines), the run gets a subtree of its own delegated to that uid — what an owner gets
+from their service manager (docs/runbook.md#sandbox-limits) — so brokerd run by the
+tests as that user bounds each sandbox through it; elsewhere the tests assert that the
+owner is told nothing bounds it.
+
     python tools/run_as_user.py tests/hostile
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
+from typing import Final
+
+from boxmaker.broker.cgroup_plan import CgroupPlan, HostProbe, plan_cgroups
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("src", "tests", "docs", "tools", "pyproject.toml", "README.md")
@@ -56,6 +68,52 @@ def _as_user(uid: int, argv: list[str], env: dict[str, str]) -> list[str]:
         *settings,
         *argv,
     ]
+
+
+DELEGATED_FILES: Final = ("cgroup.procs", "tasks")
+"""The files of a v1 cgroup its delegate must own besides the directory."""
+
+
+def _delegate(uid: int, name: str) -> list[Path]:
+    """A cgroup of root's own, per v1 hierarchy, owned by ``uid``: the directories made
+    (none where there is no v1 plan for root here)."""
+    texts = [Path(f).read_text() for f in ("/proc/self/mountinfo", "/proc/self/cgroup")]
+    plan = plan_cgroups(*texts, uid=0, probe=HostProbe())
+    if not isinstance(plan, CgroupPlan) or plan.version != 1:
+        print(f"run_as_user: no cgroup delegated to uid {uid}: {plan}")
+        return []
+    made: list[Path] = []
+    for hierarchy in plan.hierarchies:
+        directory = hierarchy.own / name
+        directory.mkdir()
+        made.append(directory)
+        for item in (directory, *(directory / f for f in DELEGATED_FILES)):
+            os.chown(item, uid, uid)
+    return made
+
+
+def _remove_delegated(made: list[Path]) -> None:
+    """Kill what is left in the delegated subtrees, then remove them, innermost first."""
+    for top in made:
+        for _ in range(100):
+            inner = sorted((Path(d) for d, _, _ in os.walk(top)), key=lambda p: -len(p.parts))
+            for directory in inner:
+                for pid in (directory / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            if not top.exists():
+                break
+            time.sleep(0.05)
+
+
+def _joined(cgroups: list[Path], argv: list[str]) -> list[str]:
+    """``argv`` started inside ``cgroups`` (root writes the pid, then execs)."""
+    if not cgroups:
+        return argv
+    join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+    return ["/bin/sh", "-c", join, "sh", *(str(c / "cgroup.procs") for c in cgroups), "--", *argv]
 
 
 def main() -> int:
@@ -102,10 +160,13 @@ def main() -> int:
             "TMPDIR": "/tmp",
         }
         command = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
-        print(f"run_as_user: pytest as uid {uid} with {python}", flush=True)
-        done = subprocess.run(
-            _as_user(uid, [*command, *args.pytest_args], env), cwd=tree, check=False
-        )
+        delegated = _delegate(uid, base.name)
+        try:
+            print(f"run_as_user: pytest as uid {uid} with {python}", flush=True)
+            argv = _joined(delegated, _as_user(uid, [*command, *args.pytest_args], env))
+            done = subprocess.run(argv, cwd=tree, check=False)
+        finally:
+            _remove_delegated(delegated)
         return done.returncode
     finally:
         shutil.rmtree(base, ignore_errors=True)

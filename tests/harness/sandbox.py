@@ -78,4 +78,5 @@ def _cgroups_here() -> bool:
 
 
 CGROUPS: Final = _cgroups_here()
-"""Each sandbox is in a cgroup of its own (as root on a machine with cgroups, as CI is)."""
+"""Each sandbox is in a cgroup of its own (as root on a machine with cgroups, as CI is, or
+as a user with a subtree delegated to it, as tools/run_as_user.py gives one)."""
