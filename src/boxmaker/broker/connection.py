@@ -229,7 +229,10 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
                 command = broker.pending.ending(entry.approval)
                 while command is None:
                     with broker.pending.deadline(entry):
-                        await requester.hang_up()
+                        # Requester.hang_up's loop, inline: one frame less a waiting call.
+                        await trio.lowlevel.wait_readable(stream.socket)
+                        while not requester.left():
+                            await trio.lowlevel.wait_readable(stream.socket)
                         broker.pending.end(entry.approval, machine.RequesterGone())
                     command = broker.pending.woke(entry, trio.current_time())
                 del entry
