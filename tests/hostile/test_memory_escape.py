@@ -209,6 +209,21 @@ async def test_many_processes_each_under_the_limit_are_bounded_together(
     assert usage.oom_kills >= 1
 
 
+PAGE_CACHE = "head -c 41943040 /dev/zero > written && echo wrote 40 MiB"
+
+
+@bounded
+@pytest.mark.usefixtures("ws")
+async def test_the_page_cache_of_what_the_command_writes_is_the_sandboxs(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 40 MiB written to a workspace file: its pages in the page cache are charged to the
+    # sandbox's cgroup (reclaimable, so under the limit the command is not killed).
+    answer = await shell(home, PAGE_CACHE, caplog)
+    assert (answer["outcome"], answer["content"]) == ("ok", "wrote 40 MiB\n"), answer
+    assert counted(caplog).peak >= 32 * MIB
+
+
 CHAIN = (
     # Each process forks the next and waits for it, so one fork is in flight at a time:
     # concurrent forks can make RLIMIT_NPROC, counted before pids.max, refuse first.
