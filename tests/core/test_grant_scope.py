@@ -21,7 +21,15 @@ from boxmaker.core.catalogue import (
     check_arguments,
 )
 from boxmaker.core.decide import CheckedRequest, Run, decide
-from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, grant_of, parse_duration
+from boxmaker.core.grant_scope import (
+    Asked,
+    Scope,
+    ScopeProblem,
+    always_grant,
+    asked,
+    grant_of,
+    parse_duration,
+)
 from boxmaker.core.grants import (
     Grant,
     GrantSet,
@@ -703,3 +711,46 @@ def test_no_grant_names_a_host_that_is_not_one_exact_host() -> None:
         assert problem == ScopeProblem(
             f"the host {arguments.destination.host[:100]!r} is not one exact host; approve it once"
         )
+
+
+# --- what approve-always starts from (brokerd's approve and bxctl's confirmation) -----
+
+
+def _grant_set(*grants: Grant) -> GrantSet:
+    return GrantSet(grants)
+
+
+def test_asked_finds_the_grant_that_asked_and_checks_the_arguments_again() -> None:
+    other, asking = _asking("shell"), Grant("notes", "read_file", Mode.ASK)
+    found = asked(
+        _grant_set(other, asking),
+        grant="notes",
+        tool="read_file",
+        arguments={"path": "./a/../notes.txt"},
+        workspace="/w",
+    )
+    assert found == Asked(asking, _arguments("read_file", "notes.txt"))
+
+
+def test_asked_says_why_no_grant_can_be_made() -> None:
+    refused = check_arguments("read_file", {"path": "/elsewhere/notes.txt"}, workspace="/w")
+    assert isinstance(refused, ArgumentProblem)
+    problem = GrantsProblem("grants.toml", None, "tool", "unknown tool 'x'")
+    arguments = {"path": "notes.txt"}
+    assert asked(
+        problem, grant="notes", tool="read_file", arguments=arguments, workspace="/w"
+    ) == ScopeProblem(f"grants.toml is invalid: {problem.describe()}")
+    assert asked(
+        _grant_set(_asking("read_file")),
+        grant="notes",
+        tool="read_file",
+        arguments=arguments,
+        workspace="/w",
+    ) == ScopeProblem("grant notes, which asked, is no longer in grants.toml")
+    assert asked(
+        _grant_set(Grant("notes", "read_file", Mode.ASK)),
+        grant="notes",
+        tool="read_file",
+        arguments={"path": "/elsewhere/notes.txt"},
+        workspace="/w",
+    ) == ScopeProblem(refused.detail)

@@ -45,8 +45,7 @@ from boxmaker.core.call import (
     NotRecorded,
     late_owner_answer,
 )
-from boxmaker.core.catalogue import ArgumentProblem, check_arguments
-from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, grant_of
+from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked, grant_of
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
 from boxmaker.core.state import StateUnreadable
@@ -286,20 +285,20 @@ async def _write_always(broker: Broker, request: Approve) -> str | ErrorFrame:
             request.approval, earlier or broker.pending.earlier_end(request.approval)
         )
         return _error(ErrorCode(code), detail)
-    grants = await broker.grants.current()
-    if isinstance(grants, GrantsProblem):
-        return _not_written(f"grants.toml is invalid: {grants.describe()}")
-    asking = next((g for g in grants.grants if g.id == entry.grant.id), None)
-    if asking is None:
-        return _not_written(f"grant {entry.grant.id}, which asked, is no longer in grants.toml")
-    checked = check_arguments(entry.tool, entry.arguments, workspace=str(broker.workspace))
-    if isinstance(checked, ArgumentProblem):  # pragma: no cover - they were checked to ask
-        return _not_written(checked.detail)
+    found = asked(
+        await broker.grants.current(),
+        grant=entry.grant.id,
+        tool=entry.tool,
+        arguments=entry.arguments,
+        workspace=str(broker.workspace),
+    )
+    if isinstance(found, ScopeProblem):
+        return _not_written(found.message)
     fields = always_grant(
         approval=entry.approval,
         call=entry.call,
-        arguments=checked,
-        asking=asking,
+        arguments=found.arguments,
+        asking=found.asking,
         scope=Scope(always.scope),
         lasting=None if always.for_s is None else dt.timedelta(seconds=always.for_s),
         owner=owner_name(broker.owner_uid),

@@ -29,9 +29,8 @@ import trio
 from boxmaker.broker.admin import owner_name
 from boxmaker.cli.terminal import OwnerTerminal
 from boxmaker.clock import local_time, utc_now
-from boxmaker.core.catalogue import FILE_TOOLS, ArgumentProblem, CheckedArguments, check_arguments
-from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant
-from boxmaker.core.grants import GrantsProblem
+from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
+from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked
 from boxmaker.core.hosts import DEFAULT_PORTS
 from boxmaker.grants_edit import grant_text
 from boxmaker.grants_file import read_grants
@@ -109,20 +108,21 @@ def always_grant_for(home: Home, entry: ApprovalView) -> AlwaysGrant | ScopeProb
         return ScopeProblem(f"{exc}; see docs/runbook.md#config")
     # The workspace's real path, as brokerd resolves it at start (broker/serve.py).
     workspace = str(Path(os.path.realpath(config.workspace)))
-    grants = read_grants(home.grants_toml).value
-    if isinstance(grants, GrantsProblem):
-        return ScopeProblem(f"grants.toml is invalid: {grants.describe()}")
-    asking = next((grant for grant in grants.grants if grant.id == entry.grant.id), None)
-    if asking is None:
-        return ScopeProblem(f"grant {entry.grant.id}, which asked, is no longer in grants.toml")
-    checked = check_arguments(entry.tool, entry.arguments, workspace=workspace)
-    if isinstance(checked, ArgumentProblem):
-        return ScopeProblem(checked.detail)
+    found = asked(
+        read_grants(home.grants_toml).value,
+        grant=entry.grant.id,
+        tool=entry.tool,
+        arguments=entry.arguments,
+        workspace=workspace,
+    )
+    if isinstance(found, ScopeProblem):
+        return found
+    checked = found.arguments
     fields = always_grant(
         approval=entry.approval,
         call=entry.call,
         arguments=checked,
-        asking=asking,
+        asking=found.asking,
         scope=Scope.EXACT,
         lasting=None,
         owner=owner_name(os.getuid()),

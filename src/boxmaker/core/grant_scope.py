@@ -26,15 +26,17 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 
 from boxmaker.core import durations
-from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
+from boxmaker.core.catalogue import FILE_TOOLS, ArgumentProblem, CheckedArguments, check_arguments
 from boxmaker.core.grants import (
     GRANT_ID,
     Grant,
+    GrantSet,
     GrantsProblem,
     Mode,
     grants_from_document,
@@ -133,6 +135,37 @@ def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, list[str]]
         )
     host = f"[{destination.host}]" if address else destination.host
     return {"hosts": [f"{host}:{destination.port}"]}
+
+
+@attrs.frozen
+class Asked:
+    """What an approve-always's grant is made from: the grant that asked, as grants.toml
+    says it now, and the call's arguments checked again."""
+
+    asking: Grant
+    arguments: CheckedArguments
+
+
+def asked(
+    grants: GrantSet | GrantsProblem,
+    *,
+    grant: str,
+    tool: str,
+    arguments: Mapping[str, Any],
+    workspace: str,
+) -> Asked | ScopeProblem:
+    """The grant ``grant`` that asked for a waiting call of ``tool`` with ``arguments``,
+    and those arguments checked in ``workspace`` (a real path); or why no grant can be
+    made from them. brokerd's approve and bxctl's confirmation both start here."""
+    if isinstance(grants, GrantsProblem):
+        return ScopeProblem(f"grants.toml is invalid: {grants.describe()}")
+    asking = next((each for each in grants.grants if each.id == grant), None)
+    if asking is None:
+        return ScopeProblem(f"grant {grant}, which asked, is no longer in grants.toml")
+    checked = check_arguments(tool, dict(arguments), workspace=workspace)
+    if isinstance(checked, ArgumentProblem):
+        return ScopeProblem(checked.detail)
+    return Asked(asking, checked)
 
 
 def always_grant(
