@@ -7,7 +7,7 @@ brokerd sent them.
 A diff hides what a terminal does not draw. On top of
 :func:`~boxmaker.printable.printable` (controls, ``\r`` and NUL among them, tabs,
 format characters such as zero-width and bidi controls, separators), a line of the
-change shows escaped, as ``\uXXXX``:
+change shows escaped, as ``\u`` and four hex digits (``\u00a0``):
 
 - spaces other than U+0020 (no-break, en, ideographic …), private-use and unassigned
   characters, and the invisible characters Unicode says to ignore that are not format
