@@ -726,9 +726,10 @@ def test_asked_finds_the_grant_that_asked_and_checks_the_arguments_again() -> No
         _grant_set(other, asking),
         grant="notes",
         tool="read_file",
-        arguments={"path": "./a/../notes.txt"},
+        arguments={"path": "/w/a/../notes.txt"},
         workspace="/w",
     )
+    # An absolute path inside the workspace is checked against it: the workspace counts.
     assert found == Asked(asking, _arguments("read_file", "notes.txt"))
 
 
