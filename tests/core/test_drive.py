@@ -160,7 +160,7 @@ def test_an_ask_returns_at_the_wait_and_resumes_with_its_ending() -> None:
     assert call.phase is Phase.WAITING
     ports.log.clear()
     ports.endings = [ev.OwnerRefused("not now")]
-    assert step(resume(call, waiting, ports)) is None
+    assert step(resume(call, waiting.entry, ports)) is None
     assert ports.log == [
         ("ending", ev.OwnerRefused("not now")),
         ("record", "Approval"),
@@ -175,7 +175,7 @@ def test_resuming_before_an_ending_was_delivered_is_a_driver_bug() -> None:
     waiting = step(drive(call, ev.Decided(verdict("ask")), ports))
     assert waiting is not None
     with pytest.raises(NothingDelivered) as raised:
-        step(resume(call, waiting, ports))
+        step(resume(call, waiting.entry, ports))
     assert str(raised.value) == "approval a-00000001: resumed with no ending"
     assert call.phase is Phase.WAITING
 

@@ -255,7 +255,7 @@ class CallMachine(RuleBasedStateMachine):
         assert self.pending.waiters[model.entry.approval].command == command  # type: ignore[union-attr]
         wait = model.wait
         assert wait is not None
-        self._waits(model, step(resume(model.call, wait, MemoryPorts(self, model))))
+        self._waits(model, step(resume(model.call, wait.entry, MemoryPorts(self, model))))
 
     def _end(self, model: Model, command: Command, *, now: float | None = None) -> bool:
         entry = model.entry

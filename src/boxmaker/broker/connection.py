@@ -242,6 +242,7 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
             # deadline (this scope's; the table's boundary then takes the expiry). No
             # timer, no wake-up while nothing happens.
             entry = waiting.entry
+            del waiting
             log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
             while broker.pending.ending(entry.approval) is None:
                 with broker.pending.deadline(entry):
@@ -251,8 +252,7 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
                         await trio.lowlevel.wait_readable(stream.socket)
                     broker.pending.end(entry.approval, RequesterGone())
                 broker.pending.woke(entry, trio.current_time())
-            del entry
-            await resume(ports.call, waiting, ports)
+            await resume(ports.call, entry, ports)
         finally:
             ports.close()
     except DISCONNECTS as exc:

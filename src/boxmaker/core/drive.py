@@ -8,7 +8,7 @@ the three rules of carrying out that are not the machine's: a ``pending`` frame 
 cannot be sent ends its entry as the requester's leaving (unless someone else took the
 entry first, whose ending then comes instead); an ending delivered before the wait
 began is taken at once, without waiting; and a waiting call returns to its caller,
-which waits and then :func:`resume`\\ s it.
+which waits and then carries on with :func:`resume`.
 
 The ports (:class:`Ports`) are brokerd's I/O (:mod:`boxmaker.broker.connection`: the
 ledger writer, the requester's socket, the runner, the state files, the approvals
@@ -109,7 +109,8 @@ class Ports(Protocol):
 async def drive(call: Call, event: Event, ports: Ports) -> AwaitOwner | None:
     """Feed ``event`` to ``call`` and carry out its effects through ``ports``, event after
     event. Returns the wait when the call waits for its owner and no ending was
-    delivered yet (the caller waits, then calls :func:`resume`); None once it is over.
+    delivered yet (the caller waits, then calls :func:`resume` with its entry); None
+    once it is over.
 
     An effect that gives an event back is the last of its list (core/call.py), so the
     next event is fed once the list is carried out.
@@ -150,9 +151,10 @@ class NothingDelivered(RuntimeError):
     """:func:`resume` before the waiting call's ending was delivered: a driver bug."""
 
 
-async def resume(call: Call, waiting: AwaitOwner, ports: Ports) -> AwaitOwner | None:
-    """After the wait :func:`drive` returned: carry on with the ending delivered."""
-    ending = await ports.ending(waiting.entry)
+async def resume(call: Call, entry: PendingEntry, ports: Ports) -> AwaitOwner | None:
+    """After the wait :func:`drive` returned (for ``entry``): carry on with the ending
+    delivered."""
+    ending = await ports.ending(entry)
     if ending is None:
-        raise NothingDelivered(f"approval {waiting.entry.approval}: resumed with no ending")
+        raise NothingDelivered(f"approval {entry.approval}: resumed with no ending")
     return await drive(call, ending, ports)
