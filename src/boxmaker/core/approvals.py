@@ -115,15 +115,14 @@ class PendingEntry:
         """The entry of ``ask``: its call, tool and checked arguments, the grant it
         matched (with the grant's note) and the state it was decided on."""
         decision = ask.decision
-        # The decision's arguments are a fresh dict of the checked ones (nobody mutates
-        # it): shared with the entry instead of copied, as thousands may wait.
-        arguments = decision.arguments
         return cls.create(
             approval=approval,
             call=decision.call,
             session=decision.session,
             tool=decision.tool,
-            arguments=arguments if isinstance(arguments, dict) else dict(arguments),
+            # A fresh dict of the checked arguments (nobody mutates it): shared with the
+            # entry instead of copied, as thousands may wait.
+            arguments=decision.arguments,
             grant=GrantRef(id=ask.grant.id, mode=ask.grant.mode.value, note=decision.note),
             taint=decision.state.taint,
             untrusted=decision.state.untrusted,

@@ -468,7 +468,7 @@ class Call:
             case Deny():
                 return _DONE, [self._denied(verdict.decision), _CLOSE]
             case _:
-                assert_never(verdict)
+                assert_never(verdict)  # pragma: no mutate - unreachable, mypy checks it
 
     def _audit_denied(self, at: Deciding, event: RecordFailed) -> _Step:
         return _DONE, [self._audit_unavailable(), _CLOSE]
@@ -501,7 +501,7 @@ class Call:
             case RequesterGone():
                 return _DONE, [_CLOSE]
             case _:
-                assert_never(ending)
+                assert_never(ending)  # pragma: no mutate - unreachable, mypy checks it
 
     def _ending_failed(self, at: Ending, event: RecordFailed) -> _Step:
         ending = at.ending

@@ -22,7 +22,6 @@ Every function here is pure and total: no clock (``now`` is an aware datetime), 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
 from typing import Any, TypeAlias, assert_never
 
 import attrs
@@ -64,7 +63,7 @@ class Ruling:
     call: str
     session: str
     tool: str
-    arguments: Mapping[str, Any]
+    arguments: dict[str, Any]
     verdict: VerdictCode
     reason: Reason | None = None
     detail: str | None = None
@@ -233,7 +232,7 @@ def evaluate(
     """
     seen = state if isinstance(state, Label) else UNKNOWN
 
-    def early(reason: Reason, detail: str, arguments: Mapping[str, Any]) -> Deny:
+    def early(reason: Reason, detail: str, arguments: dict[str, Any]) -> Deny:
         return Deny(
             Ruling(
                 call=request.call,
@@ -275,4 +274,4 @@ def approval_outcome(verdict: Verdict) -> ApprovalOutcome:
         case Deny():
             return ApprovalOutcome.DENIED
         case _:
-            assert_never(verdict)
+            assert_never(verdict)  # pragma: no mutate - unreachable, mypy checks it

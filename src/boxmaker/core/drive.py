@@ -143,7 +143,7 @@ async def drive(call: Call, event: Event, ports: Ports) -> AwaitOwner | None:
                 case Close():
                     ports.close()
                 case _:
-                    assert_never(effect)
+                    assert_never(effect)  # pragma: no mutate - unreachable, mypy checks it
     return None
 
 
