@@ -123,6 +123,7 @@ class MemoryPorts:
 
     async def record(self, body: ev.CallRecord) -> bool:
         self._open()
+        assert body.call == self.model.call.call, body
         if not self.test.ledger_up:
             return False
         self.test.ledger.append(self.test.record_of(body))
@@ -176,6 +177,9 @@ class MemoryPorts:
 
     async def ending(self, entry: PendingEntry) -> ev.Event | None:
         self._open()
+        assert entry == self.model.entry
+        if self.model.wait is None:  # the wait begins: its deadline is the entry's
+            assert entry.deadline == self.test.now + TIMEOUT
         command = self.test.pending.waiters[entry.approval].command
         if isinstance(command, ApproveCommand):
             return ev.OwnerApproved(self.test.verdict(self.model))
