@@ -97,8 +97,9 @@ def test_the_waiting_task_takes_its_own_entry() -> None:
 def test_a_duplicate_id_is_refused() -> None:
     table = ApprovalsTable()
     table.add(make("a-0000000a"))
-    with pytest.raises(DuplicateApproval, match="a-0000000a"):
+    with pytest.raises(DuplicateApproval, match="a-0000000a") as raised:
         table.add(make("a-0000000a", now=5.0))
+    assert raised.value.approval == "a-0000000a"
     assert table.entries()[0].deadline == 300.0
 
 

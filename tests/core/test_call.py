@@ -636,6 +636,13 @@ def test_only_an_ending_or_an_approve_is_taken_while_waiting() -> None:
         assert call.phase is Phase.WAITING
 
 
+def test_a_late_owner_answer_after_its_requester_left_hears_why() -> None:
+    assert m.late_owner_answer("a-00000001", m.EarlierEnd.WITHDRAWN) == (
+        "no_such_approval",
+        "approval a-00000001 was withdrawn: its requester left before anyone answered; nothing ran",
+    )
+
+
 def test_a_late_owner_answer_hears_expired_only_after_an_expiry() -> None:
     assert m.late_owner_answer("a-00000001", m.EarlierEnd.EXPIRED) == (
         "expired",
@@ -684,3 +691,36 @@ def test_a_transition_its_row_does_not_name_raises() -> None:
     assert raised.value.event == ev.Reused()
     assert call.phase is Phase.IDLE
     assert call.handle(ev.Stopping()) == [ev.Send(STOPPING), CLOSE]
+
+
+@pytest.mark.parametrize(
+    ("redecided", "gone", "outcome", "reason"),
+    [
+        ("ask", False, ApprovalOutcome.ASK, None),
+        ("ask", True, ApprovalOutcome.WITHDRAWN, "requester_gone"),
+        ("deny", False, ApprovalOutcome.DENIED, "denied_by_grant"),
+    ],
+)
+def test_the_approval_record_names_the_grant_an_approve_always_wrote(
+    redecided: str, gone: bool, outcome: ApprovalOutcome, reason: str | None
+) -> None:
+    call = waiting()
+    now = verdict(redecided)
+    effects = call.handle(ev.OwnerApproved(now, grant_written="always-1"))
+    if not isinstance(now, Deny):
+        assert effects == [ev.LastLook()]
+        effects = call.handle(ev.Looked(gone=gone))
+    state = now.decision.state
+    [record] = effects
+    assert record == ev.AppendRecord(
+        Approval(
+            CALL,
+            "a-00000001",
+            outcome,
+            reason,
+            ApprovalBy.OWNER,
+            state.taint,
+            state.untrusted,
+            "always-1",
+        )
+    )

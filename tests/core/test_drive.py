@@ -78,11 +78,11 @@ class Ports:
         return self.gone
 
     async def run(self, verdict: Run | Ask, *, approved: bool) -> ev.Ran | ev.RequesterGone:
-        self.log.append(("run", approved))
+        self.log.append(("run", verdict, approved))
         return ev.Ran(ev.RunOutcome(True, None, None, "hi", LABEL))
 
     async def raise_state(self, session: str, label: Label) -> ev.StateRaised:
-        self.log.append(("raise", label))
+        self.log.append(("raise", session, label))
         return ev.StateRaised(label)
 
     def enqueue(self, ask: Ask) -> ev.Enqueued:
@@ -118,8 +118,8 @@ def test_an_auto_run_is_carried_out_port_by_port_in_the_table_s_order() -> None:
     assert ports.log == [
         ("record", "Decision"),
         ("look", False),
-        ("run", False),
-        ("raise", LABEL),
+        ("run", run, False),
+        ("raise", SESSION, LABEL),
         ("record", "Result"),
         ("send", Answer.ok(CALL, "hi", LABEL)),
         ("close", None),

@@ -29,6 +29,7 @@ from boxmaker.core.vocabulary import (
     ResultStatus,
     ToolRequest,
     VerdictCode,
+    to_ms,
 )
 
 CALL: Final = "c-0000000000000001"
@@ -191,4 +192,37 @@ def test_a_requester_gone_result_has_no_output_and_no_label(stopped: bool) -> No
         output_sha256=None,
         output_bytes=0,
         stopped=stopped,
+    )
+
+
+def test_a_time_is_carried_in_utc_to_the_millisecond() -> None:
+    east = dt.timezone(dt.timedelta(hours=2))
+    assert to_ms(dt.datetime(2026, 1, 1, 14, 0, 0, 999999, tzinfo=east)) == dt.datetime(
+        2026, 1, 1, 12, 0, 0, 999000, tzinfo=dt.UTC
+    )
+    with pytest.raises(ValueError, match=r"^a time without a zone$"):
+        to_ms(dt.datetime(2026, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("call", "c-1", "call: expected c- and 16 hex digits"),
+        ("call", 7, "call: expected c- and 16 hex digits"),
+        ("session", "s-0000000000a1x", "session: expected s- and 12 hex digits"),
+    ],
+)
+def test_a_request_s_ids_are_checked(field: str, value: object, expected: str) -> None:
+    fields: dict[str, object] = {"call": CALL, "session": SESSION, field: value}
+    with pytest.raises(InvalidField) as raised:
+        ToolRequest(tool="read_file", arguments={}, **fields)  # type: ignore[arg-type]
+    assert (raised.value.name, str(raised.value)) == (field, expected)
+
+
+def test_a_pending_frame_s_approval_id_is_checked() -> None:
+    with pytest.raises(InvalidField) as raised:
+        Pending(call=CALL, approval="a-1", grant="g", expires_at=REQUESTED)
+    assert (raised.value.name, str(raised.value)) == (
+        "approval",
+        "approval: expected a- and 8 hex digits",
     )

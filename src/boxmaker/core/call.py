@@ -108,6 +108,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias, assert_never
 
 import attrs
@@ -223,11 +224,10 @@ class Deciding:
 
 @attrs.frozen
 class Enqueueing:
-    """The pending entry of ``ask`` is being made (an approve re-decides: the ask itself
-    is not kept once its entry waits)."""
+    """The ask's pending entry is being made (the ask itself is not kept: the entry holds
+    what the owner is shown, and an approve re-decides)."""
 
     phase: ClassVar[Phase] = Phase.ENQUEUE
-    ask: Ask
 
 
 @attrs.frozen
@@ -464,7 +464,7 @@ class Call:
             case Run():
                 return LookingBeforeRun(verdict), [LastLook()]
             case Ask():
-                return Enqueueing(verdict), [Enqueue(verdict)]
+                return Enqueueing(), [Enqueue(verdict)]
             case Deny():
                 return _DONE, [self._denied(verdict.decision), _CLOSE]
             case _:
@@ -624,8 +624,8 @@ def _tell_owner(told: ApprovedReply | None, answer: Answer) -> list[Effect]:
     how the run ended, the answer the model gets. Nothing for an auto run."""
     if told is None:
         return []
-    ok = answer.outcome is AnswerOutcome.OK
-    ran = RanReply(ok, None if ok else answer.reason, None if ok else answer.detail)
+    # An ok answer has no reason and no detail; a failed one says both.
+    ran = RanReply(answer.outcome is AnswerOutcome.OK, answer.reason, answer.detail)
     return [ReplyAdmin(attrs.evolve(told, ran=ran))]
 
 
@@ -638,11 +638,7 @@ class _Row:
     may go to (the data :func:`Call.handle` checks every transition against)."""
 
     method: Callable[[Call, Any, Any], _Step]
-    next: frozenset[Phase]
-
-
-def _row(method: Callable[[Call, Any, Any], _Step], *going_to: Phase) -> _Row:
-    return _Row(method, frozenset(going_to))
+    next: AbstractSet[Phase]
 
 
 _ENDINGS: Final[dict[type[EndWithoutRun], tuple[ApprovalOutcome, str | None, ApprovalBy]]] = {
@@ -654,36 +650,36 @@ _ENDINGS: Final[dict[type[EndWithoutRun], tuple[ApprovalOutcome, str | None, App
 
 _P = Phase
 _TABLE: Final[dict[tuple[Phase, type[Event]], _Row]] = {
-    (_P.IDLE, Reused): _row(Call._reused, _P.DONE),
-    (_P.IDLE, Stopping): _row(Call._stopping_before, _P.DONE),
-    (_P.IDLE, Decided): _row(Call._decided, _P.DONE, _P.DECISION),
-    (_P.DECISION, Recorded): _row(Call._decision_recorded, _P.DONE, _P.LOOK_RUN, _P.ENQUEUE),
-    (_P.DECISION, RecordFailed): _row(Call._audit_denied, _P.DONE),
-    (_P.ENQUEUE, Enqueued): _row(Call._enqueued, _P.WAITING, _P.ENDING),
-    (_P.WAITING, Expired): _row(Call._end, _P.ENDING),
-    (_P.WAITING, Stopping): _row(Call._end, _P.ENDING),
-    (_P.WAITING, RequesterGone): _row(Call._end, _P.ENDING),
-    (_P.WAITING, OwnerRefused): _row(Call._end, _P.ENDING),
-    (_P.WAITING, OwnerApproved): _row(Call._owner_approved, _P.APPROVAL, _P.LOOK_APPROVAL),
-    (_P.LOOK_APPROVAL, Looked): _row(Call._looked_before_approval, _P.APPROVAL),
-    (_P.ENDING, Recorded): _row(Call._ending_recorded, _P.DONE),
-    (_P.ENDING, RecordFailed): _row(Call._ending_failed, _P.DONE),
-    (_P.APPROVAL, Recorded): _row(Call._approval_recorded, _P.DONE, _P.RUNNING),
-    (_P.APPROVAL, RecordFailed): _row(Call._approval_failed, _P.DONE),
-    (_P.LOOK_RUN, Looked): _row(Call._looked_before_run, _P.RUNNING, _P.GONE),
-    (_P.GONE, Recorded): _row(Call._gone_recorded, _P.DONE),
-    (_P.GONE, RecordFailed): _row(Call._gone_recorded, _P.DONE),
-    (_P.RUNNING, Ran): _row(Call._tool_ran, _P.RAISING),
-    (_P.RUNNING, RequesterGone): _row(Call._run_stopped, _P.GONE),
-    (_P.RAISING, StateRaised): _row(Call._state_raised, _P.RESULT),
-    (_P.RAISING, StateUnrecordable): _row(Call._state_unrecordable, _P.DONE),
-    (_P.RESULT, Recorded): _row(Call._result_recorded, _P.DONE),
-    (_P.RESULT, RecordFailed): _row(Call._result_failed, _P.DONE),
+    (_P.IDLE, Reused): _Row(Call._reused, {_P.DONE}),
+    (_P.IDLE, Stopping): _Row(Call._stopping_before, {_P.DONE}),
+    (_P.IDLE, Decided): _Row(Call._decided, {_P.DONE, _P.DECISION}),
+    (_P.DECISION, Recorded): _Row(Call._decision_recorded, {_P.DONE, _P.LOOK_RUN, _P.ENQUEUE}),
+    (_P.DECISION, RecordFailed): _Row(Call._audit_denied, {_P.DONE}),
+    (_P.ENQUEUE, Enqueued): _Row(Call._enqueued, {_P.WAITING, _P.ENDING}),
+    (_P.WAITING, Expired): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, Stopping): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, RequesterGone): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, OwnerRefused): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, OwnerApproved): _Row(Call._owner_approved, {_P.APPROVAL, _P.LOOK_APPROVAL}),
+    (_P.LOOK_APPROVAL, Looked): _Row(Call._looked_before_approval, {_P.APPROVAL}),
+    (_P.ENDING, Recorded): _Row(Call._ending_recorded, {_P.DONE}),
+    (_P.ENDING, RecordFailed): _Row(Call._ending_failed, {_P.DONE}),
+    (_P.APPROVAL, Recorded): _Row(Call._approval_recorded, {_P.DONE, _P.RUNNING}),
+    (_P.APPROVAL, RecordFailed): _Row(Call._approval_failed, {_P.DONE}),
+    (_P.LOOK_RUN, Looked): _Row(Call._looked_before_run, {_P.RUNNING, _P.GONE}),
+    (_P.GONE, Recorded): _Row(Call._gone_recorded, {_P.DONE}),
+    (_P.GONE, RecordFailed): _Row(Call._gone_recorded, {_P.DONE}),
+    (_P.RUNNING, Ran): _Row(Call._tool_ran, {_P.RAISING}),
+    (_P.RUNNING, RequesterGone): _Row(Call._run_stopped, {_P.GONE}),
+    (_P.RAISING, StateRaised): _Row(Call._state_raised, {_P.RESULT}),
+    (_P.RAISING, StateUnrecordable): _Row(Call._state_unrecordable, {_P.DONE}),
+    (_P.RESULT, Recorded): _Row(Call._result_recorded, {_P.DONE}),
+    (_P.RESULT, RecordFailed): _Row(Call._result_failed, {_P.DONE}),
 }
 Call.rows = _TABLE
 
 TRANSITIONS: Final[Mapping[tuple[Phase, type[Event]], frozenset[Phase]]] = {
-    key: row.next for key, row in _TABLE.items()
+    key: frozenset(row.next) for key, row in _TABLE.items()
 }
 """The table as data: every row, (phase, event type) → the phases it may go to. The
 drawing above and docs/protocol.md's copy are checked against it (tools/check_docs.py),

@@ -42,19 +42,26 @@ FieldValidator: TypeAlias = "Callable[[Any, attrs.Attribute[Any], Any], None]"
 """An attrs validator: raises :class:`~boxmaker.convert.InvalidField` naming the field."""
 
 
-def id_of(pattern: re.Pattern[str], words: str) -> FieldValidator:
-    """An attrs validator: the value fully matches ``pattern`` (the ids of docs/protocol.md)."""
-
-    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            raise InvalidField(attribute.name, f"expected {words}")
-
-    return check
+def _check_id(pattern: re.Pattern[str], words: str, name: str, value: Any) -> None:
+    """The value fully matches ``pattern`` (the ids of docs/protocol.md), else
+    :class:`~boxmaker.convert.InvalidField` naming the field and the form expected."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidField(name, f"expected {words}")
 
 
-valid_call_id: FieldValidator = id_of(CALL_ID, "c- and 16 hex digits")
-valid_session_id: FieldValidator = id_of(SESSION_ID, "s- and 12 hex digits")
-valid_approval_id: FieldValidator = id_of(APPROVAL_ID, "a- and 8 hex digits")
+def valid_call_id(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """An attrs validator: a call id."""
+    _check_id(CALL_ID, "c- and 16 hex digits", attribute.name, value)
+
+
+def valid_session_id(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """An attrs validator: a session id."""
+    _check_id(SESSION_ID, "s- and 12 hex digits", attribute.name, value)
+
+
+def valid_approval_id(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """An attrs validator: an approval id."""
+    _check_id(APPROVAL_ID, "a- and 8 hex digits", attribute.name, value)
 
 
 def to_ms(moment: dt.datetime) -> dt.datetime:

@@ -30,7 +30,6 @@ from boxmaker.core.vocabulary import (
     GrantRef,
     Pending,
     ToolRequest,
-    id_of,
     to_ms,
 )
 from boxmaker.wire.admin import (
@@ -150,6 +149,5 @@ __all__ = [
     "decode_loop_event",
     "decode_loop_request",
     "encode_frame",
-    "id_of",
     "to_ms",
 ]
