@@ -3,7 +3,7 @@ each defined once, here (docs/architecture.md).
 
 In the manner of h11's events, which are both its state machine's vocabulary and its
 users': a ``tool_request`` is one :class:`ToolRequest` whether loopd sends it, brokerd
-decides it or a what-if replays it; the call's machine (:mod:`boxmaker.core.call`)
+decides it or ``bxctl grants test`` makes one up; the call's machine (:mod:`boxmaker.core.call`)
 answers with the :class:`Answer`, :class:`Pending` and :class:`ErrorFrame` that go on
 broker.sock as they are, and writes the :class:`Decision`, :class:`Approval` and
 :class:`Result` that go in the ledger as they are. The bytes are the wire's
