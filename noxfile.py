@@ -74,7 +74,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def docs(session: nox.Session) -> None:
-    """Every runbook anchor named in src exists; every egress is listed in docs/egress.md."""
+    """Every runbook anchor named in src exists; every egress is listed in docs/egress.md;
+    every hostile test is named in docs/threat-model.md; both drawings of the call's
+    table match its data (tools/check_docs.py reads it from boxmaker.core.call)."""
+    _install(session)
     _docs(session)
 
 

@@ -34,9 +34,10 @@ import trio
 from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.runner import RunResult, RunSpec, execute
 from boxmaker.broker.sandbox import SandboxPool
-from boxmaker.core.decide import Run, ToolRequest, evaluate
+from boxmaker.core.decide import Run, evaluate
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, LabelRules
+from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.home import RunnerConfig
 
 TARGET = 3.0
@@ -51,7 +52,12 @@ def shell_spec(workspace: Path) -> RunSpec:
     grants = parse_grants(GRANTS)
     assert isinstance(grants, GrantSet)
     verdict = evaluate(
-        ToolRequest("c-0123456789abcdef", "s-0123456789ab", "shell", {"command": "true"}),
+        ToolRequest(
+            call="c-0123456789abcdef",
+            session="s-0123456789ab",
+            tool="shell",
+            arguments={"command": "true"},
+        ),
         ledger_usable=True,
         grants=grants,
         state=FRESH,

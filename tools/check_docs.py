@@ -5,6 +5,10 @@
 2. Every module in src/ that can open a network connection is listed in docs/egress.md.
 3. Every attack family replayed in tests/hostile/ is named in docs/threat-model.md, so
    the page says what each test defends and no defence goes undocumented.
+4. The call's table is drawn twice, in core/call.py's docstring and in docs/protocol.md
+   ("The call's states"); both drawings name exactly the table's data
+   (``boxmaker.core.call.TRANSITIONS``): the same phases, the same events in each, and
+   for each row the same next phases. So neither copy can drift from the code.
 
 Exit 0 when all hold; otherwise one line per problem and exit 1.
 """
@@ -13,7 +17,10 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from boxmaker.core import call
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "boxmaker"
@@ -21,6 +28,8 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 EGRESS = ROOT / "docs" / "egress.md"
 THREAT_MODEL = ROOT / "docs" / "threat-model.md"
 HOSTILE = ROOT / "tests" / "hostile"
+CALL_MODULE = SRC / "core" / "call.py"
+PROTOCOL = ROOT / "docs" / "protocol.md"
 
 ANCHOR_REFERENCE = re.compile(r"docs/runbook\.md#([a-z0-9-]+)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.MULTILINE)
@@ -76,8 +85,99 @@ def threat_model_problems() -> list[str]:
     ]
 
 
+Table = dict[tuple[str, str], set[str]]
+"""(phase, event) → the next phases: a drawing's rows, or the table's data."""
+
+PHASE_HEADER = re.compile(r"([A-Z][A-Z_]*)(?:\s.*)?")
+EVENT_NAME = re.compile(r"(?:^|\|)\s*([A-Z]\w*)")
+NEXT_PHASE = re.compile(r"→\s*([A-Z][A-Z_]*)\s*$")
+
+
+def drawn_table(lines: Iterable[str]) -> Table:
+    """The rows of a drawing of the call's table, from its first phase (``IDLE``) to its
+    first blank line or fence: each phase at the drawing's indent, each row two spaces
+    in (``Event(...)  → what is done  → NEXT``; ``A | B`` for two events, ``A, case``
+    for one of several rows of one event), continued on lines further in. A row's next
+    phases are the phase names ending its lines; a row may name none (its case goes on
+    "as below").
+
+    >>> drawn_table(["IDLE", "  Reused  → send; close  → DONE", "  A | B   → x", "     → DONE"])
+    {('IDLE', 'Reused'): {'DONE'}, ('IDLE', 'A'): {'DONE'}, ('IDLE', 'B'): {'DONE'}}
+    """
+    table: Table = {}
+    base: int | None = None
+    phase = ""
+    events: list[str] = []
+    for line in lines:
+        text = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if base is None:
+            if text == "IDLE":
+                base, phase = indent, "IDLE"
+            continue
+        if not text or text.startswith("```") or indent < base:
+            break
+        if indent == base:
+            header = PHASE_HEADER.fullmatch(text)
+            phase, events = (header.group(1) if header else text), []
+            continue
+        if indent == base + 2:
+            head = re.sub(r"\([^)]*\)", "", text.split("→", 1)[0])
+            events = EVENT_NAME.findall(head)
+            for event in events:
+                table.setdefault((phase, event), set())
+        found = NEXT_PHASE.search(text)
+        if found:
+            for event in events:
+                table[(phase, event)].add(found.group(1))
+    return table
+
+
+def table_problems(where: str, drawn: Table, data: Table) -> list[str]:
+    """What a drawing names that the table's data does not, and the other way round."""
+    problems = []
+    for phase, event in sorted(drawn.keys() - data.keys()):
+        problems.append(f"{where}: draws {event} in {phase}, which the table has no row for")
+    for phase, event in sorted(data.keys() - drawn.keys()):
+        problems.append(f"{where}: does not draw the table's row {event} in {phase}")
+    for key in sorted(drawn.keys() & data.keys()):
+        if drawn[key] != data[key]:
+            phase, event = key
+            problems.append(
+                f"{where}: {event} in {phase} goes to {' or '.join(sorted(drawn[key]))}, "
+                f"the table says {' or '.join(sorted(data[key]))}"
+            )
+    return problems
+
+
+def transitions() -> Table:
+    """The table's data, by name (``boxmaker.core.call.TRANSITIONS``)."""
+    return {
+        (phase.name, event.__name__): {step.name for step in going}
+        for (phase, event), going in call.TRANSITIONS.items()
+    }
+
+
+def drawings() -> dict[str, str]:
+    """The two drawings of the call's table, by where they are."""
+    return {
+        "src/boxmaker/core/call.py (the docstring's table)": call.__doc__ or "",
+        "docs/protocol.md (The call's states)": PROTOCOL.read_text(encoding="utf-8"),
+    }
+
+
+def call_table_problems(drawn: Mapping[str, str] | None = None) -> list[str]:
+    data = transitions()
+    problems = []
+    for where, text in (drawings() if drawn is None else drawn).items():
+        problems += table_problems(where, drawn_table(text.splitlines()), data)
+    return problems
+
+
 def main() -> int:
-    problems = runbook_problems() + egress_problems() + threat_model_problems()
+    problems = (
+        runbook_problems() + egress_problems() + threat_model_problems() + call_table_problems()
+    )
     for problem in problems:
         print(problem)
     print(f"docs: {len(problems)} problem(s)")

@@ -16,7 +16,7 @@ from tests.harness.cli import bxctl_in_process as bxctl
 from tests.harness.homes import grant, write_grants
 
 from boxmaker.broker import admin as admin_module
-from boxmaker.core import call as machine
+from boxmaker.core import call_events as ev
 from boxmaker.grants_file import load_grants
 from boxmaker.home import Home
 
@@ -219,7 +219,7 @@ async def test_a_grant_written_for_an_entry_that_ended_meanwhile_is_removed_agai
     def add_then_the_entry_expires(*args: Any) -> None:
         real_add(*args)
         # While the grant was being written, the entry reached its deadline.
-        broker.pending.end(approval, machine.Expired())
+        broker.pending.end(approval, ev.Expired())
 
     monkeypatch.setattr(admin_module, "add_grant", add_then_the_entry_expires)
     assert await bxctl(home, "approve", approval, "--always") == 1

@@ -35,8 +35,9 @@ from boxmaker.broker.pending import (
     report,
 )
 from boxmaker.core import call as m
+from boxmaker.core import call_events as ev
 from boxmaker.core.approvals import GrantRef, PendingEntry
-from boxmaker.core.call import AdminReply
+from boxmaker.core.call_events import AdminReply
 from boxmaker.core.labels import Taint
 from boxmaker.home import Home
 
@@ -68,14 +69,14 @@ def test_end_takes_the_entry_and_delivers_once() -> None:
     entry = make()
     assert pending.add(entry)
     assert pending.ending(entry.approval) is None
-    ended = pending.end(entry.approval, m.RequesterGone())
+    ended = pending.end(entry.approval, ev.RequesterGone())
     assert ended is not None
-    assert (ended.entry, ended.command) == (entry, m.RequesterGone())
-    assert pending.ending(entry.approval) == m.RequesterGone()
+    assert (ended.entry, ended.command) == (entry, ev.RequesterGone())
+    assert pending.ending(entry.approval) == ev.RequesterGone()
     assert entry.approval not in pending.table
     # A second taker finds it gone; the first ending stays.
-    assert pending.end(entry.approval, m.Stopping()) is None
-    assert pending.ending(entry.approval) == m.RequesterGone()
+    assert pending.end(entry.approval, ev.Stopping()) is None
+    assert pending.ending(entry.approval) == ev.RequesterGone()
     assert not pending.was_expired(entry.approval)
     pending.forget(entry.approval)
     assert pending.waiters == {}
@@ -105,7 +106,7 @@ def test_an_owner_answer_at_the_deadline_is_the_expiry() -> None:
     send, _ = channel()
     ended = pending.end(entry.approval, ApproveCommand(None, send), now=entry.deadline)
     assert ended is not None
-    assert ended.command == m.Expired()
+    assert ended.command == ev.Expired()
     assert pending.was_expired(entry.approval)
     assert pending.end(entry.approval, ApproveCommand(None, send), now=0.0) is None
 
@@ -114,12 +115,12 @@ def test_expired_ids_are_remembered_up_to_a_bound() -> None:
     pending = PendingCalls()
     first = make("a-00000000")
     pending.add(first)
-    pending.end(first.approval, m.Expired())
+    pending.end(first.approval, ev.Expired())
     assert pending.was_expired(first.approval)
     for number in range(1, REMEMBER_ENDED + 1):
         entry = make(f"a-{number:08x}")
         pending.add(entry)
-        pending.end(entry.approval, m.Expired())
+        pending.end(entry.approval, ev.Expired())
         pending.forget(entry.approval)
     assert not pending.was_expired(first.approval)
     assert pending.was_expired(f"a-{REMEMBER_ENDED:08x}")
@@ -130,7 +131,7 @@ def test_an_entry_whose_requester_left_is_remembered_as_withdrawn() -> None:
     left, answered = make("a-00000001"), make("a-00000002")
     pending.add(left)
     pending.add(answered)
-    pending.end(left.approval, m.RequesterGone())
+    pending.end(left.approval, ev.RequesterGone())
     send, _ = channel()
     pending.end(answered.approval, RefuseCommand("no", send), now=0.0)
     assert pending.earlier_end(left.approval) is m.EarlierEnd.WITHDRAWN
@@ -146,7 +147,7 @@ def test_withdraw_all_ends_every_entry_and_closes_the_table() -> None:
         pending.add(entry)
     assert pending.withdraw_all() == 3
     assert len(pending.table) == 0
-    assert [pending.ending(e.approval) for e in entries] == [m.Stopping()] * 3
+    assert [pending.ending(e.approval) for e in entries] == [ev.Stopping()] * 3
     assert not pending.add(make("a-00000009"))
     assert "a-00000009" not in pending.table
 
@@ -158,7 +159,7 @@ def test_new_approval_ids_are_neither_pending_nor_remembered_as_expired() -> Non
     pending.add(first)
     second = make(pending.new_approval_id())
     pending.add(second)
-    pending.end(second.approval, m.Expired())
+    pending.end(second.approval, ev.Expired())
     assert pending.new_approval_id() == "a-00000003"
     assert len({PendingCalls().new_approval_id() for _ in range(100)}) == 100
 
@@ -176,15 +177,15 @@ def test_forget_takes_an_entry_still_there_and_is_idempotent() -> None:
 
 def test_report_tells_the_admin_once_and_a_gone_admin_is_no_error() -> None:
     send, receive = channel()
-    report(send, m.RefusedReply())
-    assert receive.receive_nowait() == m.RefusedReply()
+    report(send, ev.RefusedReply())
+    assert receive.receive_nowait() == ev.RefusedReply()
     with pytest.raises(trio.EndOfChannel):
         receive.receive_nowait()
     send, receive = channel()
     receive.close()
-    report(send, m.RefusedReply())
+    report(send, ev.RefusedReply())
     with pytest.raises(trio.ClosedResourceError):
-        send.send_nowait(m.RefusedReply())
+        send.send_nowait(ev.RefusedReply())
 
 
 async def test_the_deadline_scope_and_woke(autojump_clock: trio.testing.MockClock) -> None:
@@ -195,7 +196,7 @@ async def test_the_deadline_scope_and_woke(autojump_clock: trio.testing.MockCloc
         assert scope.deadline == entry.deadline
         await trio.sleep_forever()
     assert trio.current_time() == entry.deadline
-    assert pending.woke(entry, trio.current_time()) == m.Expired()
+    assert pending.woke(entry, trio.current_time()) == ev.Expired()
     assert pending.was_expired(entry.approval)
 
 
@@ -206,7 +207,7 @@ async def test_end_cancels_the_waiting_scope() -> None:
 
     async def stop() -> None:
         await trio.lowlevel.checkpoint()
-        pending.end(entry.approval, m.Stopping())
+        pending.end(entry.approval, ev.Stopping())
 
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
@@ -214,7 +215,7 @@ async def test_end_cancels_the_waiting_scope() -> None:
             with pending.deadline(entry) as scope:
                 await trio.sleep_forever()
     assert scope.cancelled_caught
-    assert pending.woke(entry, trio.current_time()) == m.Stopping()
+    assert pending.woke(entry, trio.current_time()) == ev.Stopping()
 
 
 async def test_woken_early_it_waits_again(autojump_clock: trio.testing.MockClock) -> None:

@@ -16,19 +16,17 @@ from hypothesis.stateful import (
     rule,
 )
 
-from boxmaker.broker.admin import approval_view
 from boxmaker.core.approvals import (
     ApprovalsTable,
     DuplicateApproval,
-    Expired,
     GrantRef,
     Missing,
+    Overdue,
     PendingEntry,
     Taken,
 )
 from boxmaker.core.labels import Taint
 from boxmaker.wire import ApprovalView
-from boxmaker.wire import GrantRef as GrantFrame
 
 REQUESTED = dt.datetime(2026, 5, 6, 7, 8, 9, 10_000, tzinfo=dt.UTC)
 
@@ -69,7 +67,7 @@ def test_the_boundary_is_at_or_after_the_deadline() -> None:
     assert table.expired(before) == []
     assert table.live(15.0) == []
     assert table.expired(15.0) == [entry]
-    assert table.take(entry.approval, now=15.0) == Expired(entry)
+    assert table.take(entry.approval, now=15.0) == Overdue(entry)
     assert entry.approval not in table
 
     table.add(entry)
@@ -99,8 +97,9 @@ def test_the_waiting_task_takes_its_own_entry() -> None:
 def test_a_duplicate_id_is_refused() -> None:
     table = ApprovalsTable()
     table.add(make("a-0000000a"))
-    with pytest.raises(DuplicateApproval, match="a-0000000a"):
+    with pytest.raises(DuplicateApproval, match="a-0000000a") as raised:
         table.add(make("a-0000000a", now=5.0))
+    assert raised.value.approval == "a-0000000a"
     assert table.entries()[0].deadline == 300.0
 
 
@@ -130,14 +129,14 @@ def test_request_order_and_withdraw_all() -> None:
 
 def test_view_is_what_approvals_lists() -> None:
     entry = make(timeout=60.0)
-    # core/ holds its own values; admin.sock builds the frame from them.
-    assert approval_view(entry) == ApprovalView(
+    # The entry's grant is the frame's: one GrantRef, in core/vocabulary.py.
+    assert ApprovalView.of(entry) == ApprovalView(
         approval="a-00000001",
         call="c-0000000100000001",
         session="s-0123456789ab",
         tool="read_file",
         arguments={"path": "notes.txt"},
-        grant=GrantFrame(id="read-notes", mode="ask", note="why"),
+        grant=GrantRef(id="read-notes", mode="ask", note="why"),
         requested_at=REQUESTED,
         expires_at=REQUESTED + dt.timedelta(seconds=60),
         taint=Taint.INTERNAL,
@@ -187,7 +186,7 @@ class TableMachine(RuleBasedStateMachine):
             return
         entry = self.model[approval]
         if self.now >= entry.deadline:
-            assert result == Expired(entry)
+            assert result == Overdue(entry)
         else:
             assert result == Taken(entry)
         self.end(approval)

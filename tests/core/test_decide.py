@@ -16,10 +16,9 @@ from tests.harness.homes import grant_table
 from boxmaker.core.decide import (
     Ask,
     CheckedRequest,
-    Decision,
     Deny,
+    Ruling,
     Run,
-    ToolRequest,
     Verdict,
     approval_outcome,
     decide,
@@ -30,6 +29,7 @@ from boxmaker.core.labels import FRESH, UNKNOWN, Label, Taint
 from boxmaker.core.paths import Glob
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import StateUnreadable
+from boxmaker.core.vocabulary import ToolRequest
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 CALL = "c-0123456789abcdef"
@@ -44,7 +44,9 @@ def g(gid: str, mode: str, tool: str = "read_file", **extra: str) -> str:
 
 
 def request(tool: str = "read_file", **arguments: Any) -> ToolRequest:
-    return ToolRequest(CALL, SESSION, tool, arguments or {"path": "notes.txt"})
+    return ToolRequest(
+        call=CALL, session=SESSION, tool=tool, arguments=arguments or {"path": "notes.txt"}
+    )
 
 
 def run_evaluate(
@@ -58,7 +60,7 @@ def run_evaluate(
     return evaluate(req, ledger_usable=ledger_usable, grants=grant_set, state=state, now=now)
 
 
-def denied(verdict: Verdict) -> Decision:
+def denied(verdict: Verdict) -> Ruling:
     assert isinstance(verdict, Deny), verdict
     assert verdict.decision.verdict == "deny"
     return verdict.decision
@@ -167,7 +169,7 @@ def test_run_with_an_auto_grant() -> None:
     verdict = run_evaluate(request(path="./notes.txt"), grants(g("read-all", "auto", note='"n"')))
     assert isinstance(verdict, Run)
     decision = verdict.decision
-    assert decision == Decision(
+    assert decision == Ruling(
         call=CALL,
         session=SESSION,
         tool="read_file",
@@ -514,7 +516,7 @@ def test_evaluate_is_total(
     ledger_usable: bool,
     now: dt.datetime,
 ) -> None:
-    req = ToolRequest(CALL, SESSION, tool, arguments)
+    req = ToolRequest(call=CALL, session=SESSION, tool=tool, arguments=arguments)
     verdict = evaluate(
         req, ledger_usable=ledger_usable, grants=GrantSet(tuple(grant_list)), state=state, now=now
     )
@@ -540,7 +542,7 @@ def test_an_ask_that_cannot_run_is_denied_not_found_on_its_grant_and_state() -> 
     assert isinstance(ask, Ask)
     deny = ask.cannot_run("docs/new")
     assert isinstance(deny, Deny)
-    assert deny.decision == Decision(
+    assert deny.decision == Ruling(
         call=CALL,
         session=SESSION,
         tool="write_file",
@@ -566,7 +568,7 @@ def test_an_ask_denied_too_many_pending_keeps_everything_but_verdict_reason_deta
     ask = run_evaluate(request(), grants(g("read-notes", "ask")), SECRET)
     assert isinstance(ask, Ask)
     decision = ask.too_many_pending("3 asks are pending").decision
-    assert decision == Decision(
+    assert decision == Ruling(
         call=CALL,
         session=SESSION,
         tool="read_file",

@@ -16,11 +16,12 @@ from tests.harness.homes import grant_table as g
 
 from boxmaker.core import catalogue
 from boxmaker.core.catalogue import MAX_BYTES
-from boxmaker.core.decide import CheckedRequest, Decision, VerdictCode, decide
+from boxmaker.core.decide import CheckedRequest, Ruling, decide
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.core.replay import CACHE_ENTRIES, Outcome, RecordedDecision, Replay
+from boxmaker.core.vocabulary import VerdictCode
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 SESSION = "s-0123456789ab"
@@ -44,7 +45,7 @@ def decided(
     return recorded_of(seq, decision, at)
 
 
-def recorded_of(seq: int, decision: Decision, at: dt.datetime) -> RecordedDecision:
+def recorded_of(seq: int, decision: Ruling, at: dt.datetime) -> RecordedDecision:
     return RecordedDecision(
         seq,
         at,

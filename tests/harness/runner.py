@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from boxmaker.broker.runner import RunSpec
-from boxmaker.core.decide import Ask, Run, ToolRequest, Verdict, evaluate
+from boxmaker.core.decide import Ask, Run, Verdict, evaluate
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, LabelRules
+from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.home import RunnerConfig
 
 NOW: Final = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
@@ -65,7 +66,9 @@ def verdict_for(
 ) -> Verdict:
     """core's verdict on one call, on a fresh session at :data:`NOW`."""
     return evaluate(
-        ToolRequest("c-0123456789abcdef", "s-0123456789ab", tool, arguments),
+        ToolRequest(
+            call="c-0123456789abcdef", session="s-0123456789ab", tool=tool, arguments=arguments
+        ),
         ledger_usable=True,
         grants=grants,
         state=FRESH,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from boxmaker.core.call import AnswerOutcome
+from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.loop.broker_port import PortAnswer
 from boxmaker.loop.results import output_head, result_event
 from boxmaker.wire import BadFrame, ModelDoneEvent, OutputHead, decode_loop_event, encode_frame

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from boxmaker.core.call import AnswerOutcome
+from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
 from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress

@@ -18,7 +18,8 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
-from typing import Any, Final
+from collections.abc import Coroutine
+from typing import Any, Final, TypeVar
 
 import attrs
 import pytest
@@ -29,17 +30,33 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from boxmaker.broker.pending import ApproveCommand, Command, PendingCalls, RefuseCommand
 from boxmaker.core import call as machine
-from boxmaker.core.approvals import GrantRef, PendingEntry
+from boxmaker.core import call_events as ev
+from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import Call, IllegalEvent, Phase, due
-from boxmaker.core.decide import Ask, ToolRequest, Verdict, evaluate
+from boxmaker.core.decide import Ask, Run, Verdict, evaluate
+from boxmaker.core.drive import drive, resume
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.core.vocabulary import (
+    Answer,
+    AnswerOutcome,
+    Approval,
+    Decision,
+    ErrorCode,
+    ErrorFrame,
+    Pending,
+    Result,
+    ResultStatus,
+    ToolRequest,
+)
 
 TIMEOUT: Final = 300.0
 NOW: Final = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SESSION: Final = "s-0000000000a1"
+BOOT: Final = "b-0000000000000001"
 PATHS: Final = ("notes.txt", ".env", "../outside")
+T = TypeVar("T")
 
 
 def _grants(mode: str | None) -> GrantSet:
@@ -53,6 +70,18 @@ GRANTS: Final = {mode: _grants(mode) for mode in ("auto", "ask", "deny", None)}
 _IDS = itertools.count()
 
 
+def step(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run the driver's loop to its return: with ports that never suspend, one send
+    does it (no trio here)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coroutine.close()
+    raise AssertionError("a port suspended")
+
+
 @attrs.define(eq=False)
 class Model:
     """One call as the test sees it: the machine, the frames it sent, what the test set."""
@@ -60,21 +89,117 @@ class Model:
     call: Call
     path: str
     gone: bool = False
-    frames: list[machine.Frame] = attrs.Factory(list)
-    replies: list[machine.AdminReply] = attrs.Factory(list)
+    frames: list[ev.CallFrame] = attrs.Factory(list)
+    replies: list[ev.AdminReply] = attrs.Factory(list)
     ran: int = 0
     closed: bool = False
     stopped_before: bool = False
     run_stopped: bool = False
     """Its requester left while its tool ran."""
+    entry: PendingEntry | None = None
+    """Its pending entry, once the enqueue port made one."""
+    wait: ev.AwaitOwner | None = None
+    """What it waits for, while it waits."""
 
     @property
-    def finals(self) -> list[machine.Answer | machine.BadFrameError]:
-        return [f for f in self.frames if not isinstance(f, machine.PendingNotice)]
+    def finals(self) -> list[Answer | ErrorFrame]:
+        return [f for f in self.frames if not isinstance(f, Pending)]
 
     @property
     def waiting(self) -> bool:
         return self.call.phase is Phase.WAITING
+
+
+@attrs.define(eq=False)
+class MemoryPorts:
+    """The driver's ports (boxmaker.core.drive.Ports) in memory: the test's ledger,
+    clock, approvals table and requester. None of them suspends."""
+
+    test: CallMachine
+    model: Model
+
+    def _open(self) -> None:
+        assert not self.model.closed, "a port used after the close"
+
+    async def record(self, body: ev.CallRecord) -> bool:
+        self._open()
+        assert body.call == self.model.call.call, body
+        if not self.test.ledger_up:
+            return False
+        self.test.ledger.append(self.test.record_of(body))
+        return True
+
+    async def send(self, frame: ev.CallFrame) -> bool:
+        self._open()
+        if self.model.gone:
+            return False
+        self.model.frames.append(frame)
+        return True
+
+    def look(self) -> bool:
+        self._open()
+        return self.model.gone
+
+    async def run(self, verdict: Run | Ask, *, approved: bool) -> ev.Ran | ev.RequesterGone:
+        self._open()
+        model = self.model
+        assert not model.gone, "ran for a requester that left"
+        model.ran += 1
+        if self.test.leaves_while_running:
+            # The requester leaves while the tool runs: the driver stops the run.
+            model.gone = model.run_stopped = True
+            return ev.RequesterGone()
+        label = Label(Taint.INTERNAL, False)
+        if self.test.run_ok:
+            return ev.Ran(ev.RunOutcome(True, None, None, "hello\n", label))
+        return ev.Ran(ev.RunOutcome(False, Reason.NOT_FOUND, "no", "", label))
+
+    async def raise_state(
+        self, session: str, label: Label
+    ) -> ev.StateRaised | ev.StateUnrecordable:
+        self._open()
+        if not self.test.raise_ok:
+            return ev.StateUnrecordable("disk full")
+        self.test.state = self.test.state.join(label)
+        return ev.StateRaised(self.test.state)
+
+    def enqueue(self, ask: Ask) -> ev.Enqueued:
+        self._open()
+        pending = self.test.pending
+        entry = self.model.entry = PendingEntry.for_ask(
+            ask,
+            approval=pending.new_approval_id(),
+            requested_at=NOW,
+            now=self.test.now,
+            timeout=TIMEOUT,
+        )
+        return ev.Enqueued(entry, closed=not pending.add(entry))
+
+    async def ending(self, entry: PendingEntry) -> ev.Event | None:
+        self._open()
+        assert entry == self.model.entry
+        if self.model.wait is None:  # the wait begins: its deadline is the entry's
+            assert entry.deadline == self.test.now + TIMEOUT
+        command = self.test.pending.waiters[entry.approval].command
+        if isinstance(command, ApproveCommand):
+            return ev.OwnerApproved(self.test.verdict(self.model))
+        if isinstance(command, RefuseCommand):
+            return ev.OwnerRefused(command.reason)
+        return command
+
+    def withdraw(self, approval: str) -> None:
+        self._open()
+        self.test.pending.end(approval, ev.RequesterGone())
+
+    def reply(self, reply: ev.AdminReply) -> None:
+        self._open()
+        self.model.replies.append(reply)
+
+    def close(self) -> None:
+        self._open()
+        self.model.closed = True
+        if self.model.entry is not None:
+            self.test.pending.forget(self.model.entry.approval)
 
 
 class CallMachine(RuleBasedStateMachine):
@@ -92,10 +217,15 @@ class CallMachine(RuleBasedStateMachine):
         self.stopping = False
         self.calls: dict[str, Model] = {}
 
-    # -- the driver ------------------------------------------------------------------
+    # -- the driver: core/drive.py's loop, with the ports above -------------------------
 
-    def _verdict(self, model: Model) -> Verdict:
-        request = ToolRequest(model.call.call, SESSION, "read_file", {"path": model.path})
+    def verdict(self, model: Model) -> Verdict:
+        request = ToolRequest(
+            call=model.call.call,
+            session=SESSION,
+            tool="read_file",
+            arguments={"path": model.path},
+        )
         return evaluate(
             request,
             ledger_usable=self.ledger_up,
@@ -105,102 +235,34 @@ class CallMachine(RuleBasedStateMachine):
             workspace="/w",
         )
 
-    def _feed(self, model: Model, event: machine.Event) -> None:
+    def _feed(self, model: Model, event: ev.Event) -> None:
         """Feed the event and carry out every effect, until the call waits or is over."""
-        next_event: machine.Event | None = event
-        while next_event is not None:
-            effects = model.call.handle(next_event)
-            next_event = None
-            for effect in effects:
-                happened = self._carry_out(model, effect)
-                if happened is not None:
-                    next_event = happened
-        if model.call.phase is Phase.DONE and model.call.entry is not None:
-            self.pending.forget(model.call.entry.approval)
+        self._waits(model, step(drive(model.call, event, MemoryPorts(self, model))))
 
-    def _carry_out(self, model: Model, effect: machine.Effect) -> machine.Event | None:
-        assert not model.closed, f"{effect} after close"
-        if isinstance(effect, machine.Record):
-            if not self.ledger_up:
-                return machine.RecordFailed()
-            self.ledger.append(self._record(model, effect.body))
-            return machine.Recorded()
-        if isinstance(effect, machine.Send):
-            if not model.gone:
-                model.frames.append(effect.frame)
-            elif isinstance(effect.frame, machine.PendingNotice):
-                # The pending frame could not be sent: the entry ends so (driver).
-                self.pending.end(effect.frame.entry.approval, machine.RequesterGone())
-            return None
-        if isinstance(effect, machine.LastLook):
-            return machine.Looked(model.gone)
-        if isinstance(effect, machine.Enqueue):
-            entry = PendingEntry.create(
-                approval=self.pending.new_approval_id(),
-                call=model.call.call,
-                session=SESSION,
-                tool="read_file",
-                arguments=dict(effect.ask.decision.arguments),
-                grant=GrantRef(id=effect.ask.grant.id, mode="ask"),
-                taint=effect.ask.decision.state.taint,
-                untrusted=effect.ask.decision.state.untrusted,
-                requested_at=NOW,
-                now=self.now,
-                timeout=TIMEOUT,
-            )
-            return machine.Enqueued(entry, closed=not self.pending.add(entry))
-        if isinstance(effect, machine.AwaitOwner):
-            assert effect.deadline == self.now + TIMEOUT
-            entry = model.call.entry
-            assert entry is not None
-            command = self.pending.waiters[entry.approval].command
-            if command is not None:  # ended before the wait began
-                return self._event(model, command)
-            return None  # the call waits: a rule delivers its ending
-        if isinstance(effect, machine.RunVerdict):
-            assert not model.gone, "ran for a requester that left"
-            model.ran += 1
-            if self.leaves_while_running:
-                # The requester leaves while the tool runs: the driver stops the run.
-                model.gone = model.run_stopped = True
-                return machine.RequesterGone()
-            label = Label(Taint.INTERNAL, False)
-            if self.run_ok:
-                return machine.Ran(machine.RunOutcome(True, None, None, "hello\n", label))
-            return machine.Ran(machine.RunOutcome(False, Reason.NOT_FOUND, "no", "", label))
-        if isinstance(effect, machine.RaiseState):
-            if not self.raise_ok:
-                return machine.StateUnrecordable("disk full")
-            self.state = self.state.join(effect.label)
-            return machine.StateRaised(self.state)
-        if isinstance(effect, machine.ReplyAdmin):
-            model.replies.append(effect.reply)
-            return None
-        assert isinstance(effect, machine.Close)
-        model.closed = True
-        return None
+    def _waits(self, model: Model, wait: ev.AwaitOwner | None) -> None:
+        model.wait = wait
+        if wait is not None:
+            assert wait.deadline == self.now + TIMEOUT
+            assert wait.entry == model.entry
 
-    def _record(self, model: Model, body: machine.Body) -> dict[str, Any]:
-        call = model.call.call
-        if isinstance(body, machine.ApprovalBody):
-            return {"kind": "approval", "call": call, "outcome": body.outcome.value}
-        if isinstance(body, machine.ResultBody):
-            return {"kind": "result", "call": call, "ok": body.ok, "reason": body.reason}
-        return {"kind": "decision", "call": call, "verdict": body.verdict}
-
-    def _event(self, model: Model, command: Command) -> machine.Event:
-        if isinstance(command, ApproveCommand):
-            return machine.OwnerApproved(self._verdict(model))
-        if isinstance(command, RefuseCommand):
-            return machine.OwnerRefused(command.reason)
-        return command
+    def record_of(self, body: ev.CallRecord) -> dict[str, Any]:
+        if isinstance(body, Approval):
+            return {"kind": "approval", "call": body.call, "outcome": body.outcome.value}
+        if isinstance(body, Result):
+            ok = body.status is ResultStatus.OK
+            return {"kind": "result", "call": body.call, "ok": ok, "reason": body.reason}
+        assert isinstance(body, Decision)
+        return {"kind": "decision", "call": body.call, "verdict": body.verdict}
 
     def _deliver(self, model: Model, command: Command) -> None:
-        """The waiting call's task, woken with its ending."""
-        self._feed(model, self._event(model, command))
+        """The waiting call's task, woken with its ending (delivered: the port reads it)."""
+        assert self.pending.waiters[model.entry.approval].command == command  # type: ignore[union-attr]
+        wait = model.wait
+        assert wait is not None
+        self._waits(model, step(resume(model.call, wait.entry, MemoryPorts(self, model))))
 
     def _end(self, model: Model, command: Command, *, now: float | None = None) -> bool:
-        entry = model.call.entry
+        entry = model.entry
         assert entry is not None
         ended = self.pending.end(entry.approval, command, now=now)
         if ended is None:
@@ -212,9 +274,9 @@ class CallMachine(RuleBasedStateMachine):
         """Each waiting call's own deadline (pending.wait: its scope's deadline, then the
         table's boundary)."""
         for model in list(self.calls.values()):
-            entry = model.call.entry
+            entry = model.entry
             if model.waiting and entry is not None and entry.is_expired(self.now):
-                self._end(model, machine.Expired())
+                self._end(model, ev.Expired())
 
     # -- rules -----------------------------------------------------------------------
 
@@ -225,22 +287,24 @@ class CallMachine(RuleBasedStateMachine):
     )
     def request(self, path: str, full: str | None, gone_at_once: bool) -> None:
         call_id = f"c-{next(_IDS):016x}"
-        model = self.calls[call_id] = Model(Call(call_id, SESSION, pending_timeout=TIMEOUT), path)
+        model = self.calls[call_id] = Model(
+            Call(call_id, SESSION, boot=BOOT, pending_timeout=TIMEOUT), path
+        )
         model.gone = gone_at_once
         if self.stopping:
             model.stopped_before = True
-            self._feed(model, machine.Stopping())
+            self._feed(model, ev.Stopping())
             return
-        verdict = self._verdict(model)
-        self._feed(model, machine.Decided(verdict, full if isinstance(verdict, Ask) else None))
+        verdict = self.verdict(model)
+        self._feed(model, ev.Decided(verdict, full if isinstance(verdict, Ask) else None))
 
     @precondition(lambda self: bool(self.calls))
     @rule(data=st.data())
     def reuse_a_call_id(self, data: st.DataObject) -> None:
         call_id = data.draw(st.sampled_from(sorted(self.calls)))
-        twin = Model(Call(call_id, SESSION, pending_timeout=TIMEOUT), "notes.txt")
-        self._feed(twin, machine.Reused())
-        assert twin.frames == [machine.BadFrameError(machine.CALL_ID_USED)]
+        twin = Model(Call(call_id, SESSION, boot=BOOT, pending_timeout=TIMEOUT), "notes.txt")
+        self._feed(twin, ev.Reused())
+        assert twin.frames == [ErrorFrame(code=ErrorCode.BAD_FRAME, detail=machine.CALL_ID_USED)]
         assert twin.closed
 
     def _waiting(self) -> list[Model]:
@@ -250,9 +314,9 @@ class CallMachine(RuleBasedStateMachine):
     @rule(data=st.data(), approve=st.booleans(), reason=st.text(max_size=5))
     def answer(self, data: st.DataObject, approve: bool, reason: str) -> None:
         model = data.draw(st.sampled_from(self._waiting()))
-        entry = model.call.entry
+        entry = model.entry
         assert entry is not None
-        send, receive = trio.open_memory_channel[machine.AdminReply](1)
+        send, receive = trio.open_memory_channel[ev.AdminReply](1)
         command: Command = (
             ApproveCommand(None, send) if approve else RefuseCommand(f"no: {reason}", send)
         )
@@ -262,10 +326,10 @@ class CallMachine(RuleBasedStateMachine):
         assert len(model.replies) == 1, model.replies
         reply = model.replies[0]
         if approve:
-            assert isinstance(reply, machine.ApprovedReply | machine.NotRecorded)
+            assert isinstance(reply, ev.ApprovedReply | ev.NotRecorded)
         else:
-            assert isinstance(reply, machine.RefusedReply | machine.NotRecorded)
-        assert isinstance(reply, machine.NotRecorded) != self.ledger_up
+            assert isinstance(reply, ev.RefusedReply | ev.NotRecorded)
+        assert isinstance(reply, ev.NotRecorded) != self.ledger_up
         receive.close()
 
     @precondition(lambda self: bool(self._waiting()))
@@ -273,12 +337,12 @@ class CallMachine(RuleBasedStateMachine):
     def answer_at_the_deadline(self, data: st.DataObject) -> None:
         """An owner's answer at expires_at is the expiry (the boundary is ``>=``)."""
         model = data.draw(st.sampled_from(self._waiting()))
-        entry = model.call.entry
+        entry = model.entry
         assert entry is not None
-        send, receive = trio.open_memory_channel[machine.AdminReply](1)
+        send, receive = trio.open_memory_channel[ev.AdminReply](1)
         ended = self.pending.end(entry.approval, ApproveCommand(None, send), now=entry.deadline)
         assert ended is not None
-        assert isinstance(ended.command, machine.Expired)
+        assert isinstance(ended.command, ev.Expired)
         assert self.pending.was_expired(entry.approval)
         self._deliver(model, ended.command)
         assert model.replies == []
@@ -293,7 +357,7 @@ class CallMachine(RuleBasedStateMachine):
     def requester_leaves(self, data: st.DataObject) -> None:
         model = data.draw(st.sampled_from(self._waiting()))
         model.gone = True
-        assert self._end(model, machine.RequesterGone())
+        assert self._end(model, ev.RequesterGone())
 
     @rule(
         seconds=st.sampled_from([1.0, TIMEOUT - 0.001, TIMEOUT, TIMEOUT + 0.001])
@@ -328,10 +392,10 @@ class CallMachine(RuleBasedStateMachine):
         waiting = self._waiting()
         assert self.pending.withdraw_all() == len(waiting)
         for model in waiting:
-            entry = model.call.entry
+            entry = model.entry
             assert entry is not None
             command = self.pending.waiters[entry.approval].command
-            assert isinstance(command, machine.Stopping)
+            assert isinstance(command, ev.Stopping)
             self._deliver(model, command)
 
     # -- invariants ------------------------------------------------------------------
@@ -378,7 +442,7 @@ class CallMachine(RuleBasedStateMachine):
             assert results in ([], [(False, Reason.REQUESTER_GONE)]), results
             if model.replies:  # an approve let it run: the owner hears it was stopped
                 [reply] = model.replies
-                assert isinstance(reply, machine.ApprovedReply)
+                assert isinstance(reply, ev.ApprovedReply)
                 assert reply.ran is not None
                 assert (reply.ran.ok, reply.ran.reason) == (False, Reason.REQUESTER_GONE)
 
@@ -407,27 +471,27 @@ class CallMachine(RuleBasedStateMachine):
             assert len(finals) <= 1, finals
             if model.waiting:
                 assert finals == []
-                assert [type(f) for f in model.frames] == [machine.PendingNotice]
+                assert [type(f) for f in model.frames] == [Pending]
             elif not model.gone:
                 assert len(finals) == 1, (call, model.frames)
             asked = [r for r in self._of(call, "decision") if r["verdict"] == "ask"]
             if asked and not model.waiting:
                 assert len(self._of(call, "approval")) <= 1
-                if self.ledger_up and model.call.entry is not None:
+                if self.ledger_up and model.entry is not None:
                     pass
 
     @invariant()
     def answers_match_the_records(self) -> None:
         for call, model in self.calls.items():
             for final in model.finals:
-                if not isinstance(final, machine.Answer):
+                if not isinstance(final, Answer):
                     continue
                 approvals = [r["outcome"] for r in self._of(call, "approval")]
                 results = self._of(call, "result")
-                if final.outcome is machine.AnswerOutcome.OK:
+                if final.outcome is AnswerOutcome.OK:
                     assert [r["ok"] for r in results] == [True]
                     assert final.content == "hello\n"
-                elif final.outcome is machine.AnswerOutcome.DENIED:
+                elif final.outcome is AnswerOutcome.DENIED:
                     assert results == []
                     if final.reason in (Reason.REFUSED, Reason.EXPIRED):
                         assert approvals == [final.reason.value], (final, approvals)
@@ -461,12 +525,12 @@ TestCallMachine = CallMachine.TestCase
 
 
 def test_an_event_out_of_order_raises() -> None:
-    call = Call("c-0000000000000001", SESSION, pending_timeout=TIMEOUT)
+    call = Call("c-0000000000000001", SESSION, boot=BOOT, pending_timeout=TIMEOUT)
     with pytest.raises(IllegalEvent, match="Recorded is not expected in phase IDLE"):
-        call.handle(machine.Recorded())
-    call.handle(machine.Stopping())
+        call.handle(ev.Recorded())
+    call.handle(ev.Stopping())
     assert call.phase is Phase.DONE
-    for event in (machine.Stopping(), machine.Expired(), machine.RecordFailed()):
+    for event in (ev.Stopping(), ev.Expired(), ev.RecordFailed()):
         with pytest.raises(IllegalEvent):
             call.handle(event)
 

@@ -38,13 +38,8 @@ from boxmaker.broker.preview import preview_write
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.core.approvals import PendingEntry
-from boxmaker.core.call import (
-    AdminReply,
-    ApprovedReply,
-    EarlierEnd,
-    NotRecorded,
-    late_owner_answer,
-)
+from boxmaker.core.call import EarlierEnd, late_owner_answer
+from boxmaker.core.call_events import AdminReply, ApprovedReply, NotRecorded
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked, grant_of
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
@@ -65,7 +60,6 @@ from boxmaker.wire import (
     ChangePreview,
     ErrorCode,
     ErrorFrame,
-    GrantRef,
     GrantsReloaded,
     Refuse,
     Refused,
@@ -183,30 +177,12 @@ async def _with_previews(broker: Broker, live: list[PendingEntry]) -> list[Appro
         f"{PREVIEWS_S:g} s); answer some of them first"
     )
     return [
-        approval_view(
+        ApprovalView.of(
             entry,
             previews.get(entry.approval, skipped) if entry.tool == "write_file" else None,
         )
         for entry in live
     ]
-
-
-def approval_view(entry: PendingEntry, preview: ChangePreview | None = None) -> ApprovalView:
-    """The entry as an ``approvals`` answer lists it."""
-    grant = entry.grant
-    return ApprovalView(
-        approval=entry.approval,
-        call=entry.call,
-        session=entry.session,
-        tool=entry.tool,
-        arguments=entry.arguments,
-        grant=GrantRef(id=grant.id, mode=grant.mode, note=grant.note),
-        requested_at=entry.requested_at,
-        expires_at=entry.expires_at_wall,
-        taint=entry.taint,
-        untrusted=entry.untrusted,
-        preview=preview,
-    )
 
 
 async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:

@@ -1,12 +1,14 @@
 """broker.sock's driver: one call per connection.
 
 The handler reads one frame (within 5 s), decides it with the pure
-:func:`boxmaker.core.decide.evaluate`, and then feeds the call's life to the pure
-machine :class:`boxmaker.core.call.Call`, carrying out each effect it returns (write a
-record, send a frame, put the ask in the approvals table and wait for the owner, take
-the last look, run, raise the state, reply to the admin). Every rule of what follows the
-decision, in what order and what each failure answers, is in that machine's table
-(docs/decisions.md, "brokerd"); this module holds the I/O.
+:func:`boxmaker.core.decide.evaluate`, and then drives the call's life, the pure
+machine :class:`boxmaker.core.call.Call`, with the pure loop
+:func:`boxmaker.core.drive.drive`, giving it this module's ports (:class:`_Ports`:
+write a record, send a frame, put the ask in the approvals table, take the last look,
+run, raise the state, reply to the admin). Every rule of what follows the decision, in
+what order and what each failure answers, is in that machine's table, and how its
+effects are carried out is in that loop (docs/decisions.md, "brokerd"); this module
+holds the I/O.
 
 Before the machine, only the frame itself: ``error bad_frame`` / ``error
 forbidden_kind`` / the catalogue are answered and nothing is recorded. The resources
@@ -14,7 +16,8 @@ are the driver's too: an ask holds a pending slot and its request's bytes
 (:mod:`boxmaker.broker.limits`) from its decision to the end of its call, and when the
 caps are full the machine is told so (it denies ``too_many_pending``).
 
-A waiting call waits in its own connection's task, in the handler's own frame, under a
+A waiting call waits in its own connection's task, in the handler's own frame (the
+loop returns at the wait, and :func:`~boxmaker.core.drive.resume` carries on), under a
 cancel scope whose deadline is the entry's, for its socket to become readable (then
 :meth:`Requester.left` looks) or for its ending to be delivered
 (:mod:`boxmaker.broker.pending`): no timer, no wake-up a second.
@@ -32,18 +35,16 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import Final, TypeVar, assert_never
 
 import trio
 
-from boxmaker.broker.admin import approval_view
-from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
+from boxmaker.broker.pending import ApproveCommand, RefuseCommand, report
 from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec, before_asking
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.convert import converter
-from boxmaker.core import call as machine
-from boxmaker.core.approvals import GrantRef, PendingEntry
+from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
     APPROVAL_UNRECORDED,
     CALL_ID_USED,
@@ -52,25 +53,49 @@ from boxmaker.core.call import (
     STOPPING_DETAIL,
     Call,
 )
+from boxmaker.core.call_events import (
+    AdminReply,
+    CallFrame,
+    CallRecord,
+    Decided,
+    Enqueued,
+    Event,
+    Expired,
+    OwnerApproved,
+    OwnerRefused,
+    Ran,
+    RequesterGone,
+    Reused,
+    RunOutcome,
+    StateRaised,
+    StateUnrecordable,
+    Stopping,
+)
 from boxmaker.core.catalogue import catalogue_tools
-from boxmaker.core.decide import Ask, Decision, Run, ToolRequest, Verdict, evaluate
+from boxmaker.core.decide import Ask, Ruling, Run, Verdict, evaluate
+from boxmaker.core.drive import drive, resume
 from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
-from boxmaker.ledger import records
+from boxmaker.core.vocabulary import (
+    Answer,
+    Approval,
+    Decision,
+    ErrorCode,
+    ErrorFrame,
+    Pending,
+    Result,
+    ToolRequest,
+)
 from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
 from boxmaker.unix_sockets import DISCONNECTS, check_peer
 from boxmaker.wire import (
-    Answer,
     ApprovalView,
     BadFrame,
     CatalogueAnswer,
     CatalogueRequest,
-    ErrorCode,
-    ErrorFrame,
     ForbiddenKind,
     Frame,
-    Pending,
     decode_broker_request,
     encode_frame,
 )
@@ -203,44 +228,33 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         request = await _read_request(requester, broker.capacity.budget)
         if request is None:
             return
-        driver = _Driver(broker, requester, request)
+        ports = _Ports(broker, requester, request)
         del request
         try:
-            # The machine's loop: feed an event, carry out its effects; an effect that
-            # gives an event is the last of its list (core/call.py). It runs in this
-            # frame, the wait for the owner included: thousands of calls wait at once,
-            # and each coroutine frame on a waiting stack costs about 250 bytes.
-            effects = tuple(driver.call.handle(await driver.first_event()))
-            while effects:
-                effect, effects = effects[0], effects[1:]
-                happened: machine.Event | None
-                if not isinstance(effect, machine.AwaitOwner):
-                    happened = await driver.carry_out(effect)
-                    if happened is None:
-                        continue
-                    effects = tuple(driver.call.handle(happened))
-                    continue
-                # Wait for the owner: until the entry's ending is delivered (an owner's
-                # answer, a stop: PendingCalls.end cancels this scope), the requester
-                # leaves (its socket becomes readable and the look finds its end
-                # closed), or the deadline (this scope's; the table's boundary then
-                # takes the expiry). No timer, no wake-up while nothing happens.
-                entry = driver.waiting()
-                command = broker.pending.ending(entry.approval)
-                while command is None:
-                    with broker.pending.deadline(entry):
-                        # Requester.hang_up's loop, inline: one frame less a waiting call.
+            waiting = await drive(ports.call, await ports.first_event(), ports)
+            if waiting is None:
+                return
+            # Wait for the owner, here, in this frame: thousands of calls wait at once,
+            # and each coroutine frame on a waiting stack costs about 250 bytes (the loop
+            # returned at the wait). Until the entry's ending is delivered (an owner's
+            # answer, a stop: PendingCalls.end cancels this scope), the requester leaves
+            # (its socket becomes readable and the look finds its end closed), or the
+            # deadline (this scope's; the table's boundary then takes the expiry). No
+            # timer, no wake-up while nothing happens.
+            entry = waiting.entry
+            del waiting
+            log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
+            while broker.pending.ending(entry.approval) is None:
+                with broker.pending.deadline(entry):
+                    # Requester.hang_up's loop, inline: one frame less a waiting call.
+                    await trio.lowlevel.wait_readable(stream.socket)
+                    while not requester.left():
                         await trio.lowlevel.wait_readable(stream.socket)
-                        while not requester.left():
-                            await trio.lowlevel.wait_readable(stream.socket)
-                        broker.pending.end(entry.approval, machine.RequesterGone())
-                    command = broker.pending.woke(entry, trio.current_time())
-                del entry
-                happened = await driver.ending(command)
-                effects = tuple(driver.call.handle(happened))
-                del command, happened
+                    broker.pending.end(entry.approval, RequesterGone())
+                broker.pending.woke(entry, trio.current_time())
+            await resume(ports.call, entry, ports)
         finally:
-            driver.done()
+            ports.close()
     except DISCONNECTS as exc:
         log.debug("broker.sock: the requester left (%s)", type(exc).__name__)
     except Exception:
@@ -282,10 +296,14 @@ async def _read_first(requester: Requester, reader: FrameReader) -> ToolRequest 
         log.info("broker.sock: bad frame: %s", exc.detail)
         await requester.final(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=exc.detail))
         return None
-    if isinstance(frame, CatalogueRequest):
-        await requester.final(CatalogueAnswer(tools=catalogue_tools()))
-        return None
-    return ToolRequest(frame.call, frame.session, frame.tool, frame.arguments)
+    match frame:
+        case CatalogueRequest():
+            await requester.final(CatalogueAnswer(tools=catalogue_tools()))
+            return None
+        case ToolRequest():
+            return frame
+        case _:
+            assert_never(frame)
 
 
 async def _raise_state(broker: Broker, session: str, label: Label) -> Label | StateUnreadable:
@@ -326,7 +344,7 @@ async def _before_asking(broker: Broker, ask: Ask) -> Verdict:
     return await broker.to_thread(before_asking, broker.workspace, ask)
 
 
-def _log_decision(decision: Decision) -> None:
+def _log_decision(decision: Ruling) -> None:
     # The ledger, not the log, is the record of every call: a call that runs on an auto
     # grant is logged at debug level (docs/decisions.md), denials and asks at info.
     log.log(
@@ -341,33 +359,50 @@ def _log_decision(decision: Decision) -> None:
     )
 
 
-class _Driver:
-    """Carries out a :class:`~boxmaker.core.call.Call`'s effects and feeds it what
-    happened. Holds the call's resources: its pending slot, its entry, the admin's reply
-    channel while an approve or refuse is being recorded. (Slots, and a flat loop with
-    few frames: thousands of these wait at once.)"""
+class _Ports:
+    """brokerd's ports for :func:`~boxmaker.core.drive.drive` (the ledger, the
+    requester's socket, the runner, the state files, the approvals table), and the
+    call's resources: its pending slot, its entry, the admin's reply channel while an
+    approve or refuse is being recorded. (Slots, and few frames: thousands of these
+    wait at once.)"""
 
-    __slots__ = ("broker", "call", "holds_grants", "reply", "request", "requester", "slot")
+    __slots__ = (
+        "approval",
+        "broker",
+        "call",
+        "closed",
+        "holds_grants",
+        "reply_to",
+        "request",
+        "requester",
+        "slot",
+    )
 
     def __init__(self, broker: Broker, requester: Requester, request: ToolRequest) -> None:
         self.broker = broker
         self.requester = requester
         self.request = request
         self.call = Call(
-            request.call, request.session, pending_timeout=broker.config.broker.pending_timeout
+            request.call,
+            request.session,
+            boot=broker.boot,
+            pending_timeout=broker.config.broker.pending_timeout,
         )
         self.slot: int | None = None
-        self.reply: trio.MemorySendChannel[machine.AdminReply] | None = None
+        self.approval: str | None = None
+        """The pending entry's id, once one was made (it is forgotten at the close)."""
+        self.reply_to: trio.MemorySendChannel[AdminReply] | None = None
         self.holds_grants = False
+        self.closed = False
 
-    async def first_event(self) -> machine.Event:
+    async def first_event(self) -> Event:
         """What starts the call: its decision (or a reused id, or a stop)."""
         broker, request = self.broker, self.request
         if not broker.claim_call(request.call, request.session):
             log.warning("broker.sock: call id %s was already used in this boot", request.call)
-            return machine.Reused()
+            return Reused()
         if broker.stopping:
-            return machine.Stopping()
+            return Stopping()
         # Held until the decision's record is written: a change of grants noticed
         # meanwhile is recorded after it (GrantsWatcher.take).
         grants = await broker.grants.take()
@@ -384,132 +419,63 @@ class _Driver:
             if full is None:
                 self.slot = size
                 _log_decision(verdict.decision)  # now: the owner may be watching the log
-        return machine.Decided(verdict, pending_full=full)
+        return Decided(verdict, pending_full=full)
 
-    def give_back_grants(self) -> None:
+    def _give_back_grants(self) -> None:
         if self.holds_grants:
             self.holds_grants = False
             self.broker.grants.give_back()
 
-    def done(self) -> None:
-        self.give_back_grants()
-        if self.slot is not None:
-            self.broker.capacity.release_pending(self.slot)
-        if self.call.entry is not None:
-            self.broker.pending.forget(self.call.entry.approval)
-        if self.reply is not None:
-            self.reply.close()
-        decision = self.call.decision
-        if decision is not None and decision.verdict != "ask":
-            # After the answer: a log line costs as much as a tenth of a call's latency.
-            _log_decision(decision)
+    # -- the ports ---------------------------------------------------------------------
 
-    async def carry_out(self, effect: machine.Effect) -> machine.Event | None:
-        broker = self.broker
-        if isinstance(effect, machine.Record):
-            recorded = await broker.record(self._body(effect.body))
-            self.give_back_grants()  # the decision's record is the first
-            return machine.Recorded() if recorded else machine.RecordFailed()
-        if isinstance(effect, machine.Send):
-            await self._send(effect.frame)
-            return None
-        if isinstance(effect, machine.LastLook):
-            return machine.Looked(self.requester.gone())
-        if isinstance(effect, machine.RunVerdict):
-            return await self._run(effect.verdict, approved=effect.approved)
-        if isinstance(effect, machine.RaiseState):
-            raised = await _raise_state(broker, effect.session, effect.label)
-            if isinstance(raised, StateUnreadable):
-                log.error(
-                    "call %s: the session state could not be raised: %s",
-                    self.call.call,
-                    raised.detail,
+    async def record(self, body: CallRecord) -> bool:
+        call = self.call.call
+        match body:
+            case Decision():
+                pass  # logged at the close (an ask when it is asked)
+            case Approval():
+                log.info(
+                    "call %s: approval %s %s (%s) by %s",
+                    call,
+                    body.approval,
+                    body.outcome,
+                    body.reason,
+                    body.by,
                 )
-                return machine.StateUnrecordable(raised.detail)
-            return machine.StateRaised(raised)
-        if isinstance(effect, machine.Enqueue):
-            made = self._entry(effect.ask)
-            added = broker.pending.add(made)
-            if added and broker.notifier.enabled:
-                broker.notifier.notify(converter.unstructure(approval_view(made), ApprovalView))
-            return machine.Enqueued(made, closed=not added)
-        if isinstance(effect, machine.ReplyAdmin):
-            if self.reply is not None:
-                report(self.reply, effect.reply)
-                self.reply = None
-            return None
-        return None  # Close: the handler returns and the connection closes
+            case Result():
+                log.debug("result call=%s ok=%s reason=%s", call, body.status, body.reason)
+            case _:
+                assert_never(body)
+        recorded = await self.broker.record(body)
+        self._give_back_grants()  # the decision's record is the first
+        return recorded
 
-    async def _send(self, frame: machine.Frame) -> None:
-        call = self.call.call
-        if isinstance(frame, machine.PendingNotice):
-            entry = frame.entry
-            pending = Pending(
-                call=call,
-                approval=entry.approval,
-                grant=entry.grant.id,
-                expires_at=entry.expires_at_wall,
-            )
-            try:
-                await self.requester.send(pending)
-            except DISCONNECTS:
-                # The requester is gone already: the entry ends so, unless someone
-                # else took it first (then their ending is waiting).
-                self.broker.pending.end(entry.approval, machine.RequesterGone())
-            return
-        if isinstance(frame, machine.BadFrameError):
-            await self.requester.final(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=frame.detail))
-            return
-        await self.requester.final(_answer(call, frame))
+    async def send(self, frame: CallFrame) -> bool:
+        match frame:
+            case Pending():
+                try:
+                    await self.requester.send(frame)
+                except DISCONNECTS:
+                    return False
+                return True
+            case Answer() | ErrorFrame():
+                await self.requester.final(frame)
+                return True
+            case _:
+                assert_never(frame)
 
-    def _entry(self, ask: Ask) -> PendingEntry:
-        decision = ask.decision
-        # The decision's arguments are a fresh dict of the checked ones (nobody mutates
-        # it): shared with the entry instead of copied, as thousands may wait.
-        arguments = decision.arguments
-        return PendingEntry.create(
-            approval=self.broker.pending.new_approval_id(),
-            call=decision.call,
-            session=decision.session,
-            tool=decision.tool,
-            arguments=arguments if isinstance(arguments, dict) else dict(arguments),
-            grant=GrantRef(id=ask.grant.id, mode=ask.grant.mode.value, note=decision.note),
-            taint=decision.state.taint,
-            untrusted=decision.state.untrusted,
-            requested_at=utc_now(),
-            now=trio.current_time(),
-            timeout=self.broker.config.broker.pending_timeout,
-        )
+    def look(self) -> bool:
+        return self.requester.gone()
 
-    def waiting(self) -> PendingEntry:
-        entry = self.call.entry
-        assert entry is not None
-        log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
-        return entry
-
-    async def ending(self, command: Command) -> machine.Event:
-        call = self.call.call
-        if isinstance(command, ApproveCommand):
-            self.reply = command.reply
-            verdict = await _evaluate(self.broker, self.request)
-            log.info("call %s: approved by the owner (note %r)", call, command.note)
-            return machine.OwnerApproved(verdict, command.grant_written)
-        if isinstance(command, RefuseCommand):
-            self.reply = command.reply
-            log.info("call %s: refused by the owner", call)
-            return machine.OwnerRefused(command.reason)
-        log.info("call %s: the wait ended: %s", call, type(command).__name__)
-        return command
-
-    async def _run(self, verdict: Run | Ask, *, approved: bool) -> machine.Event:
+    async def run(self, verdict: Run | Ask, *, approved: bool) -> Ran | RequesterGone:
+        broker = self.broker
         spec = RunSpec.for_verdict(
             verdict,
-            workspace=self.broker.workspace,
-            runner=self.broker.config.runner,
-            labels=self.broker.config.labels,
+            workspace=broker.workspace,
+            runner=broker.config.runner,
+            labels=broker.config.labels,
             approved=approved,
         )
-        broker = self.broker
 
         def run() -> Awaitable[RunResult]:
             return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
@@ -518,69 +484,84 @@ class _Driver:
             finished = await self.requester.while_here(run)
             if finished is None:
                 log.info("call %s: its requester left while it ran; the run was stopped", spec.call)
-                return machine.RequesterGone()
+                return RequesterGone()
             result = finished
         else:
             result = await run()
-        outcome = machine.RunOutcome(
-            result.ok, result.reason, result.detail, result.content, result.label
+        return Ran(
+            RunOutcome(result.ok, result.reason, result.detail, result.content, result.label)
         )
-        return machine.Ran(outcome)
 
-    def _body(self, body: machine.Body) -> records.Body:
+    async def raise_state(self, session: str, label: Label) -> StateRaised | StateUnrecordable:
+        raised = await _raise_state(self.broker, session, label)
+        if isinstance(raised, StateUnreadable):
+            log.error(
+                "call %s: the session state could not be raised: %s", self.call.call, raised.detail
+            )
+            return StateUnrecordable(raised.detail)
+        return StateRaised(raised)
+
+    def enqueue(self, ask: Ask) -> Enqueued:
+        broker = self.broker
+        entry = PendingEntry.for_ask(
+            ask,
+            approval=broker.pending.new_approval_id(),
+            requested_at=utc_now(),
+            now=trio.current_time(),
+            timeout=broker.config.broker.pending_timeout,
+        )
+        added = broker.pending.add(entry)
+        if added:
+            self.approval = entry.approval
+            if broker.notifier.enabled:
+                broker.notifier.notify(converter.unstructure(ApprovalView.of(entry), ApprovalView))
+        return Enqueued(entry, closed=not added)
+
+    async def ending(self, entry: PendingEntry) -> Event | None:
+        command = self.broker.pending.ending(entry.approval)
         call = self.call.call
-        if isinstance(body, Decision):
-            return records.Decision(
-                call=body.call,
-                session=body.session,
-                tool=body.tool,
-                arguments=dict(body.arguments),
-                verdict=body.verdict,
-                reason=body.reason,
-                grant=body.grant,
-                taint=body.state.taint,
-                untrusted=body.state.untrusted,
-                boot=self.broker.boot,
-            )
-        if isinstance(body, machine.ApprovalBody):
-            log.info(
-                "call %s: approval %s %s (%s) by %s",
-                call,
-                body.approval,
-                body.outcome,
-                body.reason,
-                body.by,
-            )
-            return records.Approval(
-                call=call,
-                approval=body.approval,
-                outcome=body.outcome,
-                reason=body.reason,
-                by=body.by,
-                taint=body.state.taint,
-                untrusted=body.state.untrusted,
-                grant_written=body.grant_written,
-            )
-        log.debug("result call=%s ok=%s reason=%s", call, body.ok, body.reason)
-        return records.Result(
-            call=call,
-            status=records.ResultStatus.OK if body.ok else records.ResultStatus.FAILED,
-            reason=body.reason,
-            label=body.label,
-            taint_after=body.state_after.taint,
-            untrusted_after=body.state_after.untrusted,
-            output_sha256=body.output_sha256,
-            output_bytes=body.output_bytes,
-            stopped=body.stopped,
-        )
+        match command:
+            case None:
+                return None
+            case ApproveCommand():
+                self.reply_to = command.reply
+                verdict = await _evaluate(self.broker, self.request)
+                log.info("call %s: approved by the owner (note %r)", call, command.note)
+                return OwnerApproved(verdict, command.grant_written)
+            case RefuseCommand():
+                self.reply_to = command.reply
+                log.info("call %s: refused by the owner", call)
+                return OwnerRefused(command.reason)
+            case Expired() | Stopping() | RequesterGone():
+                log.info("call %s: the wait ended: %s", call, type(command).__name__)
+                return command
+            case _:
+                assert_never(command)
 
+    def withdraw(self, approval: str) -> None:
+        # The requester is gone already: the entry ends so, unless someone else took it
+        # first (then their ending is waiting).
+        self.broker.pending.end(approval, RequesterGone())
 
-def _answer(call: str, answer: machine.Answer) -> Answer:
-    if answer.outcome is machine.AnswerOutcome.OK:
-        assert answer.content is not None
-        assert answer.label is not None
-        return Answer.ok(call, answer.content, answer.label)
-    assert answer.reason is not None
-    if answer.outcome is machine.AnswerOutcome.DENIED:
-        return Answer.denied(call, answer.reason, answer.detail)
-    return Answer.failed(call, answer.reason, answer.detail)
+    def reply(self, reply: AdminReply) -> None:
+        if self.reply_to is not None:
+            report(self.reply_to, reply)
+            self.reply_to = None
+
+    def close(self) -> None:
+        """The call is over, however it ended: every resource it held goes back (the
+        handler's ``finally`` calls this too; the second time does nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._give_back_grants()
+        if self.slot is not None:
+            self.broker.capacity.release_pending(self.slot)
+        if self.approval is not None:
+            self.broker.pending.forget(self.approval)
+        if self.reply_to is not None:
+            self.reply_to.close()
+        decision = self.call.decision
+        if decision is not None and decision.verdict != "ask":
+            # After the answer: a log line costs as much as a tenth of a call's latency.
+            _log_decision(decision)

@@ -15,7 +15,7 @@ no timer and no wake-up while nothing happens; an idle pending call is an epoll
 registration and a deadline in trio's heap.
 
 The commands an owner's answer delivers carry a reply channel: the admin handler waits
-on it for how the call's task recorded the answer (:class:`boxmaker.core.call.AdminReply`).
+on it for how the call's task recorded the answer (:class:`boxmaker.core.call_events.AdminReply`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import trio
 
 from boxmaker.convert import new_approval_id
 from boxmaker.core.approvals import ApprovalsTable, Missing, PendingEntry, Taken
-from boxmaker.core.call import AdminReply, EarlierEnd, Expired, RequesterGone, Stopping
+from boxmaker.core.call import EarlierEnd
+from boxmaker.core.call_events import AdminReply, Expired, RequesterGone, Stopping
 
 REMEMBER_ENDED: Final = 4096
 """How many expired or withdrawn approval ids are kept, so a late approve hears how the

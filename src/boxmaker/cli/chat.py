@@ -317,7 +317,7 @@ class ApprovalPrompt:
 OnEvent = Callable[[LoopEvent], Awaitable[None]]
 
 
-async def run_turn(
+async def show_turn(
     home: Home, text: str, session: str | None, *, as_json: bool, on_event: OnEvent | None = None
 ) -> TurnEnd:
     """One ``say`` on loop.sock, its events shown as they come. On a terminal a waiting
@@ -417,7 +417,7 @@ async def chat(
     if say is not None:
         if not say.strip():
             return fail("--say needs some text", Exit.USAGE)
-        return (await run_turn(common.resolve(), say, session, as_json=common.json)).code
+        return (await show_turn(common.resolve(), say, session, as_json=common.json)).code
     home = common.resolve()
     code = Exit.DONE
     while True:
@@ -427,7 +427,7 @@ async def chat(
             return Exit.INTERRUPTED
         if not text.strip():
             return code
-        end = await run_turn(home, text, session, as_json=common.json)
+        end = await show_turn(home, text, session, as_json=common.json)
         session, code = end.session, end.code
         if code is Exit.UNREACHABLE:
             return code

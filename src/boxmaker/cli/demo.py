@@ -26,7 +26,7 @@ import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.audit import verify
-from boxmaker.cli.chat import run_turn
+from boxmaker.cli.chat import show_turn
 from boxmaker.cli.common import Common, Exit, fail
 from boxmaker.cli.daemons import DAEMONS, daemon_states, stop, up
 from boxmaker.cli.owner import approval_block
@@ -164,7 +164,7 @@ async def demo(*, yes: bool = False, keep: bool = False, home: str | None = None
                 await _owner_decides(where, event, yes=yes)
 
         try:
-            turn = await run_turn(where, QUESTION, None, as_json=False, on_event=on_event)
+            turn = await show_turn(where, QUESTION, None, as_json=False, on_event=on_event)
         except DaemonUnreachable as exc:
             return fail(str(exc), Exit.UNREACHABLE)
         print("\nThe audit ledger (bxctl audit verify):")

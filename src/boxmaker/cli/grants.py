@@ -28,12 +28,13 @@ from boxmaker.cli.what_if import what_if
 from boxmaker.clock import format_utc, local_time, parse_utc, utc_now
 from boxmaker.convert import SESSION_ID
 from boxmaker.core.catalogue import ArgumentProblem, check_arguments
-from boxmaker.core.decide import Ask, ToolRequest, Verdict, evaluate
+from boxmaker.core.decide import Ask, Verdict, evaluate
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
 from boxmaker.core.grant_usage import GrantUsage, Tally, tally_decisions
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
+from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.grants_file import read_grants
 from boxmaker.home import ConfigError, HomeError, load_config
 from boxmaker.ledger.verify import READ_BUFFER
@@ -329,7 +330,9 @@ def decide_call(
     state: Label | StateUnreadable = (
         FRESH if session is None else state_files.read_state(home.sessions_dir, session)
     )
-    request = ToolRequest(TEST_CALL, session or "s-000000000000", tool, raw)
+    request = ToolRequest(
+        call=TEST_CALL, session=session or "s-000000000000", tool=tool, arguments=raw
+    )
     verdict: Verdict = evaluate(
         request,
         ledger_usable=True,

@@ -23,8 +23,8 @@ from boxmaker.cli.daemons import daemon_states
 from boxmaker.cli.terminal import is_interactive
 from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
-from boxmaker.core.call import ApprovalOutcome
 from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
+from boxmaker.core.vocabulary import ApprovalOutcome
 from boxmaker.home import ConfigError, Home, HomeError, load_config
 from boxmaker.printable import printable
 from boxmaker.wire import (

@@ -31,33 +31,25 @@ Missing(approval='a-00000001')
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from boxmaker.core.call import due
+from boxmaker.core.decide import Ask
 from boxmaker.core.labels import Taint
+from boxmaker.core.vocabulary import GrantRef
 
 __all__ = [
     "ApprovalsTable",
     "DuplicateApproval",
-    "Expired",
     "GrantRef",
     "Missing",
+    "Overdue",
     "PendingEntry",
     "TakeResult",
     "Taken",
 ]
-
-
-@attrs.frozen
-class GrantRef:
-    """The grant an ask matched, as the owner is shown it (admin.sock's ``approvals``
-    answer builds its frame from this)."""
-
-    id: str
-    mode: Literal["auto", "ask", "deny"]
-    note: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -110,6 +102,35 @@ class PendingEntry:
             untrusted=untrusted,
         )
 
+    @classmethod
+    def for_ask(
+        cls,
+        ask: Ask,
+        *,
+        approval: str,
+        requested_at: dt.datetime,
+        now: float,
+        timeout: float,
+    ) -> PendingEntry:
+        """The entry of ``ask``: its call, tool and checked arguments, the grant it
+        matched (with the grant's note) and the state it was decided on."""
+        decision = ask.decision
+        return cls.create(
+            approval=approval,
+            call=decision.call,
+            session=decision.session,
+            tool=decision.tool,
+            # A fresh dict of the checked arguments (nobody mutates it): shared with the
+            # entry instead of copied, as thousands may wait.
+            arguments=decision.arguments,
+            grant=GrantRef(id=ask.grant.id, mode=ask.grant.mode.value, note=decision.note),
+            taint=decision.state.taint,
+            untrusted=decision.state.untrusted,
+            requested_at=requested_at,
+            now=now,
+            timeout=timeout,
+        )
+
     def is_expired(self, now: float) -> bool:
         """At or after the deadline (:func:`boxmaker.core.call.due`)."""
         return due(self.deadline, now)
@@ -130,14 +151,14 @@ class Missing:
 
 
 @attrs.frozen
-class Expired:
+class Overdue:
     """The entry was at or past its deadline; it has been removed, and the caller owns
     its expiry (record approval ``expired``, deny the call ``expired``)."""
 
     entry: PendingEntry
 
 
-TakeResult = Taken | Missing | Expired
+TakeResult = Taken | Missing | Overdue
 
 
 class DuplicateApproval(ValueError):
@@ -187,7 +208,7 @@ class ApprovalsTable:
     def take(self, approval: str, now: float) -> TakeResult:
         """Take an entry for ``approve`` or ``refuse``.
 
-        :class:`Taken` before the deadline; :class:`Expired` at or after it (the admin
+        :class:`Taken` before the deadline; :class:`Overdue` at or after it (the admin
         answer is ``error expired`` and the expiry happens now); :class:`Missing` when
         it is not there. Either way the entry is gone afterwards.
         """
@@ -195,7 +216,7 @@ class ApprovalsTable:
         if entry is None:
             return Missing(approval)
         if entry.is_expired(now):
-            return Expired(entry)
+            return Overdue(entry)
         return Taken(entry)
 
     def take_own(self, approval: str) -> PendingEntry | None:

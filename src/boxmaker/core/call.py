@@ -3,12 +3,22 @@
 In the manner of h11 (``_state.py`` + ``_connection.py``): a :class:`Call` takes
 *events* (what happened: the decision was made, a record was written or not, the owner
 answered, the deadline came, the requester left, the tool ran, the state was raised)
-and returns *effects* (what to do next: record this, send this, wait for the owner until
-this deadline, run this verdict, raise the state by this label, reply to the admin,
-close). It does no I/O and reads no clock: brokerd's connection handler
-(:mod:`boxmaker.broker.connection`) feeds it events and carries out its effects, and
-holds no rule of its own. An event the table has no row for raises
-:class:`IllegalEvent`, so a driver that gets the order wrong fails loudly.
+and returns *effects* (what to do next: append this record, send this frame, wait for
+the owner's answer to this entry, run this verdict, raise the state by this label,
+reply to the admin, close). The frames it sends and the records it appends are the
+wire's and the ledger's own values (:mod:`boxmaker.core.vocabulary`). It does no I/O
+and reads no clock: the one driver loop (:func:`boxmaker.core.drive.drive`) feeds it
+events and carries out its effects through ports (brokerd's connection handler,
+:mod:`boxmaker.broker.connection`, gives the real ones), and holds no rule of its own.
+An event the table has no row for raises :class:`IllegalEvent`, so a driver that gets
+the order wrong fails loudly.
+
+The table is data (:data:`TRANSITIONS`: every row's possible next phases), and every
+transition is checked against it (:class:`IllegalTransition`); tools/check_docs.py
+checks the drawing below, and docs/protocol.md's copy, against it. What the call knows
+is its phase's state (:data:`State`: the entry while it waits, the verdict while its
+record is written, what the run gave while the state is raised), never a field that a
+row must hope is set.
 
 Every rule of a call's life is in the table below and nowhere else: the write order
 (the decision before anything else; the approval record before the run; the result
@@ -97,19 +107,66 @@ nobody saw it.
 from __future__ import annotations
 
 import enum
-import hashlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias, assert_never
 
 import attrs
 
-from boxmaker.core.decide import Ask, Decision, Deny, Run, Verdict, approval_outcome
-from boxmaker.core.labels import FRESH, UNKNOWN, Label
+from boxmaker.core.call_events import (
+    AppendRecord,
+    ApprovedReply,
+    AwaitOwner,
+    Close,
+    Decided,
+    Effect,
+    EndWithoutRun,
+    Enqueue,
+    Enqueued,
+    Event,
+    Expired,
+    LastLook,
+    Looked,
+    NotRecorded,
+    OwnerApproved,
+    OwnerRefused,
+    RaiseState,
+    Ran,
+    RanReply,
+    Recorded,
+    RecordFailed,
+    RefusedReply,
+    ReplyAdmin,
+    RequesterGone,
+    Reused,
+    RunOutcome,
+    RunVerdict,
+    Send,
+    StateRaised,
+    StateUnrecordable,
+    Stopping,
+)
+from boxmaker.core.decide import Ask, Deny, Ruling, Run, Verdict, approval_outcome
+from boxmaker.core.labels import UNKNOWN, Label
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE
+from boxmaker.core.vocabulary import APPROVE_OUTCOMES as APPROVE_OUTCOMES
+from boxmaker.core.vocabulary import (
+    Answer,
+    AnswerOutcome,
+    Approval,
+    ApprovalBy,
+    ApprovalOutcome,
+    Decision,
+    ErrorCode,
+    ErrorFrame,
+    Pending,
+    Result,
+)
 
 if TYPE_CHECKING:
     from boxmaker.core.approvals import PendingEntry
+
 
 CALL_ID_USED: Final = "call id already used"
 STOPPING_DETAIL: Final = "brokerd is stopping"
@@ -131,324 +188,7 @@ def due(deadline: float, now: float) -> bool:
 
 
 # ---------------------------------------------------------------------------------------
-# The values core hands out (the driver turns them into frames and records)
-
-
-class ApprovalOutcome(enum.StrEnum):
-    """How an approval ended (the ``approval`` record's outcome; ``approved``'s outcome
-    is one of the first four)."""
-
-    ASK = "ask"
-    ALLOWED = "allowed"
-    DENIED = "denied"
-    WITHDRAWN = "withdrawn"
-    REFUSED = "refused"
-    EXPIRED = "expired"
-
-
-APPROVE_OUTCOMES: Final = frozenset(
-    {
-        ApprovalOutcome.ASK,
-        ApprovalOutcome.ALLOWED,
-        ApprovalOutcome.DENIED,
-        ApprovalOutcome.WITHDRAWN,
-    }
-)
-"""What an owner's approve can end in (the ``approved`` admin answer says one of them):
-refused and expired end a call another way."""
-
-
-class ApprovalBy(enum.StrEnum):
-    OWNER = "owner"
-    EXPIRY = "expiry"
-    BROKER = "broker"
-
-
-class AnswerOutcome(enum.StrEnum):
-    OK = "ok"
-    DENIED = "denied"
-    FAILED = "failed"
-
-
-@attrs.frozen
-class Answer:
-    """The call's one final ``answer`` frame."""
-
-    outcome: AnswerOutcome
-    reason: Reason | None = None
-    detail: str | None = None
-    content: str | None = None
-    label: Label | None = None
-
-
-@attrs.frozen
-class BadFrameError:
-    """The final ``error bad_frame`` frame (a call id already used)."""
-
-    detail: str
-
-
-@attrs.frozen
-class PendingNotice:
-    """The ``pending`` frame: the call waits for the owner."""
-
-    entry: PendingEntry
-
-
-Frame: TypeAlias = Answer | BadFrameError | PendingNotice
-
-
-@attrs.frozen
-class ApprovalBody:
-    """The one ``approval`` record of an asked call."""
-
-    approval: str
-    outcome: ApprovalOutcome
-    reason: str | None
-    by: ApprovalBy
-    state: Label
-    """The state it was decided on: the re-decision's for an approve, else the ask's."""
-    grant_written: str | None = None
-    """The grant an approve-always wrote to grants.toml before this approval."""
-
-
-@attrs.frozen
-class ResultBody:
-    """The ``result`` record."""
-
-    ok: bool
-    reason: Reason | None
-    label: Label
-    state_after: Label
-    output_sha256: str | None
-    output_bytes: int
-    stopped: bool = False
-    """The run was stopped half-way because its requester left (else it never began)."""
-
-
-Body: TypeAlias = Decision | ApprovalBody | ResultBody
-
-
-@attrs.frozen
-class RanReply:
-    """How an approved call's run ended, as its answer to the model said: ``ok``, or
-    ``failed`` with the reason and detail."""
-
-    ok: bool
-    reason: Reason | None = None
-    detail: str | None = None
-
-
-@attrs.frozen
-class ApprovedReply:
-    """The ``approved`` admin answer: the approval's outcome and, when the re-decision
-    denied, its reason and detail; for an approval that ran, how the run ended."""
-
-    outcome: ApprovalOutcome
-    reason: Reason | None
-    detail: str | None = None
-    ran: RanReply | None = None
-
-
-@attrs.frozen
-class RefusedReply:
-    """The ``refused`` admin answer."""
-
-
-@attrs.frozen
-class NotRecorded:
-    """The approval record could not be written: the admin answers ``error internal``."""
-
-    detail: str
-
-
-AdminReply: TypeAlias = ApprovedReply | RefusedReply | NotRecorded
-
-
-@attrs.frozen
-class RunOutcome:
-    """What the run gave (the runner's result, as core sees it)."""
-
-    ok: bool
-    reason: Reason | None
-    detail: str | None
-    content: str
-    label: Label
-
-
-# ---------------------------------------------------------------------------------------
-# Events
-
-
-@attrs.frozen
-class Reused:
-    """The call id was already used in this boot (a second decision would break the
-    ledger's one decision per open call)."""
-
-
-@attrs.frozen
-class Stopping:
-    """brokerd is stopping."""
-
-
-@attrs.frozen
-class Decided:
-    """The request was decided. ``pending_full``: an ask found the pending caps full
-    (the detail of its ``too_many_pending`` denial)."""
-
-    verdict: Verdict
-    pending_full: str | None = None
-
-
-@attrs.frozen
-class Recorded:
-    """The record the last effect asked for was written."""
-
-
-@attrs.frozen
-class RecordFailed:
-    """The ledger is stopped: the record was not written."""
-
-
-@attrs.frozen
-class Enqueued:
-    """The pending entry was made; ``closed``: the table was closed (brokerd stops), so
-    it was never put in it."""
-
-    entry: PendingEntry
-    closed: bool = False
-
-
-@attrs.frozen
-class Looked:
-    """The last look: has the requester closed its end?"""
-
-    gone: bool
-
-
-@attrs.frozen
-class OwnerApproved:
-    """The owner approved; ``verdict`` is the re-decision with the current grants and
-    state; ``grant_written`` the grant an approve-always wrote first."""
-
-    verdict: Verdict
-    grant_written: str | None = None
-
-
-@attrs.frozen
-class OwnerRefused:
-    reason: str
-
-
-@attrs.frozen
-class Expired:
-    """The pending deadline came (see :func:`due`)."""
-
-
-@attrs.frozen
-class RequesterGone:
-    """The requester closed its end while the call waited, or while its tool ran (the
-    driver stopped the run)."""
-
-
-@attrs.frozen
-class Ran:
-    outcome: RunOutcome
-
-
-@attrs.frozen
-class StateRaised:
-    """The session's state after the raise."""
-
-    state: Label
-
-
-@attrs.frozen
-class StateUnrecordable:
-    detail: str
-
-
-Event: TypeAlias = (
-    Reused
-    | Stopping
-    | Decided
-    | Recorded
-    | RecordFailed
-    | Enqueued
-    | Looked
-    | OwnerApproved
-    | OwnerRefused
-    | Expired
-    | RequesterGone
-    | Ran
-    | StateRaised
-    | StateUnrecordable
-)
-Ending: TypeAlias = Expired | Stopping | RequesterGone | OwnerRefused
-"""How a waiting call can end without a run."""
-
-
-# ---------------------------------------------------------------------------------------
-# Effects
-
-
-@attrs.frozen
-class Record:
-    body: Body
-
-
-@attrs.frozen
-class Send:
-    frame: Frame
-
-
-@attrs.frozen
-class Enqueue:
-    """Make the pending entry of ``ask`` (an approval id, both clocks) and put it in
-    the table."""
-
-    ask: Ask
-
-
-@attrs.frozen
-class AwaitOwner:
-    """Wait for the owner until ``deadline`` (monotonic), or until the requester goes."""
-
-    deadline: float
-
-
-@attrs.frozen
-class LastLook:
-    """Look whether the requester closed its end; answer with :class:`Looked`."""
-
-
-@attrs.frozen
-class RunVerdict:
-    """Run the call as ``verdict`` says (a run, or an ask the owner approved)."""
-
-    verdict: Run | Ask
-    approved: bool
-
-
-@attrs.frozen
-class RaiseState:
-    session: str
-    label: Label
-
-
-@attrs.frozen
-class ReplyAdmin:
-    reply: AdminReply
-
-
-@attrs.frozen
-class Close:
-    """The call is over: close the connection."""
-
-
-Effect: TypeAlias = (
-    Record | Send | Enqueue | AwaitOwner | LastLook | RunVerdict | RaiseState | ReplyAdmin | Close
-)
+# Phases, and what each knows
 
 
 class Phase(enum.Enum):
@@ -467,6 +207,133 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
+@attrs.frozen
+class Idle:
+    """A tool request was read, its call id claimed."""
+
+    phase: ClassVar[Phase] = Phase.IDLE
+
+
+@attrs.frozen
+class Deciding:
+    """The decision record of ``verdict`` is being written."""
+
+    phase: ClassVar[Phase] = Phase.DECISION
+    verdict: Verdict
+
+
+@attrs.frozen
+class Enqueueing:
+    """The ask's pending entry is being made (the ask itself is not kept: the entry holds
+    what the owner is shown, and an approve re-decides)."""
+
+    phase: ClassVar[Phase] = Phase.ENQUEUE
+
+
+@attrs.frozen
+class Waiting:
+    """``entry`` waits for the owner."""
+
+    phase: ClassVar[Phase] = Phase.WAITING
+    entry: PendingEntry
+
+
+@attrs.frozen
+class LookingBeforeApproval:
+    """The last look after an approve whose re-decision would run."""
+
+    phase: ClassVar[Phase] = Phase.LOOK_APPROVAL
+    entry: PendingEntry
+    verdict: Run | Ask
+    grant_written: str | None
+
+
+@attrs.frozen
+class Ending:
+    """The approval record of an ending without a run is being written."""
+
+    phase: ClassVar[Phase] = Phase.ENDING
+    ending: EndWithoutRun
+
+
+@attrs.frozen
+class Approving:
+    """The approval record of an approve is being written; ``reply`` is what the owner
+    hears of it."""
+
+    phase: ClassVar[Phase] = Phase.APPROVAL
+    verdict: Verdict
+    reply: ApprovedReply
+
+
+@attrs.frozen
+class LookingBeforeRun:
+    """The last look before an auto run."""
+
+    phase: ClassVar[Phase] = Phase.LOOK_RUN
+    run: Run
+
+
+@attrs.frozen
+class Gone:
+    """The result ``failed`` ``requester_gone`` is being written. ``told``: the owner
+    whose approve let the call run, waiting to hear how it ended (None for an auto run),
+    here and in the phases after a run."""
+
+    phase: ClassVar[Phase] = Phase.GONE
+    told: ApprovedReply | None
+
+
+@attrs.frozen
+class Running:
+    phase: ClassVar[Phase] = Phase.RUNNING
+    verdict: Run | Ask
+    told: ApprovedReply | None
+
+
+@attrs.frozen
+class Raising:
+    """The session's state is being raised by what ``ran`` gave."""
+
+    phase: ClassVar[Phase] = Phase.RAISING
+    ran: RunOutcome
+    told: ApprovedReply | None
+
+
+@attrs.frozen
+class RecordingResult:
+    phase: ClassVar[Phase] = Phase.RESULT
+    ran: RunOutcome
+    told: ApprovedReply | None
+
+
+@attrs.frozen
+class Done:
+    """The connection is closed."""
+
+    phase: ClassVar[Phase] = Phase.DONE
+
+
+State: TypeAlias = (
+    Idle
+    | Deciding
+    | Enqueueing
+    | Waiting
+    | LookingBeforeApproval
+    | Ending
+    | Approving
+    | LookingBeforeRun
+    | Gone
+    | Running
+    | Raising
+    | RecordingResult
+    | Done
+)
+"""What the call knows in each phase, and only that: a phase's state carries exactly the
+values its rows read (the entry while it waits, the verdict while its record is written,
+what the run gave while the state is raised), so no row can find one missing."""
+
+
 class IllegalEvent(RuntimeError):
     """An event the table has no row for in the call's phase: a driver bug."""
 
@@ -474,6 +341,20 @@ class IllegalEvent(RuntimeError):
         super().__init__(f"{type(event).__name__} is not expected in phase {phase.name}")
         self.phase = phase
         self.event = event
+
+
+class IllegalTransition(RuntimeError):
+    """A row went to a phase its declared next phases (:data:`TRANSITIONS`) do not name:
+    the table and its data disagree, a bug of the machine itself."""
+
+    def __init__(self, phase: Phase, event: Event, reached: Phase) -> None:
+        super().__init__(
+            f"{type(event).__name__} in phase {phase.name} went to {reached.name}, "
+            "which its row does not name"
+        )
+        self.phase = phase
+        self.event = event
+        self.reached = reached
 
 
 class EarlierEnd(enum.Enum):
@@ -502,291 +383,304 @@ def late_owner_answer(approval: str, earlier: EarlierEnd | None) -> tuple[str, s
     return "no_such_approval", f"no pending approval {approval}"
 
 
-def _denied(decision: Decision) -> Answer:
-    return Answer(AnswerOutcome.DENIED, decision.reason or Reason.NO_GRANT, decision.detail)
-
-
-_AUDIT_DENIED: Final = Answer(
-    AnswerOutcome.DENIED, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL
-)
-_STOPPING: Final = Answer(AnswerOutcome.DENIED, Reason.BROKER_STOPPING, STOPPING_DETAIL)
 _CLOSE: Final = Close()
-
-
-def _approved_outcome(verdict: Verdict) -> ApprovalOutcome:
-    """What approve's re-decision means (:func:`~boxmaker.core.decide.approval_outcome`)."""
-    return ApprovalOutcome(approval_outcome(verdict))
+_DONE: Final = Done()
 
 
 class Call:
     """One call's life (see the module docstring for its table).
 
-    ``pending_timeout`` is config's ``[broker] pending_timeout`` (seconds), named in the
-    ``expired`` denial.
+    ``boot`` is brokerd's boot id (its decision record names it); ``pending_timeout``
+    is config's ``[broker] pending_timeout`` (seconds), named in the ``expired`` denial.
     """
 
-    __slots__ = (
-        "_approved",
-        "_ending",
-        "_grant_written",
-        "_ran",
-        "_verdict",
-        "call",
-        "decision",
-        "entry",
-        "pending_timeout",
-        "phase",
-        "session",
-    )
+    __slots__ = ("_state", "boot", "call", "decision", "pending_timeout", "session")
 
-    def __init__(self, call: str, session: str, *, pending_timeout: float) -> None:
+    rows: ClassVar[Mapping[tuple[Phase, type[Event]], _Row]]
+    """The table (:data:`TRANSITIONS` is its data); set once the rows are defined."""
+
+    def __init__(self, call: str, session: str, *, boot: str, pending_timeout: float) -> None:
         self.call = call
         self.session = session
+        self.boot = boot
         self.pending_timeout = pending_timeout
-        self.phase = Phase.IDLE
-        self.decision: Decision | None = None  # the first decision (the recorded one)
-        self.entry: PendingEntry | None = None
-        self._verdict: Verdict | None = None
-        self._ending: Ending | None = None
-        self._approved: ApprovedReply | None = None
-        self._ran: RunOutcome | None = None
-        self._grant_written: str | None = None
+        self._state: State = Idle()
+        self.decision: Ruling | None = None
+        """The first decision, the recorded one (None until it is made)."""
+
+    @property
+    def phase(self) -> Phase:
+        return self._state.phase
+
+    @property
+    def state(self) -> State:
+        """What the call knows in its phase."""
+        return self._state
 
     def handle(self, event: Event) -> list[Effect]:
         """Feed one event; the effects to carry out, in order."""
-        row = _TABLE.get((self.phase, type(event)))
+        phase = self._state.phase
+        row = self.rows.get((phase, type(event)))
         if row is None:
-            raise IllegalEvent(self.phase, event)
-        phase, effects = row(self, event)
-        self.phase = phase
+            raise IllegalEvent(phase, event)
+        state, effects = row.method(self, self._state, event)
+        if state.phase not in row.next:
+            raise IllegalTransition(phase, event, state.phase)
+        self._state = state
         return effects
 
-    # -- the rows (each returns the next phase and the effects) ------------------------
+    # -- the answers -------------------------------------------------------------------
 
-    def _reused(self, event: Reused) -> _Row:
-        return Phase.DONE, [Send(BadFrameError(CALL_ID_USED)), _CLOSE]
+    def _denied(self, decision: Ruling) -> Send:
+        return Send(Answer.denied(self.call, decision.reason or Reason.NO_GRANT, decision.detail))
 
-    def _stopping_before(self, event: Stopping) -> _Row:
+    def _audit_unavailable(self) -> Send:
+        return Send(Answer.denied(self.call, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL))
+
+    def _stopping(self) -> Send:
+        return Send(Answer.denied(self.call, Reason.BROKER_STOPPING, STOPPING_DETAIL))
+
+    # -- the rows (each returns the next phase's state and the effects) ----------------
+
+    def _reused(self, at: Idle, event: Reused) -> _Step:
+        return _DONE, [Send(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=CALL_ID_USED)), _CLOSE]
+
+    def _stopping_before(self, at: Idle, event: Stopping) -> _Step:
         # Nothing was decided: like a connection refused a moment later, no record.
-        return Phase.DONE, [Send(_STOPPING), _CLOSE]
+        return _DONE, [self._stopping(), _CLOSE]
 
-    def _decided(self, event: Decided) -> _Row:
+    def _decided(self, at: Idle, event: Decided) -> _Step:
         verdict = event.verdict
         if isinstance(verdict, Ask) and event.pending_full is not None:
             verdict = verdict.too_many_pending(event.pending_full)
-        self._verdict = verdict
         decision = self.decision = verdict.decision
         if not decision.recordable:
-            return Phase.DONE, [Send(_denied(decision)), _CLOSE]
-        return Phase.DECISION, [Record(decision)]
+            return _DONE, [self._denied(decision), _CLOSE]
+        return Deciding(verdict), [AppendRecord(Decision.of(decision, self.boot))]
 
-    def _decision_recorded(self, event: Recorded) -> _Row:
-        verdict = self._verdict
-        if isinstance(verdict, Run):
-            return Phase.LOOK_RUN, [LastLook()]
-        if isinstance(verdict, Ask):
-            return Phase.ENQUEUE, [Enqueue(verdict)]
-        assert verdict is not None
-        return Phase.DONE, [Send(_denied(verdict.decision)), _CLOSE]
+    def _decision_recorded(self, at: Deciding, event: Recorded) -> _Step:
+        verdict = at.verdict
+        match verdict:
+            case Run():
+                return LookingBeforeRun(verdict), [LastLook()]
+            case Ask():
+                return Enqueueing(), [Enqueue(verdict)]
+            case Deny():
+                return _DONE, [self._denied(verdict.decision), _CLOSE]
+            case _:
+                assert_never(verdict)  # pragma: no mutate - unreachable, mypy checks it
 
-    def _audit_denied(self, event: RecordFailed) -> _Row:
-        return Phase.DONE, [Send(_AUDIT_DENIED), _CLOSE]
+    def _audit_denied(self, at: Deciding, event: RecordFailed) -> _Step:
+        return _DONE, [self._audit_unavailable(), _CLOSE]
 
-    def _enqueued(self, event: Enqueued) -> _Row:
-        self.entry = event.entry
-        self._verdict = None  # an approve re-decides; the ask is not kept while it waits
+    def _enqueued(self, at: Enqueueing, event: Enqueued) -> _Step:
+        waiting = Waiting(event.entry)
         if event.closed:
-            return self._end(Stopping())
-        return Phase.WAITING, [Send(PendingNotice(event.entry)), AwaitOwner(event.entry.deadline)]
+            return self._end(waiting, Stopping())
+        return waiting, [Send(Pending.of(event.entry)), AwaitOwner(event.entry)]
 
-    def _end(self, event: Ending) -> _Row:
-        entry = self.entry
-        assert entry is not None
-        self._ending = event
+    def _end(self, at: Waiting, event: EndWithoutRun) -> _Step:
+        entry = at.entry
         asked = Label(entry.taint, entry.untrusted)
         outcome, reason, by = _ENDINGS[type(event)]
         if isinstance(event, OwnerRefused):
             reason = event.reason
-        body = ApprovalBody(entry.approval, outcome, reason, by, asked)
-        return Phase.ENDING, [Record(body)]
+        return Ending(event), [AppendRecord(Approval.of(entry, outcome, reason, by, asked))]
 
-    def _ending_recorded(self, event: Recorded) -> _Row:
-        ending = self._ending
-        if isinstance(ending, OwnerRefused):
-            refused = Answer(AnswerOutcome.DENIED, Reason.REFUSED, ending.reason)
-            return Phase.DONE, [ReplyAdmin(RefusedReply()), Send(refused), _CLOSE]
-        if isinstance(ending, Expired):
-            detail = f"no approval within {self.pending_timeout:g} s"
-            return Phase.DONE, [Send(Answer(AnswerOutcome.DENIED, Reason.EXPIRED, detail)), _CLOSE]
-        if isinstance(ending, Stopping):
-            return Phase.DONE, [Send(_STOPPING), _CLOSE]
-        return Phase.DONE, [_CLOSE]
+    def _ending_recorded(self, at: Ending, event: Recorded) -> _Step:
+        ending = at.ending
+        match ending:
+            case OwnerRefused(reason=reason):
+                refused = Answer.denied(self.call, Reason.REFUSED, reason)
+                return _DONE, [ReplyAdmin(RefusedReply()), Send(refused), _CLOSE]
+            case Expired():
+                detail = f"no approval within {self.pending_timeout:g} s"
+                return _DONE, [Send(Answer.denied(self.call, Reason.EXPIRED, detail)), _CLOSE]
+            case Stopping():
+                return _DONE, [self._stopping(), _CLOSE]
+            case RequesterGone():
+                return _DONE, [_CLOSE]
+            case _:
+                assert_never(ending)  # pragma: no mutate - unreachable, mypy checks it
 
-    def _ending_failed(self, event: RecordFailed) -> _Row:
-        ending = self._ending
+    def _ending_failed(self, at: Ending, event: RecordFailed) -> _Step:
+        ending = at.ending
         if isinstance(ending, RequesterGone):
-            return Phase.DONE, [_CLOSE]
+            return _DONE, [_CLOSE]
         effects: list[Effect] = []
         if isinstance(ending, OwnerRefused):
             effects.append(ReplyAdmin(NotRecorded(REFUSAL_UNRECORDED)))
-        return Phase.DONE, [*effects, Send(_AUDIT_DENIED), _CLOSE]
+        return _DONE, [*effects, self._audit_unavailable(), _CLOSE]
 
-    def _owner_approved(self, event: OwnerApproved) -> _Row:
-        self._verdict = event.verdict
-        self._grant_written = event.grant_written
-        outcome = _approved_outcome(event.verdict)
-        if outcome is ApprovalOutcome.DENIED:
-            return self._record_approval(outcome, event.verdict.decision.reason)
-        return Phase.LOOK_APPROVAL, [LastLook()]
-
-    def _looked_before_approval(self, event: Looked) -> _Row:
-        if event.gone:
-            return self._record_approval(ApprovalOutcome.WITHDRAWN, Reason.REQUESTER_GONE)
-        assert self._verdict is not None
-        return self._record_approval(_approved_outcome(self._verdict), None)
-
-    def _record_approval(self, outcome: ApprovalOutcome, reason: Reason | None) -> _Row:
-        entry, verdict = self.entry, self._verdict
-        assert entry is not None
-        assert verdict is not None
-        decision = verdict.decision
-        # The state the re-decision saw (UNKNOWN when it could not be decided on one).
-        state = decision.state if decision.recordable else UNKNOWN
-        detail = decision.detail if outcome is ApprovalOutcome.DENIED else None
-        self._approved = ApprovedReply(outcome, reason, detail)
-        reason_text = reason.value if reason is not None else None
-        body = ApprovalBody(
-            entry.approval, outcome, reason_text, ApprovalBy.OWNER, state, self._grant_written
-        )
-        return Phase.APPROVAL, [Record(body)]
-
-    def _approval_recorded(self, event: Recorded) -> _Row:
-        approved, verdict = self._approved, self._verdict
-        assert approved is not None
-        assert verdict is not None
-        reply = ReplyAdmin(approved)
+    def _owner_approved(self, at: Waiting, event: OwnerApproved) -> _Step:
+        verdict = event.verdict
         if isinstance(verdict, Deny):
-            return Phase.DONE, [reply, Send(_denied(verdict.decision)), _CLOSE]
-        if approved.outcome is ApprovalOutcome.WITHDRAWN:
-            return Phase.DONE, [reply, _CLOSE]
+            return _approval(at.entry, verdict, ApprovalOutcome.DENIED, event.grant_written)
+        looking = LookingBeforeApproval(at.entry, verdict, event.grant_written)
+        return looking, [LastLook()]
+
+    def _looked_before_approval(self, at: LookingBeforeApproval, event: Looked) -> _Step:
+        if event.gone:
+            outcome = ApprovalOutcome.WITHDRAWN
+            return _approval(at.entry, at.verdict, outcome, at.grant_written, Reason.REQUESTER_GONE)
+        outcome = approval_outcome(at.verdict)
+        return _approval(at.entry, at.verdict, outcome, at.grant_written)
+
+    def _approval_recorded(self, at: Approving, event: Recorded) -> _Step:
+        verdict, reply = at.verdict, at.reply
+        if isinstance(verdict, Deny):
+            return _DONE, [ReplyAdmin(reply), self._denied(verdict.decision), _CLOSE]
+        if reply.outcome is ApprovalOutcome.WITHDRAWN:
+            return _DONE, [ReplyAdmin(reply), _CLOSE]
         # The last look was taken just before the approval record. The owner hears
         # after the run (:meth:`_tell_owner`), so approve can say how it ended.
-        approved_ask = approved.outcome is ApprovalOutcome.ASK
-        return Phase.RUNNING, [RunVerdict(verdict, approved=approved_ask)]
+        approved_ask = reply.outcome is ApprovalOutcome.ASK
+        return Running(verdict, told=reply), [RunVerdict(verdict, approved=approved_ask)]
 
-    def _approval_failed(self, event: RecordFailed) -> _Row:
-        return Phase.DONE, [
+    def _approval_failed(self, at: Approving, event: RecordFailed) -> _Step:
+        return _DONE, [
             ReplyAdmin(NotRecorded(APPROVAL_UNRECORDED)),
-            Send(_AUDIT_DENIED),
+            self._audit_unavailable(),
             _CLOSE,
         ]
 
-    def _looked_before_run(self, event: Looked) -> _Row:
-        verdict = self._verdict
-        assert isinstance(verdict, Run)
+    def _looked_before_run(self, at: LookingBeforeRun, event: Looked) -> _Step:
         if not event.gone:
-            return Phase.RUNNING, [RunVerdict(verdict, approved=False)]
-        return self._gone(stopped=False)
+            return Running(at.run, told=None), [RunVerdict(at.run, approved=False)]
+        return self._gone(at.run, told=None, stopped=False)
 
-    def _run_stopped(self, event: RequesterGone) -> _Row:
-        return self._gone(stopped=True)
+    def _run_stopped(self, at: Running, event: RequesterGone) -> _Step:
+        return self._gone(at.verdict, told=at.told, stopped=True)
 
-    def _gone(self, *, stopped: bool) -> _Row:
+    def _gone(self, verdict: Run | Ask, *, told: ApprovedReply | None, stopped: bool) -> _Step:
         """The requester left before the run, or during it (``stopped``): the ledger
         closes the call with a ``failed`` ``requester_gone`` result on the state the run
-        was decided on; no output, no label (nobody saw anything)."""
-        verdict = self._verdict
-        assert verdict is not None
-        state = verdict.decision.state
-        gone = ResultBody(False, Reason.REQUESTER_GONE, FRESH, state, None, 0, stopped)
-        return Phase.GONE, [Record(gone)]
+        was decided on."""
+        gone = Result.requester_gone(self.call, verdict.decision.state, stopped=stopped)
+        return Gone(told), [AppendRecord(gone)]
 
-    def _gone_recorded(self, event: Recorded | RecordFailed) -> _Row:
+    def _gone_recorded(self, at: Gone, event: Recorded | RecordFailed) -> _Step:
         # Nobody to answer; an owner whose approve let it run hears how it ended.
-        stopped = Answer(AnswerOutcome.FAILED, Reason.REQUESTER_GONE, RUN_STOPPED_DETAIL)
-        return Phase.DONE, [*self._tell_owner(stopped), _CLOSE]
+        stopped = Answer.failed(self.call, Reason.REQUESTER_GONE, RUN_STOPPED_DETAIL)
+        return _DONE, [*_tell_owner(at.told, stopped), _CLOSE]
 
-    def _tool_ran(self, event: Ran) -> _Row:
-        self._ran = event.outcome
-        return Phase.RAISING, [RaiseState(self.session, event.outcome.label)]
+    def _tool_ran(self, at: Running, event: Ran) -> _Step:
+        ran = event.outcome
+        return Raising(ran, at.told), [RaiseState(self.session, ran.label)]
 
-    def _state_raised(self, event: StateRaised) -> _Row:
-        ran = self._ran
-        assert ran is not None
-        output = ran.content.encode("utf-8")
+    def _state_raised(self, at: Raising, event: StateRaised) -> _Step:
+        ran = at.ran
         reason = None if ran.ok else (ran.reason or Reason.TOOL_ERROR)
-        body = ResultBody(
-            ran.ok,
-            reason,
-            ran.label,
-            event.state,
-            hashlib.sha256(output).hexdigest(),
-            len(output),
+        result = Result.of_run(
+            self.call,
+            ok=ran.ok,
+            reason=reason,
+            label=ran.label,
+            content=ran.content,
+            after=event.state,
         )
-        return Phase.RESULT, [Record(body)]
+        return RecordingResult(ran, at.told), [AppendRecord(result)]
 
-    def _tell_owner(self, answer: Answer) -> list[Effect]:
-        """An approved call's ``approved`` reply, once its answer is known: the owner
-        hears how the run ended, the answer the model gets. Nothing for an auto run."""
-        approved = self._approved
-        if approved is None:
-            return []
-        ok = answer.outcome is AnswerOutcome.OK
-        ran = RanReply(ok, None if ok else answer.reason, None if ok else answer.detail)
-        return [ReplyAdmin(attrs.evolve(approved, ran=ran))]
+    def _state_unrecordable(self, at: Raising, event: StateUnrecordable) -> _Step:
+        failed = Answer.failed(self.call, Reason.RESULT_UNRECORDED, RESULT_UNRECORDED_DETAIL)
+        return _DONE, [*_tell_owner(at.told, failed), Send(failed), _CLOSE]
 
-    def _state_unrecordable(self, event: StateUnrecordable) -> _Row:
-        failed = Answer(AnswerOutcome.FAILED, Reason.RESULT_UNRECORDED, RESULT_UNRECORDED_DETAIL)
-        return Phase.DONE, [*self._tell_owner(failed), Send(failed), _CLOSE]
-
-    def _result_recorded(self, event: Recorded) -> _Row:
-        ran = self._ran
-        assert ran is not None
+    def _result_recorded(self, at: RecordingResult, event: Recorded) -> _Step:
+        ran = at.ran
         if ran.ok:
-            answer = Answer(AnswerOutcome.OK, content=ran.content, label=ran.label)
+            answer = Answer.ok(self.call, ran.content, ran.label)
         else:
-            answer = Answer(AnswerOutcome.FAILED, ran.reason or Reason.TOOL_ERROR, ran.detail)
-        return Phase.DONE, [*self._tell_owner(answer), Send(answer), _CLOSE]
+            answer = Answer.failed(self.call, ran.reason or Reason.TOOL_ERROR, ran.detail)
+        return _DONE, [*_tell_owner(at.told, answer), Send(answer), _CLOSE]
 
-    def _result_failed(self, event: RecordFailed) -> _Row:
+    def _result_failed(self, at: RecordingResult, event: RecordFailed) -> _Step:
         # An unrecorded result's content is never passed on.
-        failed = Answer(AnswerOutcome.FAILED, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
-        return Phase.DONE, [*self._tell_owner(failed), Send(failed), _CLOSE]
+        failed = Answer.failed(self.call, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
+        return _DONE, [*_tell_owner(at.told, failed), Send(failed), _CLOSE]
 
 
-_Row: TypeAlias = tuple[Phase, list[Effect]]
+def _approval(
+    entry: PendingEntry,
+    verdict: Verdict,
+    outcome: ApprovalOutcome,
+    grant_written: str | None,
+    reason: Reason | None = None,
+) -> _Step:
+    """An approve's approval record, on the state its re-decision saw (UNKNOWN when it
+    could not be decided on one), and what the owner will hear of it."""
+    decision = verdict.decision
+    if outcome is ApprovalOutcome.DENIED:
+        reason, detail = decision.reason, decision.detail
+    else:
+        detail = None
+    state = decision.state if decision.recordable else UNKNOWN
+    reason_text = reason.value if reason is not None else None
+    body = Approval.of(entry, outcome, reason_text, ApprovalBy.OWNER, state, grant_written)
+    return Approving(verdict, ApprovedReply(outcome, reason, detail)), [AppendRecord(body)]
 
-_ENDINGS: Final[dict[type[Ending], tuple[ApprovalOutcome, str | None, ApprovalBy]]] = {
+
+def _tell_owner(told: ApprovedReply | None, answer: Answer) -> list[Effect]:
+    """An approved call's ``approved`` reply, once its answer is known: the owner hears
+    how the run ended, the answer the model gets. Nothing for an auto run."""
+    if told is None:
+        return []
+    # An ok answer has no reason and no detail; a failed one says both.
+    ran = RanReply(answer.outcome is AnswerOutcome.OK, answer.reason, answer.detail)
+    return [ReplyAdmin(attrs.evolve(told, ran=ran))]
+
+
+_Step: TypeAlias = tuple[State, list[Effect]]
+
+
+@attrs.frozen
+class _Row:
+    """One row of the table: the method that makes the transition, and the phases it
+    may go to (the data :func:`Call.handle` checks every transition against)."""
+
+    method: Callable[[Call, Any, Any], _Step]
+    next: AbstractSet[Phase]
+
+
+_ENDINGS: Final[dict[type[EndWithoutRun], tuple[ApprovalOutcome, str | None, ApprovalBy]]] = {
     Expired: (ApprovalOutcome.EXPIRED, "expired", ApprovalBy.EXPIRY),
     Stopping: (ApprovalOutcome.WITHDRAWN, Reason.BROKER_STOPPING.value, ApprovalBy.BROKER),
     RequesterGone: (ApprovalOutcome.WITHDRAWN, Reason.REQUESTER_GONE.value, ApprovalBy.BROKER),
     OwnerRefused: (ApprovalOutcome.REFUSED, None, ApprovalBy.OWNER),
 }
 
-_TABLE: Final[dict[tuple[Phase, type[Event]], Callable[[Call, Any], _Row]]] = {
-    (Phase.IDLE, Reused): Call._reused,
-    (Phase.IDLE, Stopping): Call._stopping_before,
-    (Phase.IDLE, Decided): Call._decided,
-    (Phase.DECISION, Recorded): Call._decision_recorded,
-    (Phase.DECISION, RecordFailed): Call._audit_denied,
-    (Phase.ENQUEUE, Enqueued): Call._enqueued,
-    (Phase.WAITING, Expired): Call._end,
-    (Phase.WAITING, Stopping): Call._end,
-    (Phase.WAITING, RequesterGone): Call._end,
-    (Phase.WAITING, OwnerRefused): Call._end,
-    (Phase.WAITING, OwnerApproved): Call._owner_approved,
-    (Phase.LOOK_APPROVAL, Looked): Call._looked_before_approval,
-    (Phase.ENDING, Recorded): Call._ending_recorded,
-    (Phase.ENDING, RecordFailed): Call._ending_failed,
-    (Phase.APPROVAL, Recorded): Call._approval_recorded,
-    (Phase.APPROVAL, RecordFailed): Call._approval_failed,
-    (Phase.LOOK_RUN, Looked): Call._looked_before_run,
-    (Phase.GONE, Recorded): Call._gone_recorded,
-    (Phase.GONE, RecordFailed): Call._gone_recorded,
-    (Phase.RUNNING, Ran): Call._tool_ran,
-    (Phase.RUNNING, RequesterGone): Call._run_stopped,
-    (Phase.RAISING, StateRaised): Call._state_raised,
-    (Phase.RAISING, StateUnrecordable): Call._state_unrecordable,
-    (Phase.RESULT, Recorded): Call._result_recorded,
-    (Phase.RESULT, RecordFailed): Call._result_failed,
+_P = Phase
+_TABLE: Final[dict[tuple[Phase, type[Event]], _Row]] = {
+    (_P.IDLE, Reused): _Row(Call._reused, {_P.DONE}),
+    (_P.IDLE, Stopping): _Row(Call._stopping_before, {_P.DONE}),
+    (_P.IDLE, Decided): _Row(Call._decided, {_P.DONE, _P.DECISION}),
+    (_P.DECISION, Recorded): _Row(Call._decision_recorded, {_P.DONE, _P.LOOK_RUN, _P.ENQUEUE}),
+    (_P.DECISION, RecordFailed): _Row(Call._audit_denied, {_P.DONE}),
+    (_P.ENQUEUE, Enqueued): _Row(Call._enqueued, {_P.WAITING, _P.ENDING}),
+    (_P.WAITING, Expired): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, Stopping): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, RequesterGone): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, OwnerRefused): _Row(Call._end, {_P.ENDING}),
+    (_P.WAITING, OwnerApproved): _Row(Call._owner_approved, {_P.APPROVAL, _P.LOOK_APPROVAL}),
+    (_P.LOOK_APPROVAL, Looked): _Row(Call._looked_before_approval, {_P.APPROVAL}),
+    (_P.ENDING, Recorded): _Row(Call._ending_recorded, {_P.DONE}),
+    (_P.ENDING, RecordFailed): _Row(Call._ending_failed, {_P.DONE}),
+    (_P.APPROVAL, Recorded): _Row(Call._approval_recorded, {_P.DONE, _P.RUNNING}),
+    (_P.APPROVAL, RecordFailed): _Row(Call._approval_failed, {_P.DONE}),
+    (_P.LOOK_RUN, Looked): _Row(Call._looked_before_run, {_P.RUNNING, _P.GONE}),
+    (_P.GONE, Recorded): _Row(Call._gone_recorded, {_P.DONE}),
+    (_P.GONE, RecordFailed): _Row(Call._gone_recorded, {_P.DONE}),
+    (_P.RUNNING, Ran): _Row(Call._tool_ran, {_P.RAISING}),
+    (_P.RUNNING, RequesterGone): _Row(Call._run_stopped, {_P.GONE}),
+    (_P.RAISING, StateRaised): _Row(Call._state_raised, {_P.RESULT}),
+    (_P.RAISING, StateUnrecordable): _Row(Call._state_unrecordable, {_P.DONE}),
+    (_P.RESULT, Recorded): _Row(Call._result_recorded, {_P.DONE}),
+    (_P.RESULT, RecordFailed): _Row(Call._result_failed, {_P.DONE}),
 }
+Call.rows = _TABLE
+
+TRANSITIONS: Final[Mapping[tuple[Phase, type[Event]], frozenset[Phase]]] = {
+    key: frozenset(row.next) for key, row in _TABLE.items()
+}
+"""The table as data: every row, (phase, event type) → the phases it may go to. The
+drawing above and docs/protocol.md's copy are checked against it (tools/check_docs.py),
+and :meth:`Call.handle` checks every transition against it."""

@@ -4,7 +4,7 @@
 at the first denial:
 
 2. the ledger is usable (else ``audit_unavailable``; that denial alone is not
-   recordable, ``Decision.recordable`` is False);
+   recordable, ``Ruling.recordable`` is False);
 3. the tool is in the catalogue and its arguments fit (``unknown_tool``,
    ``bad_arguments``);
 4. grants.toml is valid (``grants_invalid``) — checked before the state, never after;
@@ -22,9 +22,7 @@ Every function here is pure and total: no clock (``now`` is an aware datetime), 
 from __future__ import annotations
 
 import datetime as dt
-import enum
-from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias, assert_never
 
 import attrs
 
@@ -33,24 +31,7 @@ from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, Mode
 from boxmaker.core.labels import UNKNOWN, Label
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
-
-
-class VerdictCode(enum.StrEnum):
-    """What a decision says: the one verdict enum of decisions, records and displays."""
-
-    RUN = "run"
-    ASK = "ask"
-    DENY = "deny"
-
-
-@attrs.frozen
-class ToolRequest:
-    """A ``tool_request`` frame's content; ``arguments`` as the model sent them."""
-
-    call: str
-    session: str
-    tool: str
-    arguments: Mapping[str, Any]
+from boxmaker.core.vocabulary import ApprovalOutcome, ToolRequest, VerdictCode
 
 
 @attrs.frozen
@@ -67,8 +48,10 @@ class CheckedRequest:
 
 
 @attrs.frozen
-class Decision:
-    """What was decided, and on what (the ``decision`` record, docs/protocol.md).
+class Ruling:
+    """What was decided, and on what, and why in words: a verdict's content. Its record
+    (the ledger's ``decision``, docs/protocol.md) is made from it
+    (:meth:`boxmaker.core.vocabulary.Decision.of`) and keeps all but the words.
 
     ``arguments`` are the checked, normalized arguments, or the raw ones when the
     denial came before they were checked. ``mode`` is the effective mode (an ``auto``
@@ -80,7 +63,7 @@ class Decision:
     call: str
     session: str
     tool: str
-    arguments: Mapping[str, Any]
+    arguments: dict[str, Any]
     verdict: VerdictCode
     reason: Reason | None = None
     detail: str | None = None
@@ -97,7 +80,7 @@ class Run:
     """Run the call: ``grant`` is the grant that let it, ``checked`` its checked
     arguments, so what runs is built from the verdict alone."""
 
-    decision: Decision
+    decision: Ruling
     grant: Grant
     checked: CheckedArguments
 
@@ -107,7 +90,7 @@ class Ask:
     """Ask the owner; ``grant`` and ``checked`` as for :class:`Run` (an approved ask
     runs on them)."""
 
-    decision: Decision
+    decision: Ruling
     grant: Grant
     checked: CheckedArguments
 
@@ -135,7 +118,7 @@ class Ask:
 
 @attrs.frozen
 class Deny:
-    decision: Decision
+    decision: Ruling
 
 
 Verdict: TypeAlias = Run | Ask | Deny
@@ -150,7 +133,7 @@ def _deny(
     mode: Mode | None = None,
 ) -> Deny:
     return Deny(
-        Decision(
+        Ruling(
             call=request.call,
             session=request.session,
             tool=request.tool,
@@ -215,7 +198,7 @@ def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.date
         if grant.if_untrusted is Mode.ASK and mode is Mode.AUTO:
             mode = Mode.ASK
             why = f"the session is untrusted and grant {grant.id} says if_untrusted = ask"
-    decision = Decision(
+    decision = Ruling(
         call=request.call,
         session=request.session,
         tool=request.tool,
@@ -249,9 +232,9 @@ def evaluate(
     """
     seen = state if isinstance(state, Label) else UNKNOWN
 
-    def early(reason: Reason, detail: str, arguments: Mapping[str, Any]) -> Deny:
+    def early(reason: Reason, detail: str, arguments: dict[str, Any]) -> Deny:
         return Deny(
-            Decision(
+            Ruling(
                 call=request.call,
                 session=request.session,
                 tool=request.tool,
@@ -277,17 +260,18 @@ def evaluate(
     return decide(CheckedRequest(request.call, request.session, checked), grants, state, now)
 
 
-ApprovalOutcome: TypeAlias = Literal["ask", "allowed", "denied"]
-
-
 def approval_outcome(verdict: Verdict) -> ApprovalOutcome:
     """What approve's re-decision means.
 
-    >>> approval_outcome(Deny(Decision("c", "s", "shell", {}, "deny")))
-    'denied'
+    >>> approval_outcome(Deny(Ruling("c", "s", "shell", {}, VerdictCode.DENY)))
+    <ApprovalOutcome.DENIED: 'denied'>
     """
-    if isinstance(verdict, Ask):
-        return "ask"
-    if isinstance(verdict, Run):
-        return "allowed"
-    return "denied"
+    match verdict:
+        case Ask():
+            return ApprovalOutcome.ASK
+        case Run():
+            return ApprovalOutcome.ALLOWED
+        case Deny():
+            return ApprovalOutcome.DENIED
+        case _:
+            assert_never(verdict)  # pragma: no mutate - unreachable, mypy checks it

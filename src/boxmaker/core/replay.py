@@ -40,10 +40,11 @@ from boxmaker.core.catalogue import (
     CheckedArguments,
     check_arguments,
 )
-from boxmaker.core.decide import CheckedRequest, Verdict, VerdictCode, decide
+from boxmaker.core.decide import CheckedRequest, Verdict, decide
 from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.labels import Label
 from boxmaker.core.reasons import Reason
+from boxmaker.core.vocabulary import VerdictCode
 
 GRANT_REASONS: Final[frozenset[Reason | None]] = frozenset(
     {None, Reason.NO_GRANT, Reason.DENIED_BY_GRANT, Reason.TAINT_EXCEEDED, Reason.UNTRUSTED}

@@ -8,8 +8,7 @@ writer, verification.
 
 from __future__ import annotations
 
-from boxmaker.core.call import ApprovalBy, ApprovalOutcome
-from boxmaker.core.decide import VerdictCode
+from boxmaker.core.vocabulary import ApprovalBy, ApprovalOutcome, VerdictCode
 from boxmaker.ledger.records import (
     Approval,
     BadRecord,

@@ -21,10 +21,10 @@ from typing import Any, Final
 import attrs
 import orjson
 
-from boxmaker.core.decide import VerdictCode
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.core.replay import RecordedDecision
+from boxmaker.core.vocabulary import VerdictCode
 
 _VERDICTS: Final = {code.value: code for code in VerdictCode}
 _REASONS: Final[dict[str | None, Reason | None]] = {None: None} | {r.value: r for r in Reason}

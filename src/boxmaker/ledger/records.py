@@ -1,5 +1,10 @@
 """Ledger records and their canonical bytes (docs/protocol.md). Pure: no files, no clock.
 
+The records of a call (:class:`Decision`, :class:`Approval`, :class:`Result`), their
+outcomes and the kinds are the call's vocabulary (:mod:`boxmaker.core.vocabulary`),
+which the call's machine writes as they are; they are re-exported here with the
+records of brokerd's own life.
+
 A stored line is a record body's fields plus the common fields ``seq``, ``at``, ``kind``
 and ``prev``, encoded by orjson with sorted keys and no spaces. The chain hashes the raw
 line bytes (without the newline), so nothing is ever re-serialized to be checked.
@@ -15,7 +20,6 @@ True
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import secrets
 from typing import Any, ClassVar
@@ -26,32 +30,51 @@ import orjson
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from boxmaker.convert import converter
-from boxmaker.core.call import ApprovalBy, ApprovalOutcome
-from boxmaker.core.decide import VerdictCode
-from boxmaker.core.labels import Label, Taint
-from boxmaker.core.reasons import Reason
+from boxmaker.core.vocabulary import (
+    Approval,
+    ApprovalBy,
+    ApprovalOutcome,
+    Decision,
+    Kind,
+    Result,
+    ResultStatus,
+    VerdictCode,
+)
+
+__all__ = [
+    "BODY_TYPES",
+    "COMMON_FIELDS",
+    "GENESIS_PREV",
+    "Approval",
+    "ApprovalBy",
+    "ApprovalOutcome",
+    "BadRecord",
+    "Body",
+    "Decision",
+    "Genesis",
+    "Kind",
+    "Policy",
+    "Record",
+    "Repair",
+    "Result",
+    "ResultStatus",
+    "Start",
+    "Stop",
+    "VerdictCode",
+    "decode_line",
+    "encode_line",
+    "format_head",
+    "line_hash",
+    "new_boot_id",
+    "new_ledger_id",
+    "parse_head",
+]
 
 GENESIS_PREV = "0" * 64
 """The ``prev`` of record 0: there is no previous line."""
 
 COMMON_FIELDS = frozenset({"seq", "at", "kind", "prev"})
 """Fields the writer adds to every body; no body may use these names."""
-
-
-class Kind(enum.StrEnum):
-    GENESIS = "genesis"
-    START = "start"
-    STOP = "stop"
-    REPAIR = "repair"
-    DECISION = "decision"
-    APPROVAL = "approval"
-    RESULT = "result"
-    POLICY = "policy"
-
-
-class ResultStatus(enum.StrEnum):
-    OK = "ok"
-    FAILED = "failed"
 
 
 @attrs.frozen
@@ -87,59 +110,6 @@ class Repair:
     kind: ClassVar[Kind] = Kind.REPAIR
     file: str
     sha256: str
-
-
-@attrs.frozen
-class Decision:
-    """Every tool request whose tool and arguments were checked, before anything runs
-    (docs/protocol.md, the write order)."""
-
-    kind: ClassVar[Kind] = Kind.DECISION
-    call: str
-    session: str
-    tool: str
-    arguments: dict[str, Any]
-    verdict: VerdictCode
-    reason: Reason | None
-    grant: str | None
-    taint: Taint
-    untrusted: bool
-    boot: str
-
-
-@attrs.frozen
-class Approval:
-    """The one end of an ask. ``reason`` is a reason code, or the owner's text for ``refused``."""
-
-    kind: ClassVar[Kind] = Kind.APPROVAL
-    call: str
-    approval: str
-    outcome: ApprovalOutcome
-    reason: str | None
-    by: ApprovalBy
-    taint: Taint
-    untrusted: bool
-    grant_written: str | None = None
-    """The grant ``bxctl approve --always`` wrote to grants.toml for this call; left
-    out of the line when there is none."""
-
-
-@attrs.frozen
-class Result:
-    """After a run, once the session state was raised (docs/protocol.md, the write order)."""
-
-    kind: ClassVar[Kind] = Kind.RESULT
-    call: str
-    status: ResultStatus
-    reason: Reason | None
-    label: Label
-    taint_after: Taint
-    untrusted_after: bool
-    output_sha256: str | None
-    output_bytes: int
-    stopped: bool = False
-    """``requester_gone`` only: the run had begun and was stopped (a shell's sandbox
-    killed) when its requester left; absent when it never began."""
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from boxmaker.clock import utc_now
-from boxmaker.core.call import AnswerOutcome
+from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.wire import (
     Answer,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from boxmaker.core.call import AnswerOutcome
+from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.loop.broker_port import PortAnswer
 from boxmaker.wire import OutputHead, ToolResultEvent
 from boxmaker.wire.loop import MAX_DETAIL, MAX_HEAD_LINE, MAX_HEAD_LINES

@@ -31,7 +31,7 @@ from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
 from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.loop.conversations import append_history, load_history
 from boxmaker.loop.model_client import ModelClient
-from boxmaker.loop.turn import Broker, Model, run_turn
+from boxmaker.loop.turn import Model, ToolCaller, run_turn
 from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
 from boxmaker.unix_sockets import DISCONNECTS, ListenerError, check_peer, open_unix_listener
 from boxmaker.wire import (
@@ -63,7 +63,7 @@ class Loop:
     home: Home
     config: Config
     owner_uid: int
-    broker: Broker
+    broker: ToolCaller
     model: Model
     _locks: collections.defaultdict[str, trio.Lock] = attrs.Factory(
         lambda: collections.defaultdict(trio.Lock)

@@ -22,8 +22,8 @@ import orjson
 import trio
 
 from boxmaker.convert import new_call_id
-from boxmaker.core.call import AnswerOutcome
 from boxmaker.core.catalogue import catalogue_tools
+from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.home import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
 from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress
@@ -253,7 +253,10 @@ def tool_message(call_id: str, answer: PortAnswer) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-class Broker(Protocol):
+class ToolCaller(Protocol):
+    """What a turn needs of the broker: ask for one tool call and hear its answer
+    (:class:`~boxmaker.loop.broker_port.BrokerPort` over broker.sock; a test's fake)."""
+
     async def call(
         self, request: ToolRequest, on_pending: OnPending | None = None
     ) -> PortAnswer: ...
@@ -341,7 +344,7 @@ async def run_turn(
     session: str,
     text: str,
     history: list[dict[str, Any]],
-    broker: Broker,
+    broker: ToolCaller,
     model: Model,
     config: LoopConfig,
     emit: Emit,
@@ -372,7 +375,7 @@ async def run_turn(
 
 
 async def _tool(
-    call: ToolCall | BadToolCall, session: str, broker: Broker, emit: Emit
+    call: ToolCall | BadToolCall, session: str, broker: ToolCaller, emit: Emit
 ) -> dict[str, Any]:
     call_id = new_call_id()
     started = trio.current_time()

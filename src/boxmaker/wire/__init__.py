@@ -5,8 +5,11 @@ A frame is a frozen attrs class; the unions (broker requests, broker answers, ad
 requests, admin answers, loop events) are tagged on ``"kind"``. One module a concern:
 :mod:`~boxmaker.wire.broker`, :mod:`~boxmaker.wire.admin` and :mod:`~boxmaker.wire.loop`
 hold each socket's frames and unions, :mod:`~boxmaker.wire.common` what they share (the
-``error`` frame, the field validators), :mod:`~boxmaker.wire.codec` the bytes (decoding,
-encoding, :class:`BadFrame`). Import from here: ``from boxmaker.wire import Answer``.
+field validators), :mod:`~boxmaker.wire.codec` the bytes (decoding, encoding,
+:class:`BadFrame`). The frames of a call (``tool_request``, ``pending``, ``answer``,
+``error``) and the grant an approval shows are the call's vocabulary, defined once in
+:mod:`boxmaker.core.vocabulary` and re-exported here. Import from here: ``from
+boxmaker.wire import Answer``.
 
 >>> frame = decode_broker_request(b'{"kind":"catalogue","v":1}')
 >>> frame
@@ -20,6 +23,15 @@ boxmaker.wire.codec.ForbiddenKind: kind 'approve' is not accepted here
 """
 
 from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID
+from boxmaker.core.vocabulary import (
+    Answer,
+    ErrorCode,
+    ErrorFrame,
+    GrantRef,
+    Pending,
+    ToolRequest,
+    to_ms,
+)
 from boxmaker.wire.admin import (
     MAX_NOTE,
     MAX_REFUSE_REASON,
@@ -32,7 +44,6 @@ from boxmaker.wire.admin import (
     Approve,
     Approved,
     ChangePreview,
-    GrantRef,
     GrantsReloaded,
     Refuse,
     Refused,
@@ -45,13 +56,10 @@ from boxmaker.wire.admin import (
     StatusRequest,
 )
 from boxmaker.wire.broker import (
-    Answer,
     BrokerAnswer,
     BrokerRequest,
     CatalogueAnswer,
     CatalogueRequest,
-    Pending,
-    ToolRequest,
 )
 from boxmaker.wire.codec import (
     BadFrame,
@@ -65,7 +73,6 @@ from boxmaker.wire.codec import (
     decode_loop_request,
     encode_frame,
 )
-from boxmaker.wire.common import ErrorCode, ErrorFrame, id_of, to_ms
 from boxmaker.wire.loop import (
     MAX_SAY,
     LoopEvent,
@@ -142,6 +149,5 @@ __all__ = [
     "decode_loop_event",
     "decode_loop_request",
     "encode_frame",
-    "id_of",
     "to_ms",
 ]

@@ -4,22 +4,26 @@ brokerd's answers."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, ClassVar, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias
 
 import attrs
 
 from boxmaker.core import labels
-from boxmaker.core.call import APPROVE_OUTCOMES, ApprovalOutcome
 from boxmaker.core.reasons import Reason
-from boxmaker.wire.common import (
+from boxmaker.core.vocabulary import (
+    APPROVE_OUTCOMES,
+    ApprovalOutcome,
     ErrorFrame,
-    non_negative,
-    text_between,
+    GrantRef,
     to_ms,
     valid_approval_id,
     valid_call_id,
     valid_session_id,
 )
+from boxmaker.wire.common import non_negative, text_between
+
+if TYPE_CHECKING:
+    from boxmaker.core.approvals import PendingEntry
 
 MAX_REFUSE_REASON: Final = 500
 """The owner's refusal reason is 1 to 500 characters."""
@@ -78,15 +82,6 @@ class SessionsRequest:
 
 
 @attrs.frozen(kw_only=True)
-class GrantRef:
-    """The grant an ask matched, as approvals show it."""
-
-    id: str
-    mode: Literal["auto", "ask", "deny"]
-    note: str | None = None
-
-
-@attrs.frozen(kw_only=True)
 class ChangePreview:
     """What a pending ``write_file`` would change, read when the list was asked for:
     ``summary`` in words ("creates 12 bytes", "replaces 40 bytes with 52", "cannot
@@ -114,6 +109,23 @@ class ApprovalView:
     taint: labels.Taint
     untrusted: bool
     preview: ChangePreview | None = None
+
+    @classmethod
+    def of(cls, entry: PendingEntry, preview: ChangePreview | None = None) -> ApprovalView:
+        """The entry as an ``approvals`` answer lists it."""
+        return cls(
+            approval=entry.approval,
+            call=entry.call,
+            session=entry.session,
+            tool=entry.tool,
+            arguments=entry.arguments,
+            grant=entry.grant,
+            requested_at=entry.requested_at,
+            expires_at=entry.expires_at_wall,
+            taint=entry.taint,
+            untrusted=entry.untrusted,
+            preview=preview,
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -14,9 +14,9 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
 from boxmaker.convert import converter, format_path, problems
-from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, Approved, GrantRef
-from boxmaker.wire.broker import Answer, BrokerAnswer, BrokerRequest
-from boxmaker.wire.common import ErrorCode
+from boxmaker.core.vocabulary import Answer, ErrorCode, GrantRef
+from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, Approved
+from boxmaker.wire.broker import BrokerAnswer, BrokerRequest
 from boxmaker.wire.loop import LoopEvent, LoopRequest, ModelDoneEvent, Say, ToolResultEvent
 
 Frame: TypeAlias = (
@@ -196,7 +196,7 @@ def decode_loop_event(line: bytes) -> LoopEvent:
 def encode_frame(frame: Frame) -> bytes:
     """The canonical bytes of a frame: compact JSON, ``kind`` first, one ``\\n`` at the end.
 
-    >>> from boxmaker.wire.common import ErrorFrame
+    >>> from boxmaker.core.vocabulary import ErrorFrame
     >>> encode_frame(ErrorFrame(code=ErrorCode.BAD_FRAME, detail="not a JSON object"))
     b'{"kind":"error","code":"bad_frame","detail":"not a JSON object"}\\n'
     """

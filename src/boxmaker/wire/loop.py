@@ -9,16 +9,15 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 import attrs
 
 from boxmaker.convert import InvalidField
-from boxmaker.core.call import AnswerOutcome
-from boxmaker.wire.common import (
+from boxmaker.core.vocabulary import (
+    AnswerOutcome,
     ErrorFrame,
-    non_negative,
-    text_between,
     to_ms,
     valid_approval_id,
     valid_call_id,
     valid_session_id,
 )
+from boxmaker.wire.common import non_negative, text_between
 
 MAX_SAY: Final = 65536
 """Characters of one ``say``."""
