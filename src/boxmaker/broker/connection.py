@@ -38,12 +38,14 @@ import trio
 
 from boxmaker.broker.admin import approval_view
 from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
-from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec, before_asking
+from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec
 from boxmaker.broker.state import Broker
+from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.clock import utc_now
 from boxmaker.convert import converter
 from boxmaker.core import call as machine
 from boxmaker.core.approvals import GrantRef, PendingEntry
+from boxmaker.core.before_asking import before_asking, path_to_look
 from boxmaker.core.call import (
     APPROVAL_UNRECORDED,
     CALL_ID_USED,
@@ -322,8 +324,11 @@ async def _evaluate(
 
 
 async def _before_asking(broker: Broker, ask: Ask) -> Verdict:
-    """:func:`~boxmaker.broker.runner.before_asking`, in a worker thread."""
-    return await broker.to_thread(before_asking, broker.workspace, ask)
+    """:func:`~boxmaker.core.before_asking.before_asking`, the look in a worker thread."""
+    path = path_to_look(ask)
+    if path is None:
+        return ask
+    return before_asking(ask, await broker.to_thread(missing_directory, broker.workspace, path))
 
 
 def _log_decision(decision: Decision) -> None:

@@ -22,13 +22,14 @@ import orjson
 from cyclopts import App, Parameter
 
 from boxmaker import state_files
-from boxmaker.broker.runner import before_asking
+from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.what_if import what_if
 from boxmaker.clock import format_utc, local_time, parse_utc, utc_now
 from boxmaker.convert import SESSION_ID
+from boxmaker.core.before_asking import before_asking, path_to_look
 from boxmaker.core.catalogue import ArgumentProblem, check_arguments
-from boxmaker.core.decide import Ask, ToolRequest, Verdict, evaluate
+from boxmaker.core.decide import ToolRequest, Verdict, evaluate
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
 from boxmaker.core.grant_usage import GrantUsage, Tally, tally_decisions
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
@@ -338,8 +339,9 @@ def decide_call(
         now=utc_now(),
         workspace=str(workspace),
     )
-    if isinstance(verdict, Ask):
-        verdict = before_asking(workspace, verdict)
+    path = path_to_look(verdict)
+    if path is not None:
+        verdict = before_asking(verdict, missing_directory(workspace, path))
     decision = verdict.decision
     source = None
     if decision.grant is not None and isinstance(read.value, GrantSet):
