@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import pwd
 import time
 from typing import Final
 
@@ -49,7 +48,7 @@ from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked, 
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
 from boxmaker.core.state import StateUnreadable
-from boxmaker.grants_edit import GrantsEditError, add_grant, remove_grant
+from boxmaker.grants_edit import GrantsEditError, add_grant, owner_name, remove_grant
 from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
 from boxmaker.state_files import read_state
 from boxmaker.unix_sockets import DISCONNECTS, check_peer
@@ -259,14 +258,6 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
             grant_written=written,
         )
     return Refused(call=call)
-
-
-def owner_name(uid: int) -> str:
-    """The owner as a grant's note names them: the user name, else ``uid N``."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def _not_written(detail: str) -> ErrorFrame:

@@ -37,15 +37,14 @@ from typing import Final, TypeVar
 import trio
 
 from boxmaker.broker.admin import approval_view
+from boxmaker.broker.decide_now import BrokerSources, decide_now
 from boxmaker.broker.pending import ApproveCommand, Command, RefuseCommand, report
 from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec
 from boxmaker.broker.state import Broker
-from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.clock import utc_now
 from boxmaker.convert import converter
 from boxmaker.core import call as machine
 from boxmaker.core.approvals import GrantRef, PendingEntry
-from boxmaker.core.before_asking import before_asking, path_to_look
 from boxmaker.core.call import (
     APPROVAL_UNRECORDED,
     CALL_ID_USED,
@@ -55,7 +54,7 @@ from boxmaker.core.call import (
     Call,
 )
 from boxmaker.core.catalogue import catalogue_tools
-from boxmaker.core.decide import Ask, Decision, Run, ToolRequest, Verdict, evaluate
+from boxmaker.core.decide import Ask, Decision, Run, ToolRequest, Verdict
 from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
@@ -305,30 +304,21 @@ async def _raise_state(broker: Broker, session: str, label: Label) -> Label | St
 
 
 async def _evaluate(
-    broker: Broker, request: ToolRequest, grants: GrantSet | GrantsProblem | None = None
+    broker: Broker,
+    request: ToolRequest,
+    grants: GrantSet | GrantsProblem | None = None,
+    *,
+    look_before_asking: bool = False,
 ) -> Verdict:
     """The decision with the grants and state as they are now (also approve's
-    re-decision). Grants are read before the state, as the order demands; a decision
-    to be recorded passes the grants it took (``broker.grants.take()``)."""
+    re-decision): :func:`decide_now`, as ``bxctl grants test`` decides. Grants are read
+    before the state, as the order demands; a decision to be recorded passes the grants
+    it took (``broker.grants.take()``)."""
     if grants is None:
         grants = await broker.grants.current()
-    state = await broker.states.read(request.session)
-    return evaluate(
-        request,
-        ledger_usable=broker.writer.usable,
-        grants=grants,
-        state=state,
-        now=utc_now(),
-        workspace=str(broker.workspace),
+    return await decide_now(
+        request, grants, BrokerSources(broker), look_before_asking=look_before_asking
     )
-
-
-async def _before_asking(broker: Broker, ask: Ask) -> Verdict:
-    """:func:`~boxmaker.core.before_asking.before_asking`, the look in a worker thread."""
-    path = path_to_look(ask)
-    if path is None:
-        return ask
-    return before_asking(ask, await broker.to_thread(missing_directory, broker.workspace, path))
 
 
 def _log_decision(decision: Decision) -> None:
@@ -377,10 +367,8 @@ class _Driver:
         # meanwhile is recorded after it (GrantsWatcher.take).
         grants = await broker.grants.take()
         self.holds_grants = True
-        verdict = await _evaluate(broker, request, grants)
+        verdict = await _evaluate(broker, request, grants, look_before_asking=True)
         full: str | None = None
-        if isinstance(verdict, Ask) and verdict.decision.tool == "write_file":
-            verdict = await _before_asking(broker, verdict)
         if isinstance(verdict, Ask):
             # The ask holds a pending slot and its request's bytes from here (before
             # its record is awaited) to the end of its call.
