@@ -21,6 +21,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import pwd
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -158,6 +159,15 @@ def _grant_table(fields: dict[str, Any]) -> Table:
     for name, value in fields.items():
         table.add(name, value)
     return table
+
+
+def owner_name(uid: int) -> str:
+    """The owner as an approve-always grant's note names them: the user name, else
+    ``uid N``."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def grant_text(fields: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from tests.harness.homes import grant, write_grants
 from boxmaker.broker.pending import (
     REMEMBER_ENDED,
     ApproveCommand,
+    DeadlineMissed,
     PendingCalls,
     RefuseCommand,
     report,
@@ -224,6 +225,36 @@ async def test_woken_early_it_waits_again(autojump_clock: trio.testing.MockClock
     pending.add(entry)
     assert pending.woke(entry, entry.deadline - 0.001) is None
     assert entry.approval in pending.table
+    with pending.deadline(entry) as scope:
+        await trio.sleep(1)  # the wait ends before its deadline, without an ending
+    assert not scope.cancelled_caught
+    assert pending.woke(entry, trio.current_time()) is None
+    assert entry.approval in pending.table
+
+
+async def test_woken_by_its_deadline_it_must_have_expired(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The wait's deadline is trio's, the expiry the table's boundary: were they ever
+    different (the boundary written ``>`` instead of ``>=``), the call would wait again,
+    be cancelled at once, and spin at its deadline for ever, stalling brokerd. It raises
+    instead, at once."""
+    pending = PendingCalls()
+    entry = make(now=trio.current_time())
+    pending.add(entry)
+    with pending.deadline(entry) as scope:
+        await trio.sleep_forever()
+    assert scope.cancelled_caught
+    # As the boundary would say were it off by one: not yet expired.
+    before = entry.deadline - 0.001
+    with pytest.raises(DeadlineMissed) as missed:
+        pending.woke(entry, before)
+    assert str(missed.value) == (
+        f"approval {entry.approval}: woken by its deadline {entry.deadline!r} at {before!r}, "
+        "but not expired"
+    )
+    assert entry.approval in pending.table
+    assert pending.ending(entry.approval) is None
 
 
 # --- the waiting connection, through brokerd ------------------------------------------

@@ -26,6 +26,7 @@ from tests.harness.broker import (
     running,
     tool_request,
 )
+from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, short_home, write_grants, write_state
 
 from boxmaker.cli.app import app
@@ -298,12 +299,14 @@ CALLS = st.sampled_from(
 )
 
 
-def decided_by_grants_test(home: Home, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+async def decided_by_grants_test(
+    home: Home, tool: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
     """``bxctl grants test --json``'s decision, or the catalogue's refusal (exit 2)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             args = ("grants", "test", tool, orjson.dumps(arguments).decode(), "--session", SESSION)
-            code = bxctl(home, *args, "--json")
+            code = await bxctl_in_process(home, *args, "--json")
         out.seek(0)
         err.seek(0)
         if code == 2:
@@ -330,7 +333,7 @@ async def test_grants_test_agrees_with_brokerd(
             async with running(home, to_thread=inline):
                 for tool, arguments in calls:
                     write_state(home, SESSION, taint, untrusted)
-                    predicted = decided_by_grants_test(home, tool, arguments)
+                    predicted = await decided_by_grants_test(home, tool, arguments)
                     frame = tool_request(tool, arguments)
                     client = await Client.open(home.broker_sock)
                     await client.send(frame)

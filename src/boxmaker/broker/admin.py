@@ -20,14 +20,15 @@ builds it, :mod:`boxmaker.grants_edit` writes it, in a worker thread) while the 
 still waits, and re-reads the grants, so the re-decision and every later call decide
 with it. A grant that cannot be written fails the approve (``error
 grant_not_written``) and the call still waits; a grant written for an entry that ended
-meanwhile (it expired, someone else answered) is removed again.
+meanwhile (it expired, someone else answered) is removed again. Each of these steps'
+decision and answer is :mod:`boxmaker.core.owner_answer`'s; the table, the file and the
+waiting call are this module's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import pwd
 import time
 from typing import Final
 
@@ -38,13 +39,21 @@ from boxmaker.broker.preview import preview_write
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.core.approvals import PendingEntry
-from boxmaker.core.call import EarlierEnd, late_owner_answer
-from boxmaker.core.call_events import AdminReply, ApprovedReply, NotRecorded
-from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked, grant_of
+from boxmaker.core.call_events import AdminReply, ApprovedReply
+from boxmaker.core.grant_scope import Scope
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
+from boxmaker.core.owner_answer import (
+    Found,
+    OwnerError,
+    after_take,
+    grant_to_write,
+    late,
+    not_written,
+    unanswered,
+)
 from boxmaker.core.state import StateUnreadable
-from boxmaker.grants_edit import GrantsEditError, add_grant, remove_grant
+from boxmaker.grants_edit import GrantsEditError, add_grant, owner_name, remove_grant
 from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
 from boxmaker.state_files import read_state
 from boxmaker.unix_sockets import DISCONNECTS, check_peer
@@ -83,7 +92,6 @@ MAX_PREVIEWS: Final = 32
 """write_file previews read per ``approvals`` answer (:func:`_with_previews`)."""
 PREVIEWS_S: Final = 2.0
 """Seconds of previews per ``approvals`` answer; the later writes are not shown."""
-CALL_ENDED: Final = "the call ended before its approval was recorded (is brokerd stopping?)"
 
 
 def _error(code: ErrorCode, detail: str) -> ErrorFrame:
@@ -187,13 +195,14 @@ async def _with_previews(broker: Broker, live: list[PendingEntry]) -> list[Appro
 
 async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
     """approve / refuse: take the entry, hand its call the command, wait for the call's
-    task to report how it was recorded."""
+    task to report how it was recorded. What each step answers is
+    :mod:`boxmaker.core.owner_answer`'s."""
     approval = request.approval
     written: str | None = None
     if isinstance(request, Approve) and request.always is not None:
         wrote = await _write_always(broker, request)
-        if isinstance(wrote, ErrorFrame):
-            return wrote
+        if isinstance(wrote, OwnerError):
+            return _owner_error(wrote)
         written = wrote
     send, receive = trio.open_memory_channel[AdminReply](1)
     command: ApproveCommand | RefuseCommand
@@ -203,24 +212,30 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
         command = RefuseCommand(reason=request.reason, reply=send)
     with receive:
         ended = broker.pending.end(approval, command, now=trio.current_time())
-        if ended is None or ended.command is not command:
-            # Gone, or at or after its deadline (then the call's task records the
-            # expiry, once: it is the only one that writes this call's records).
+        if ended is None:
+            found = Found.GONE
+        else:
+            # At or after its deadline the expiry was delivered instead (the call's task
+            # records it, once: it is the only one that writes this call's records).
+            found = Found.WAITING if ended.command is command else Found.EXPIRED
+        then = after_take(
+            approval, found, written=written, earlier=broker.pending.earlier_end(approval)
+        )
+        if then.error is not None:
             send.close()
-            if written is not None:
-                await _unwrite(broker, written)
-            earlier = EarlierEnd.EXPIRED if ended is not None else None
-            code, detail = late_owner_answer(
-                approval, earlier or broker.pending.earlier_end(approval)
-            )
-            return _error(ErrorCode(code), detail)
+            if then.unwrite is not None:
+                await _unwrite(broker, then.unwrite)
+            return _owner_error(then.error)
+        assert ended is not None
+        reply: AdminReply | None
         try:
             reply = await receive.receive()
         except trio.EndOfChannel:
-            return _error(ErrorCode.INTERNAL, CALL_ENDED)
+            reply = None
+    error = unanswered(reply)
+    if error is not None:
+        return _owner_error(error)
     call = ended.entry.call
-    if isinstance(reply, NotRecorded):
-        return _error(ErrorCode.INTERNAL, reply.detail)
     if isinstance(reply, ApprovedReply):
         ran = reply.ran
         return Approved(
@@ -237,58 +252,40 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
     return Refused(call=call)
 
 
-def owner_name(uid: int) -> str:
-    """The owner as a grant's note names them: the user name, else ``uid N``."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+def _owner_error(error: OwnerError) -> ErrorFrame:
+    return _error(ErrorCode(error.code), error.detail)
 
 
-def _not_written(detail: str) -> ErrorFrame:
-    return _error(ErrorCode.GRANT_NOT_WRITTEN, f"no grant written, the call still waits: {detail}")
-
-
-async def _write_always(broker: Broker, request: Approve) -> str | ErrorFrame:
+async def _write_always(broker: Broker, request: Approve) -> str | OwnerError:
     """Write the grant an approve-always asks for, and decide with it from now on: its
     id, or the error to answer (the entry is left waiting)."""
     always = request.always
     assert always is not None
-    entry = broker.table.get(request.approval)
-    if entry is None or entry.is_expired(trio.current_time()):
-        earlier = EarlierEnd.EXPIRED if entry is not None else None
-        code, detail = late_owner_answer(
-            request.approval, earlier or broker.pending.earlier_end(request.approval)
-        )
-        return _error(ErrorCode(code), detail)
-    found = asked(
+    approval = request.approval
+    entry = broker.table.get(approval)
+    found = Found.of(entry, trio.current_time())
+    gone = late(approval, found, broker.pending.earlier_end(approval))
+    if gone is not None:
+        return gone
+    assert entry is not None
+    planned = grant_to_write(
+        entry,
         await broker.grants.current(),
-        grant=entry.grant.id,
-        tool=entry.tool,
-        arguments=entry.arguments,
-        workspace=str(broker.workspace),
-    )
-    if isinstance(found, ScopeProblem):
-        return _not_written(found.message)
-    fields = always_grant(
-        approval=entry.approval,
-        call=entry.call,
-        arguments=found.arguments,
-        asking=found.asking,
         scope=Scope(always.scope),
         lasting=None if always.for_s is None else dt.timedelta(seconds=always.for_s),
         owner=owner_name(broker.owner_uid),
         now=utc_now(),
+        workspace=str(broker.workspace),
     )
-    if isinstance(fields, ScopeProblem):
-        return _not_written(fields.message)
-    grant = grant_of(fields)
+    if isinstance(planned, OwnerError):
+        return planned
+    grant = planned.grant
     try:
-        await broker.to_thread(add_grant, broker.home.grants_toml, fields, grant)
+        await broker.to_thread(add_grant, broker.home.grants_toml, planned.table, grant)
     except (GrantsEditError, OSError) as exc:
-        log.warning("approve %s --always: %s", entry.approval, exc)
-        return _not_written(str(exc))
-    log.info("approve %s --always: wrote grant %s", entry.approval, grant.id)
+        log.warning("approve %s --always: %s", approval, exc)
+        return not_written(str(exc))
+    log.info("approve %s --always: wrote grant %s", approval, grant.id)
     await broker.grants.current(force=True)
     return grant.id
 

@@ -39,8 +39,9 @@ from typing import Final, TypeVar, assert_never
 
 import trio
 
+from boxmaker.broker.decide_now import BrokerSources, decide_now
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand, report
-from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec, before_asking
+from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.convert import converter
@@ -72,7 +73,7 @@ from boxmaker.core.call_events import (
     Stopping,
 )
 from boxmaker.core.catalogue import catalogue_tools
-from boxmaker.core.decide import Ask, Ruling, Run, Verdict, evaluate
+from boxmaker.core.decide import Ask, Ruling, Run, Verdict
 from boxmaker.core.drive import drive, resume
 from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.core.labels import Label
@@ -321,27 +322,21 @@ async def _raise_state(broker: Broker, session: str, label: Label) -> Label | St
 
 
 async def _evaluate(
-    broker: Broker, request: ToolRequest, grants: GrantSet | GrantsProblem | None = None
+    broker: Broker,
+    request: ToolRequest,
+    grants: GrantSet | GrantsProblem | None = None,
+    *,
+    look_before_asking: bool = False,
 ) -> Verdict:
     """The decision with the grants and state as they are now (also approve's
-    re-decision). Grants are read before the state, as the order demands; a decision
-    to be recorded passes the grants it took (``broker.grants.take()``)."""
+    re-decision): :func:`decide_now`, as ``bxctl grants test`` decides. Grants are read
+    before the state, as the order demands; a decision to be recorded passes the grants
+    it took (``broker.grants.take()``)."""
     if grants is None:
         grants = await broker.grants.current()
-    state = await broker.states.read(request.session)
-    return evaluate(
-        request,
-        ledger_usable=broker.writer.usable,
-        grants=grants,
-        state=state,
-        now=utc_now(),
-        workspace=str(broker.workspace),
+    return await decide_now(
+        request, grants, BrokerSources(broker), look_before_asking=look_before_asking
     )
-
-
-async def _before_asking(broker: Broker, ask: Ask) -> Verdict:
-    """:func:`~boxmaker.broker.runner.before_asking`, in a worker thread."""
-    return await broker.to_thread(before_asking, broker.workspace, ask)
 
 
 def _log_decision(decision: Ruling) -> None:
@@ -407,10 +402,8 @@ class _Ports:
         # meanwhile is recorded after it (GrantsWatcher.take).
         grants = await broker.grants.take()
         self.holds_grants = True
-        verdict = await _evaluate(broker, request, grants)
+        verdict = await _evaluate(broker, request, grants, look_before_asking=True)
         full: str | None = None
-        if isinstance(verdict, Ask) and verdict.decision.tool == "write_file":
-            verdict = await _before_asking(broker, verdict)
         if isinstance(verdict, Ask):
             # The ask holds a pending slot and its request's bytes from here (before
             # its record is awaited) to the end of its call.

@@ -101,7 +101,12 @@ class CachedFile:
 
 
 def read_cached_beneath(
-    root: str, path: str, max_size: int, *, syscall: Callable[..., int] | None = _syscall
+    root: str,
+    path: str,
+    max_size: int,
+    *,
+    syscall: Callable[..., int] | None = _syscall,
+    cached_only: bool = True,
 ) -> CachedFile | None:
     """The whole of the regular file ``path`` below the directory ``root``, if it is at
     most ``max_size`` bytes and the kernel can serve all of it from its caches; None
@@ -110,10 +115,15 @@ def read_cached_beneath(
     followed, as the file tools do. The real path and the link count come from the
     opened descriptor itself (``/proc/self/fd`` and the ``fstat`` the size check needs),
     so they are the file that was read, with no window for a link swapped in between.
-    ``syscall`` is libc's ``syscall()`` (None where there is none: nothing is tried)."""
+    ``syscall`` is libc's ``syscall()`` (None where there is none: nothing is tried).
+    ``cached_only=False`` is for tests: the same opens and read without
+    ``RESOLVE_CACHED`` and ``RWF_NOWAIT``, as a kernel that holds everything in its
+    caches would answer, so what is served depends on the files alone (they may block:
+    never on brokerd's trio thread)."""
     if "\x00" in path or "\x00" in root:
         return None  # C would read a shorter path (checked arguments never carry one)
-    root_fd = _openat2(AT_FDCWD, root, _DIR_FLAGS, RESOLVE_CACHED, syscall)
+    cached = RESOLVE_CACHED if cached_only else 0
+    root_fd = _openat2(AT_FDCWD, root, _DIR_FLAGS, cached, syscall)
     if root_fd is None:
         return None
     try:
@@ -122,7 +132,7 @@ def read_cached_beneath(
             root_fd,
             path,
             _READ_FLAGS,
-            RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_CACHED,
+            RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | cached,
             syscall,
         )
     finally:
@@ -133,7 +143,7 @@ def read_cached_beneath(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_size or real_root is None:
             return None
-        data = _read_whole(fd, info.st_size)
+        data = _read_whole(fd, info.st_size, os.RWF_NOWAIT if cached_only else 0)
         real = fd_real_path(fd)
     except OSError:
         return None
@@ -147,13 +157,13 @@ def read_cached_beneath(
     return CachedFile(data, relative, info.st_nlink)
 
 
-def _read_whole(fd: int, size: int) -> bytes | None:
+def _read_whole(fd: int, size: int, flags: int) -> bytes | None:
     # One byte more than fstat said: getting exactly `size` back means the end of the
     # file was reached; fewer means a part was not cached (RWF_NOWAIT reads short), more
     # that the file grew since. Both are left to the worker thread.
     buffer = bytearray(size + 1)
     try:
-        count = os.preadv(fd, [buffer], 0, os.RWF_NOWAIT)
+        count = os.preadv(fd, [buffer], 0, flags)
     except OSError:
         return None
     return bytes(buffer[:count]) if count == size else None

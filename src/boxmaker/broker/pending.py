@@ -57,6 +57,10 @@ Command: TypeAlias = ApproveCommand | RefuseCommand | Expired | Stopping | Reque
 """How a pending entry ends; exactly one is delivered to each."""
 
 
+class DeadlineMissed(RuntimeError):
+    """A waiting call's deadline ended its wait, yet its entry has not expired."""
+
+
 @attrs.frozen
 class Ended:
     """What :meth:`PendingCalls.end` took and delivered."""
@@ -154,11 +158,21 @@ class PendingCalls:
     def woke(self, entry: PendingEntry, now: float) -> Command | None:
         """The waiting call woke (its scope ended): its ending, or the expiry when the
         deadline has come by the table's boundary (:meth:`PendingEntry.is_expired`);
-        None when neither (woken early: it waits again)."""
+        None when neither (woken early: it waits again).
+
+        Raises :class:`DeadlineMissed` when the scope's deadline ended the wait but the
+        table's boundary says the entry has not expired: waiting again would spin at
+        the deadline for ever (every wait is cancelled at once), and a spinning task
+        stalls brokerd; trio's deadline and the table's must be the same ``>=``."""
         slot = self._slots[entry.approval]
-        slot.scope = None
+        scope, slot.scope = slot.scope, None
         if slot.command is None and entry.is_expired(now):
             self.end(entry.approval, Expired())
+        if slot.command is None and scope is not None and scope.cancelled_caught:
+            raise DeadlineMissed(
+                f"approval {entry.approval}: woken by its deadline {scope.deadline!r} "
+                f"at {now!r}, but not expired"
+            )
         return slot.command
 
     def forget(self, approval: str) -> None:

@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import ipaddress
 import logging
 import math
@@ -107,6 +106,12 @@ from boxmaker.broker.sandbox import (
     sandbox_argv,
     sandbox_user,
 )
+from boxmaker.broker.workspace_paths import (
+    DIR_FLAGS,
+    first_missing,
+    real_relative,
+    split,
+)
 from boxmaker.core.catalogue import (
     MAX_BYTES,
     CheckedArguments,
@@ -118,7 +123,7 @@ from boxmaker.core.catalogue import (
     WriteFileArgs,
     result_label,
 )
-from boxmaker.core.decide import Ask, Deny, Run
+from boxmaker.core.decide import Ask, Run
 from boxmaker.core.grants import Grant, opened_refusal
 from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
@@ -149,7 +154,6 @@ CACHED_READ_MAX: Final = 64 * 1024
 copy and decode of a bigger one would hold up every other call."""
 HTTP_TIMEOUT: Final = 10.0
 """Seconds for a whole http_get: connect, headers and body."""
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in the workspace must not hang the worker thread.
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -384,18 +388,9 @@ def _escape(path: str) -> _Failed:
     return _Failed(Reason.PATH_ESCAPE, f"{path}: a symlink leads outside the workspace")
 
 
-@functools.lru_cache(maxsize=8)
-def _real_root(workspace: Path) -> str:
-    """The workspace's real path, resolved once per process: it is the owner's setting,
-    and no tool can move it (the sandbox mounts it; file tools work below it). Resolving
-    it on every call was a third of the file tools' cost."""
-    return os.path.realpath(workspace)
-
-
 def _real_relative(workspace: Path, path: str) -> tuple[str, str]:
     """(the workspace's real path, ``path``'s real path relative to it), or path_escape."""
-    root = _real_root(workspace)
-    relative = path_below(root, os.path.realpath(os.path.join(root, path)))  # noqa: PTH118
+    root, relative = real_relative(workspace, path)
     if relative is None:
         raise _escape(path)
     return root, relative
@@ -407,10 +402,10 @@ def _walk(root: str, relative: str, path: str) -> int:
     Every segment is opened with O_NOFOLLOW: a symlink swapped in after the realpath
     check (ELOOP) is an escape attempt, not something to follow.
     """
-    fd = os.open(root, _DIR_FLAGS)
+    fd = os.open(root, DIR_FLAGS)
     try:
         for segment in [] if relative == ROOT else relative.split("/"):
-            child = _open_at(fd, segment, _DIR_FLAGS, path)
+            child = _open_at(fd, segment, DIR_FLAGS, path)
             os.close(fd)
             fd = child
     except BaseException:
@@ -476,17 +471,12 @@ def _os_failure(exc: OSError, path: str) -> _Failed:
     return _Failed(Reason.TOOL_ERROR, f"{path}: {exc.strerror or exc}")
 
 
-def _split(relative: str) -> tuple[str, str]:
-    parent, _, name = relative.rpartition("/")
-    return parent or ROOT, name
-
-
 def _read_file(spec: RunSpec, args: ReadFileArgs, host: Host) -> RunResult:
     root, real = host.real_relative(spec.workspace, args.path)
     _bound(spec, args.path, real)
     if real == ROOT:
         raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
-    parent, name = _split(real)
+    parent, name = split(real)
     dir_fd = _walk(root, parent, args.path)
     try:
         fd = _open_at(dir_fd, name, _READ_FLAGS, args.path)
@@ -550,13 +540,13 @@ def _read_up_to(fd: int, size: int) -> bytes:
 def _list_dir(spec: RunSpec, args: ListDirArgs, host: Host) -> RunResult:
     root, real = host.real_relative(spec.workspace, args.path)
     _bound(spec, args.path, real)
-    parent, name = _split(real)
+    parent, name = split(real)
     if real == ROOT:
         fd = _walk(root, ROOT, args.path)
     else:
         dir_fd = _walk(root, parent, args.path)
         try:
-            fd = _open_at(dir_fd, name, _DIR_FLAGS, args.path)
+            fd = _open_at(dir_fd, name, DIR_FLAGS, args.path)
         except _Failed as failed:
             if (failed.reason is Reason.NOT_FOUND) and _exists(dir_fd, name):
                 raise _Failed(Reason.TOOL_ERROR, f"{args.path}: not a directory") from None
@@ -586,7 +576,7 @@ def _list_dir(spec: RunSpec, args: ListDirArgs, host: Host) -> RunResult:
 
 
 def _write_file(spec: RunSpec, args: WriteFileArgs, host: Host) -> RunResult:
-    parent_path, name = _split(args.path)
+    parent_path, name = split(args.path)
     if args.path == ROOT:
         raise _Failed(Reason.TOOL_ERROR, f"{args.path}: is a directory")
     root, real_parent = host.real_relative(spec.workspace, parent_path)
@@ -633,7 +623,7 @@ def _write_file(spec: RunSpec, args: WriteFileArgs, host: Host) -> RunResult:
     return RunResult.success(f"wrote {len(data)} bytes to {args.path}", spec.label)
 
 
-# --- looking before a write (brokerd, before the owner is asked) ----------------------
+# --- looking before a write (the owner's preview of its change) ------------------------
 
 
 @attrs.frozen
@@ -651,11 +641,12 @@ class WriteTarget:
 
 
 def look_before_write(
-    workspace: Path, path: str, limit: int | None, host: Host | None = None
+    workspace: Path, path: str, limit: int, host: Host | None = None
 ) -> WriteTarget:
-    """Blocking (a worker thread). ``limit``: the most bytes to read of an existing file;
-    None only checks the directories. Never follows a symlink out, never opens a FIFO
-    for reading without O_NONBLOCK, reads only a regular file with one name."""
+    """Blocking (a worker thread). ``limit``: the most bytes to read of an existing file.
+    Never follows a symlink out, never opens a FIFO for reading without O_NONBLOCK, reads
+    only a regular file with one name. (Before an ask, only whether the directory exists
+    matters: :func:`boxmaker.broker.workspace_paths.missing_directory`.)"""
     try:
         return _look(workspace, path, limit, host or REAL_HOST)
     except _Failed as failed:
@@ -664,26 +655,13 @@ def look_before_write(
         return WriteTarget(problem=f"{path}: {exc.strerror or exc}")
 
 
-def before_asking(workspace: Path, ask: Ask) -> Ask | Deny:
-    """A write_file ask into a directory that does not exist could only fail once
-    approved: it is denied ``not_found`` before the owner is asked. Blocking (brokerd
-    runs it in a worker thread); ``bxctl grants test`` takes the same step."""
-    if ask.decision.tool != "write_file":
-        return ask
-    path = str(ask.decision.arguments["path"])
-    target = look_before_write(workspace, path, None)
-    if target.missing_directory is None:
-        return ask
-    return ask.cannot_run(target.missing_directory)
-
-
-def _look(workspace: Path, path: str, limit: int | None, host: Host) -> WriteTarget:
+def _look(workspace: Path, path: str, limit: int, host: Host) -> WriteTarget:
     if path == ROOT:
         raise _Failed(Reason.TOOL_ERROR, f"{path}: is a directory")
-    parent_path, name = _split(path)
+    parent_path, name = split(path)
     root, real_parent = host.real_relative(workspace, parent_path)
-    missing = _first_missing(root, real_parent)
-    if missing is not None or limit is None:
+    missing = first_missing(root, real_parent)
+    if missing is not None:
         return WriteTarget(missing_directory=missing)
     dir_fd = _walk(root, real_parent, path)
     try:
@@ -714,28 +692,6 @@ def _look(workspace: Path, path: str, limit: int | None, host: Host) -> WriteTar
     if info.st_size > limit or len(data) > limit:
         raise _Failed(Reason.TOO_LARGE, f"{path}: over {limit} bytes")
     return WriteTarget(data=data, opened=opened)
-
-
-def _first_missing(root: str, relative: str) -> str | None:
-    """The first directory of ``relative`` (real, under ``root``) that does not exist,
-    or None. A segment that is there but not a directory, or a symlink, is left to the
-    write's own walk (it fails with its own reason)."""
-    fd = os.open(root, _DIR_FLAGS)
-    walked: list[str] = []
-    try:
-        for segment in [] if relative == ROOT else relative.split("/"):
-            walked.append(segment)
-            try:
-                child = os.open(segment, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                return "/".join(walked)
-            except OSError:
-                return None
-            os.close(fd)
-            fd = child
-    finally:
-        os.close(fd)
-    return None
 
 
 # --- shell ---------------------------------------------------------------------------

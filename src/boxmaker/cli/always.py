@@ -26,13 +26,12 @@ from typing import Any, Final
 import attrs
 import trio
 
-from boxmaker.broker.admin import owner_name
 from boxmaker.cli.terminal import OwnerTerminal
 from boxmaker.clock import local_time, utc_now
 from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked
 from boxmaker.core.hosts import DEFAULT_PORTS
-from boxmaker.grants_edit import grant_text
+from boxmaker.grants_edit import grant_text, owner_name
 from boxmaker.grants_file import read_grants
 from boxmaker.home import ConfigError, Home, HomeError, load_config
 from boxmaker.printable import printable

@@ -6,7 +6,8 @@
   from one streaming pass over the ledger (:mod:`boxmaker.core.grant_usage`);
 - ``test``: which grant would decide a call now, and why: the same inputs brokerd
   decides with (grants.toml, the session's state file, the workspace's real path) and
-  the same :func:`~boxmaker.core.decide.evaluate`.
+  brokerd's own :func:`~boxmaker.broker.decide_now.decide_now`, the look before an ask
+  included.
 
 Everything a file or the ledger holds is shown through ``printable``.
 """
@@ -18,25 +19,27 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
+import attrs
 import orjson
 from cyclopts import App, Parameter
 
 from boxmaker import state_files
-from boxmaker.broker.runner import before_asking
+from boxmaker.broker.decide_now import decide_now
+from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.what_if import what_if
 from boxmaker.clock import format_utc, local_time, parse_utc, utc_now
 from boxmaker.convert import SESSION_ID
 from boxmaker.core.catalogue import ArgumentProblem, check_arguments
-from boxmaker.core.decide import Ask, Verdict, evaluate
+from boxmaker.core.decide import Ruling
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
 from boxmaker.core.grant_usage import GrantUsage, Tally, tally_decisions
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.core.vocabulary import ToolRequest
-from boxmaker.grants_file import read_grants
-from boxmaker.home import ConfigError, HomeError, load_config
+from boxmaker.grants_file import GrantsRead, read_grants
+from boxmaker.home import ConfigError, Home, HomeError, load_config
 from boxmaker.ledger.verify import READ_BUFFER
 from boxmaker.printable import printable
 
@@ -285,8 +288,39 @@ def _grant_json(
 # test
 
 
+@attrs.frozen
+class _AsRead:
+    """``grants test``'s sources for :func:`decide_now`: the state file as it was read,
+    a ledger taken as usable (nothing is recorded), and the look done here (a command
+    may block)."""
+
+    workspace: Path
+    read_state: Label | StateUnreadable
+
+    def ledger_usable(self) -> bool:
+        return True
+
+    async def state(self, session: str) -> Label | StateUnreadable:
+        del session
+        return self.read_state
+
+    async def missing_directory(self, path: str) -> str | None:
+        return missing_directory(self.workspace, path)
+
+
+@attrs.frozen
+class _TestCall:
+    """What ``grants test`` decides, and on what: read as brokerd reads it."""
+
+    home: Home
+    request: ToolRequest
+    session: str | None
+    grants: GrantsRead
+    sources: _AsRead
+
+
 @grants_app.command(name="test")
-def decide_call(
+async def decide_call(
     tool: str,
     arguments: Annotated[str, Parameter(name="ARGS-JSON")],
     /,
@@ -310,7 +344,19 @@ def decide_call(
     session
         Decide with this session's state (s-…); default: a new session's.
     """
-    home = common.resolve()
+    call = _test_call(tool, arguments, session, common.resolve())
+    if isinstance(call, Exit):
+        return call
+    verdict = await decide_now(call.request, call.grants.value, call.sources)
+    if common.json:
+        _test_json(call, verdict.decision)
+    else:
+        _test_text(call, verdict.decision)
+    return Exit.DONE
+
+
+def _test_call(tool: str, arguments: str, session: str | None, home: Home) -> _TestCall | Exit:
+    """The call to decide, the grants and the state; or the exit of a call that is none."""
     try:
         raw = orjson.loads(arguments)
     except orjson.JSONDecodeError as exc:
@@ -326,48 +372,51 @@ def decide_call(
     checked = check_arguments(tool, raw, workspace=str(workspace))
     if isinstance(checked, ArgumentProblem):
         return fail(f"{checked.reason}: {checked.detail}", Exit.USAGE)
-    read = read_grants(home.grants_toml)
+    # The grants before the state, as brokerd reads them.
+    grants = read_grants(home.grants_toml)
     state: Label | StateUnreadable = (
         FRESH if session is None else state_files.read_state(home.sessions_dir, session)
     )
     request = ToolRequest(
         call=TEST_CALL, session=session or "s-000000000000", tool=tool, arguments=raw
     )
-    verdict: Verdict = evaluate(
-        request,
-        ledger_usable=True,
-        grants=read.value,
-        state=state,
-        now=utc_now(),
-        workspace=str(workspace),
+    return _TestCall(home, request, session, grants, _AsRead(workspace, state))
+
+
+def _grant_source(call: _TestCall, decision: Ruling) -> tuple[int, str] | None:
+    """The deciding grant's line and text in grants.toml, if a grant decided."""
+    grants = call.grants
+    if decision.grant is None or not isinstance(grants.value, GrantSet):
+        return None
+    index = next(i for i, g in enumerate(grants.value.grants) if g.id == decision.grant)
+    sources = grant_sources(grants.text or "")
+    return sources[index] if index < len(sources) else None
+
+
+def _test_json(call: _TestCall, decision: Ruling) -> None:
+    source = _grant_source(call, decision)
+    state = call.sources.read_state
+    print_json(
+        {
+            "tool": decision.tool,
+            "arguments": decision.arguments,
+            "session": call.session,
+            "verdict": decision.verdict,
+            "reason": decision.reason,
+            "detail": decision.detail,
+            "grant": decision.grant,
+            "mode": decision.mode,
+            "grant_line": None if source is None else source[0],
+            "grant_text": None if source is None else source[1],
+            "taint": decision.state.taint,
+            "untrusted": decision.state.untrusted,
+            "state_problem": state.detail if isinstance(state, StateUnreadable) else None,
+        }
     )
-    if isinstance(verdict, Ask):
-        verdict = before_asking(workspace, verdict)
-    decision = verdict.decision
-    source = None
-    if decision.grant is not None and isinstance(read.value, GrantSet):
-        index = next(i for i, g in enumerate(read.value.grants) if g.id == decision.grant)
-        sources = grant_sources(read.text or "")
-        source = sources[index] if index < len(sources) else None
-    if common.json:
-        print_json(
-            {
-                "tool": decision.tool,
-                "arguments": decision.arguments,
-                "session": session,
-                "verdict": decision.verdict,
-                "reason": decision.reason,
-                "detail": decision.detail,
-                "grant": decision.grant,
-                "mode": decision.mode,
-                "grant_line": None if source is None else source[0],
-                "grant_text": None if source is None else source[1],
-                "taint": decision.state.taint,
-                "untrusted": decision.state.untrusted,
-                "state_problem": state.detail if isinstance(state, StateUnreadable) else None,
-            }
-        )
-        return Exit.DONE
+
+
+def _test_text(call: _TestCall, decision: Ruling) -> None:
+    source = _grant_source(call, decision)
     _say(f"verdict: {decision.verdict}")
     _say(f"reason: {decision.reason or 'none'}")
     if decision.detail is not None:
@@ -376,12 +425,13 @@ def decide_call(
         _say("grant: none")
     else:
         at = "" if source is None else f", line {source[0]}"
-        _say(f"grant: {decision.grant} ({home.grants_toml}{at})")
+        _say(f"grant: {decision.grant} ({call.home.grants_toml}{at})")
         for line in (source[1] if source is not None else "").splitlines():
             _say(f"    {line}")
+    session = call.session
     whose = "a new session: no --session given" if session is None else f"session {session}"
     trust = "untrusted" if decision.state.untrusted else "trusted"
     _say(f"state: taint {decision.state.taint}, {trust} ({whose})")
+    state = call.sources.read_state
     if isinstance(state, StateUnreadable):
         _say(f"state file: {state.detail}; see {RUNBOOK_STATE}")
-    return Exit.DONE
