@@ -13,7 +13,8 @@ from tests.harness.grants import grant_set
 from tests.harness.homes import grant
 
 from boxmaker.core.before_asking import before_asking, path_to_look
-from boxmaker.core.decide import Ask, Decision, Deny, Run, ToolRequest, Verdict, evaluate
+from boxmaker.core.decide import Ask, Deny, Ruling, Run, Verdict, evaluate
+from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.core.grants import Mode
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
@@ -34,7 +35,7 @@ GRANTS = grant_set(
 
 
 def verdict(tool: str, **arguments: Any) -> Verdict:
-    request = ToolRequest(CALL, SESSION, tool, arguments)
+    request = ToolRequest(call=CALL, session=SESSION, tool=tool, arguments=arguments)
     return evaluate(request, ledger_usable=True, grants=GRANTS, state=INTERNAL, now=NOW)
 
 
@@ -68,7 +69,7 @@ def test_a_write_ask_into_a_missing_directory_is_denied_not_found_naming_it() ->
     assert isinstance(ask, Ask)
     deny = before_asking(ask, "drafts")
     assert isinstance(deny, Deny)
-    assert deny.decision == Decision(
+    assert deny.decision == Ruling(
         call=CALL,
         session=SESSION,
         tool="write_file",
@@ -122,7 +123,7 @@ def test_only_a_write_ask_with_a_missing_directory_changes(
     arguments: dict[str, Any] = {"path": path}
     if tool == "write_file":
         arguments["content"] = "x"
-    request = ToolRequest(CALL, SESSION, tool, arguments)
+    request = ToolRequest(call=CALL, session=SESSION, tool=tool, arguments=arguments)
     state = Label(taint, untrusted)
     decided = evaluate(request, ledger_usable=True, grants=GRANTS, state=state, now=NOW)
     after = before_asking(decided, missing)
