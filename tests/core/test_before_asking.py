@@ -14,10 +14,10 @@ from tests.harness.homes import grant
 
 from boxmaker.core.before_asking import before_asking, path_to_look
 from boxmaker.core.decide import Ask, Deny, Ruling, Run, Verdict, evaluate
-from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.core.grants import Mode
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.core.vocabulary import ToolRequest
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 CALL = "c-0123456789abcdef"
