@@ -112,3 +112,38 @@ def test_the_check_names_the_copy_that_drifted() -> None:
     assert check_docs.call_table_problems(copies) == [
         f"{where}: Ran in RUNNING goes to RESULT, the table says RAISING"
     ]
+
+
+ARCHITECTURE = (TOOLS.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_the_code_map_names_every_module() -> None:
+    assert check_docs.code_map_problems() == []
+
+
+def test_a_module_missing_from_the_code_map_fails() -> None:
+    text = ARCHITECTURE.replace(
+        "    drive.py      the one driver loop", "    drove.py      the one"
+    )
+    assert check_docs.code_map_problems(text) == [
+        "docs/architecture.md: the code map does not name src/boxmaker/core/drive.py",
+        "docs/architecture.md: the code map names src/boxmaker/core/drove.py, which is not there",
+    ]
+
+
+def test_a_module_named_in_the_wrong_folder_fails() -> None:
+    moved = ARCHITECTURE.replace("  threads.py      how brokerd", "    threads.py    how brokerd")
+    assert check_docs.code_map_problems(moved) == [
+        "docs/architecture.md: the code map does not name src/boxmaker/threads.py",
+        "docs/architecture.md: the code map names src/boxmaker/oneshot.py/threads.py, "
+        "which is not there",
+    ]
+
+
+def test_a_module_named_only_in_a_description_is_not_named() -> None:
+    text = ARCHITECTURE.replace(
+        "  oneshot.py      one value", "                  oneshot.py one value"
+    )
+    assert check_docs.code_map_problems(text) == [
+        "docs/architecture.md: the code map does not name src/boxmaker/oneshot.py"
+    ]

@@ -9,6 +9,8 @@
    ("The call's states"); both drawings name exactly the table's data
    (``boxmaker.core.call.TRANSITIONS``): the same phases, the same events in each, and
    for each row the same next phases. So neither copy can drift from the code.
+5. docs/architecture.md's code map ("The code") names every module of src/boxmaker, each
+   on a line of its own at its folder's depth, and no module that is not there.
 
 Exit 0 when all hold; otherwise one line per problem and exit 1.
 """
@@ -30,6 +32,11 @@ THREAT_MODEL = ROOT / "docs" / "threat-model.md"
 HOSTILE = ROOT / "tests" / "hostile"
 CALL_MODULE = SRC / "core" / "call.py"
 PROTOCOL = ROOT / "docs" / "protocol.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+CODE_MAP_HEADING = "## The code"
+# A code map entry: two spaces a level, then a module or a folder; deeper lines go on
+# with the entry above them.
+MAP_ENTRY = re.compile(r"^((?:  ){1,4})([a-z0-9_]+(?:\.py|/))(?:\s|$)")
 
 ANCHOR_REFERENCE = re.compile(r"docs/runbook\.md#([a-z0-9-]+)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.MULTILINE)
@@ -174,9 +181,61 @@ def call_table_problems(drawn: Mapping[str, str] | None = None) -> list[str]:
     return problems
 
 
+def mapped_modules(text: str) -> list[str]:
+    """The modules a code map names, as paths below src/boxmaker/, in its order.
+
+    >>> mapped_modules("```\\nsrc/boxmaker/\\n  a.py   x\\n  b/     y\\n    c.py  z\\n"
+    ...                "                 d.py is named in a description\\n  e.py\\n```")
+    ['a.py', 'b/c.py', 'e.py']
+    """
+    above: list[str] = []  # the entry last seen at each depth above this one
+    named = []
+    for line in text.splitlines():
+        entry = MAP_ENTRY.match(line)
+        if entry is None:
+            continue
+        depth, name = len(entry[1]) // 2, entry[2]
+        above = above[: depth - 1]
+        # Indented under a module rather than a folder: the path says so, and is not there.
+        path = "".join(step if step.endswith("/") else f"{step}/" for step in above)
+        if not name.endswith("/"):
+            named.append(path + name)
+        above.append(name)
+    return named
+
+
+def code_map_problems(text: str | None = None) -> list[str]:
+    if text is None:
+        text = ARCHITECTURE.read_text(encoding="utf-8")
+    after = text[text.index(CODE_MAP_HEADING) :]
+    start = after.index("```") + 3
+    block = after[start : after.index("```", start)]
+    named = mapped_modules(block)
+    present = {
+        path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py") if path.name != "__init__.py"
+    }
+    problems = [
+        f"docs/architecture.md: the code map does not name src/boxmaker/{module}"
+        for module in sorted(present - set(named))
+    ]
+    problems += [
+        f"docs/architecture.md: the code map names src/boxmaker/{module}, which is not there"
+        for module in sorted(set(named) - present)
+    ]
+    problems += [
+        f"docs/architecture.md: the code map names src/boxmaker/{module} twice"
+        for module in sorted({m for m in named if named.count(m) > 1})
+    ]
+    return problems
+
+
 def main() -> int:
     problems = (
-        runbook_problems() + egress_problems() + threat_model_problems() + call_table_problems()
+        runbook_problems()
+        + egress_problems()
+        + threat_model_problems()
+        + call_table_problems()
+        + code_map_problems()
     )
     for problem in problems:
         print(problem)
