@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, assert_never
 
 import attrs
 import orjson
@@ -128,31 +128,35 @@ def describe(event: LoopEvent) -> str | None:
     >>> describe(ToolResultEvent(call="c-0123456789abcdef", outcome="denied", reason="no_grant"))
     '  <- denied: no_grant'
     """
-    if isinstance(event, SessionEvent):
-        return printable(f"session {event.session}")
-    if isinstance(event, ModelEvent | ProgressEvent | ReplyDeltaEvent):
-        return None
-    if isinstance(event, ModelDoneEvent):
-        tokens = "" if event.tokens is None else f", {event.tokens} tokens"
-        return f"  [step {event.step}: {_seconds(event.elapsed_ms)}{tokens}]"
-    if isinstance(event, ToolCallEvent):
-        arguments = orjson.dumps(event.arguments, option=orjson.OPT_SORT_KEYS).decode()
-        return printable(f"  -> {event.tool} {arguments}")
-    if isinstance(event, WaitingEvent):
-        return "\n".join(
-            printable(line)
-            for line in [
-                f"  .. waiting for the owner: approval {event.approval} (grant {event.grant}), "
-                f"until {local_time(event.expires_at, utc_now())}",
-                f"     approve: bxctl approve {event.approval}",
-                f'     refuse:  bxctl refuse {event.approval} --reason "…"',
-            ]
-        )
-    if isinstance(event, ToolResultEvent):
-        return describe_result(event)
-    if isinstance(event, ReplyEvent):
-        return printable(event.text, lines=True)
-    return printable(f"error: {event.code}: {event.detail}")
+    match event:
+        case SessionEvent():
+            return printable(f"session {event.session}")
+        case ModelEvent() | ProgressEvent() | ReplyDeltaEvent():
+            return None
+        case ModelDoneEvent():
+            tokens = "" if event.tokens is None else f", {event.tokens} tokens"
+            return f"  [step {event.step}: {_seconds(event.elapsed_ms)}{tokens}]"
+        case ToolCallEvent():
+            arguments = orjson.dumps(event.arguments, option=orjson.OPT_SORT_KEYS).decode()
+            return printable(f"  -> {event.tool} {arguments}")
+        case WaitingEvent():
+            return "\n".join(
+                printable(line)
+                for line in [
+                    f"  .. waiting for the owner: approval {event.approval} "
+                    f"(grant {event.grant}), until {local_time(event.expires_at, utc_now())}",
+                    f"     approve: bxctl approve {event.approval}",
+                    f'     refuse:  bxctl refuse {event.approval} --reason "…"',
+                ]
+            )
+        case ToolResultEvent():
+            return describe_result(event)
+        case ReplyEvent():
+            return printable(event.text, lines=True)
+        case ErrorFrame():
+            return printable(f"error: {event.code}: {event.detail}")
+        case _:
+            assert_never(event)
 
 
 @attrs.define
