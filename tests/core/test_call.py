@@ -29,7 +29,8 @@ from boxmaker.core.call import (
     Phase,
 )
 from boxmaker.core.decide import Ask, Deny, Run, Verdict, evaluate
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, UNKNOWN, Label, Taint
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import StateUnreadable

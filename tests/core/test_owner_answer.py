@@ -20,8 +20,8 @@ from boxmaker.core.call import (
     NotRecorded,
     RefusedReply,
 )
+from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_scope import Asked, Scope, always_grant, asked, grant_of
-from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import Taint
 from boxmaker.core.owner_answer import (
     CALL_ENDED,

@@ -35,7 +35,8 @@ from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import Call, IllegalEvent, Phase, due
 from boxmaker.core.decide import Ask, Run, Verdict, evaluate
 from boxmaker.core.drive import drive, resume
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.core.vocabulary import (

@@ -33,8 +33,9 @@ import attrs
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import EarlierEnd, late_owner_answer
 from boxmaker.core.call_events import AdminReply, NotRecorded
+from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked, grant_of
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
+from boxmaker.core.grants import Grant, GrantSet
 
 CALL_ENDED: Final = "the call ended before its approval was recorded (is brokerd stopping?)"
 
