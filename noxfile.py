@@ -76,7 +76,7 @@ def tests(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Every runbook anchor named in src exists; every egress is listed in docs/egress.md;
     every hostile test is named in docs/threat-model.md; both drawings of the call's
-    table match its data (tools/check_docs.py reads it from boxmaker.core.call)."""
+    table match its data (tools/check_docs.py reads it from boxmaker.core.call_table)."""
     _install(session)
     _docs(session)
 

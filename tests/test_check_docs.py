@@ -1,5 +1,5 @@
 """tools/check_docs.py's check of the call's table: the docstring's drawing and
-docs/protocol.md's copy must name exactly the table's data (core/call.py TRANSITIONS);
+docs/protocol.md's copy must name exactly the table's data (core/call_table.py TRANSITIONS);
 a copy that drifts, in a next phase, a row or an event, fails the check."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from boxmaker.core import call
+from boxmaker.core import call_table
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
@@ -27,7 +27,7 @@ def _load() -> ModuleType:
 
 
 check_docs = _load()
-DOCSTRING = (call.__doc__ or "").splitlines()
+DOCSTRING = (call_table.__doc__ or "").splitlines()
 PROTOCOL = (TOOLS.parent / "docs" / "protocol.md").read_text(encoding="utf-8").splitlines()
 WHERE = "the drawing"
 
@@ -107,7 +107,7 @@ def test_a_row_under_the_wrong_phase_fails() -> None:
 def test_the_check_names_the_copy_that_drifted() -> None:
     copies = check_docs.drawings()
     where = "docs/protocol.md (The call's states)"
-    assert set(copies) == {"src/boxmaker/core/call.py (the docstring's table)", where}
+    assert set(copies) == {"src/boxmaker/core/call_table.py (the docstring's table)", where}
     copies[where] = "\n".join(replaced(PROTOCOL, "→ RAISING", "→ RESULT"))
     assert check_docs.call_table_problems(copies) == [
         f"{where}: Ran in RUNNING goes to RESULT, the table says RAISING"

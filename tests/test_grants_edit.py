@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from tests.harness.grants import checked, exact_always
 
+from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grant_scope import ScopeProblem, grant_of
-from boxmaker.core.grants import Grant, GrantSet, Mode, parse_grants
+from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.grants_edit import GrantsEditError, add_grant, locked, remove_grant
 from boxmaker.grants_file import load_grants
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from boxmaker import convert
 from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID, converter
-from boxmaker.core.call import APPROVE_OUTCOMES, ApprovalOutcome
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.core.vocabulary import APPROVE_OUTCOMES, ApprovalOutcome
 from boxmaker.wire import (
     Answer,
     ApprovalsAnswer,

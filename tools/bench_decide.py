@@ -16,7 +16,8 @@ import time
 
 from boxmaker.core.catalogue import CheckedArguments, check_arguments
 from boxmaker.core.decide import CheckedRequest, decide
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label, Taint
 
 TARGET = 50_000

@@ -35,7 +35,8 @@ from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.runner import RunResult, RunSpec, execute
 from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.decide import Run, evaluate
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, LabelRules
 from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.home import RunnerConfig

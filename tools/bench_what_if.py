@@ -37,7 +37,8 @@ from boxmaker.cli.what_if import what_if
 from boxmaker.clock import format_utc
 from boxmaker.core.catalogue import CheckedArguments, check_arguments
 from boxmaker.core.decide import CheckedRequest, decide
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.home import Home

@@ -5,9 +5,9 @@
 2. Every module in src/ that can open a network connection is listed in docs/egress.md.
 3. Every attack family replayed in tests/hostile/ is named in docs/threat-model.md, so
    the page says what each test defends and no defence goes undocumented.
-4. The call's table is drawn twice, in core/call.py's docstring and in docs/protocol.md
+4. The call's table is drawn twice, in core/call_table.py's docstring and in docs/protocol.md
    ("The call's states"); both drawings name exactly the table's data
-   (``boxmaker.core.call.TRANSITIONS``): the same phases, the same events in each, and
+   (``boxmaker.core.call_table.TRANSITIONS``): the same phases, the same events in each, and
    for each row the same next phases. So neither copy can drift from the code.
 5. docs/architecture.md's code map ("The code") names every module of src/boxmaker, each
    on a line of its own at its folder's depth, and no module that is not there.
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from boxmaker.core import call
+from boxmaker.core import call_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "boxmaker"
@@ -30,7 +30,7 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 EGRESS = ROOT / "docs" / "egress.md"
 THREAT_MODEL = ROOT / "docs" / "threat-model.md"
 HOSTILE = ROOT / "tests" / "hostile"
-CALL_MODULE = SRC / "core" / "call.py"
+CALL_MODULE = SRC / "core" / "call_table.py"
 PROTOCOL = ROOT / "docs" / "protocol.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 CODE_MAP_HEADING = "## The code"
@@ -158,17 +158,17 @@ def table_problems(where: str, drawn: Table, data: Table) -> list[str]:
 
 
 def transitions() -> Table:
-    """The table's data, by name (``boxmaker.core.call.TRANSITIONS``)."""
+    """The table's data, by name (``boxmaker.core.call_table.TRANSITIONS``)."""
     return {
         (phase.name, event.__name__): {step.name for step in going}
-        for (phase, event), going in call.TRANSITIONS.items()
+        for (phase, event), going in call_table.TRANSITIONS.items()
     }
 
 
 def drawings() -> dict[str, str]:
     """The two drawings of the call's table, by where they are."""
     return {
-        "src/boxmaker/core/call.py (the docstring's table)": call.__doc__ or "",
+        "src/boxmaker/core/call_table.py (the docstring's table)": call_table.__doc__ or "",
         "docs/protocol.md (The call's states)": PROTOCOL.read_text(encoding="utf-8"),
     }
 

@@ -31,7 +31,8 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import AoT, Comment, Table, Whitespace
 
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.file_ops import OS_FILES, FileOps, stat_key, write_atomically
 from boxmaker.grants_file import read_grants
 from boxmaker.regular_file import NotRegularFile, open_regular_file, read_regular_file

@@ -1,5 +1,5 @@
 """Reading grants.toml from disk (docs/runbook.md#grants), for brokerd and for
-``bxctl grants check`` alike. The parsing itself is pure (core.grants)."""
+``bxctl grants check`` alike. The parsing itself is pure (core.grant_parse)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Final
 
 import attrs
 
-from boxmaker.core.grants import GrantSet, GrantsProblem, parse_grants
+from boxmaker.core.grant_parse import GrantsProblem, parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.regular_file import NotRegularFile, read_regular_file
 
 MAX_GRANTS_BYTES: Final = 1 << 20

@@ -35,11 +35,11 @@ from boxmaker.broker.pending import (
     RefuseCommand,
     report,
 )
-from boxmaker.core import call as m
 from boxmaker.core import call_events as ev
 from boxmaker.core.approvals import GrantRef, PendingEntry
 from boxmaker.core.call_events import AdminReply
 from boxmaker.core.labels import Taint
+from boxmaker.core.owner_answer import EarlierEnd
 from boxmaker.home import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
@@ -135,7 +135,7 @@ def test_an_entry_whose_requester_left_is_remembered_as_withdrawn() -> None:
     pending.end(left.approval, ev.RequesterGone())
     send, _ = channel()
     pending.end(answered.approval, RefuseCommand("no", send), now=0.0)
-    assert pending.earlier_end(left.approval) is m.EarlierEnd.WITHDRAWN
+    assert pending.earlier_end(left.approval) is EarlierEnd.WITHDRAWN
     assert not pending.was_expired(left.approval)
     # An owner's answer is not remembered: the other owner hears no_such_approval.
     assert pending.earlier_end(answered.approval) is None

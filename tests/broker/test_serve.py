@@ -31,7 +31,8 @@ from boxmaker import __version__
 from boxmaker.broker import runner
 from boxmaker.broker.serve import app, serve_broker
 from boxmaker.broker.state import Broker, GrantsWatcher
-from boxmaker.core.grants import GrantSet, GrantsProblem
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.core.grants import GrantSet
 from boxmaker.home import ConfigError, Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerTorn

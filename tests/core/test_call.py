@@ -14,9 +14,8 @@ from typing import Final
 import attrs
 import pytest
 
-from boxmaker.core import call as m
 from boxmaker.core import call_events as ev
-from boxmaker.core.approvals import GrantRef, PendingEntry
+from boxmaker.core.approvals import GrantRef, PendingEntry, due
 from boxmaker.core.call import (
     APPROVAL_UNRECORDED,
     CALL_ID_USED,
@@ -26,10 +25,13 @@ from boxmaker.core.call import (
     STOPPING_DETAIL,
     Call,
     IllegalEvent,
-    Phase,
+    IllegalTransition,
 )
+from boxmaker.core.call_phases import Phase, State, Waiting
+from boxmaker.core.call_table import TRANSITIONS
 from boxmaker.core.decide import Ask, Deny, Run, Verdict, evaluate
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, UNKNOWN, Label, Taint
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import StateUnreadable
@@ -125,7 +127,7 @@ def waiting(timeout: float = 300.0) -> Call:
     ]
     assert pending.deadline == 400.0
     assert call.phase is Phase.WAITING
-    assert call.state == m.Waiting(pending)
+    assert call.state == Waiting(pending)
     return call
 
 
@@ -577,7 +579,7 @@ def test_an_approved_call_that_failed_tells_the_owner_its_reason() -> None:
         ev.ApprovedReply(
             ApprovalOutcome.ASK,
             None,
-            ran=ev.RanReply(False, Reason.RESULT_UNRECORDED, m.RESULT_UNRECORDED_DETAIL),
+            ran=ev.RanReply(False, Reason.RESULT_UNRECORDED, RESULT_UNRECORDED_DETAIL),
         )
     )
 
@@ -636,28 +638,10 @@ def test_only_an_ending_or_an_approve_is_taken_while_waiting() -> None:
         assert call.phase is Phase.WAITING
 
 
-def test_a_late_owner_answer_after_its_requester_left_hears_why() -> None:
-    assert m.late_owner_answer("a-00000001", m.EarlierEnd.WITHDRAWN) == (
-        "no_such_approval",
-        "approval a-00000001 was withdrawn: its requester left before anyone answered; nothing ran",
-    )
-
-
-def test_a_late_owner_answer_hears_expired_only_after_an_expiry() -> None:
-    assert m.late_owner_answer("a-00000001", m.EarlierEnd.EXPIRED) == (
-        "expired",
-        "approval a-00000001 expired",
-    )
-    assert m.late_owner_answer("a-00000001", None) == (
-        "no_such_approval",
-        "no pending approval a-00000001",
-    )
-
-
 def test_due_is_at_or_after_the_deadline() -> None:
-    assert not m.due(400.0, 399.999)
-    assert m.due(400.0, 400.0)
-    assert m.due(400.0, 400.5)
+    assert not due(400.0, 399.999)
+    assert due(400.0, 400.0)
+    assert due(400.0, 400.5)
     assert entry().is_expired(400.0)
     assert not entry().is_expired(399.999)
 
@@ -666,15 +650,15 @@ def test_due_is_at_or_after_the_deadline() -> None:
 
 
 def test_the_table_s_data_names_every_phase_and_each_state_one() -> None:
-    assert m.TRANSITIONS.keys() == Call.rows.keys()
-    assert {phase for phase, _ in m.TRANSITIONS} == set(Phase) - {Phase.DONE}
-    assert set().union(*m.TRANSITIONS.values()) == set(Phase) - {Phase.IDLE}
-    states = typing.get_args(m.State)
+    assert TRANSITIONS.keys() == Call.rows.keys()
+    assert {phase for phase, _ in TRANSITIONS} == set(Phase) - {Phase.DONE}
+    assert set().union(*TRANSITIONS.values()) == set(Phase) - {Phase.IDLE}
+    states = typing.get_args(State)
     assert sorted(state.phase.name for state in states) == sorted(phase.name for phase in Phase)
 
 
 def test_a_transition_its_row_does_not_name_raises() -> None:
-    assert m.TRANSITIONS[(Phase.IDLE, ev.Reused)] == {Phase.DONE}
+    assert TRANSITIONS[(Phase.IDLE, ev.Reused)] == {Phase.DONE}
     row = Call.rows[(Phase.IDLE, ev.Reused)]
 
     class Drifted(Call):
@@ -684,7 +668,7 @@ def test_a_transition_its_row_does_not_name_raises() -> None:
         }
 
     call = Drifted(CALL, SESSION, boot=BOOT, pending_timeout=300.0)
-    with pytest.raises(m.IllegalTransition) as raised:
+    with pytest.raises(IllegalTransition) as raised:
         call.handle(ev.Reused())
     assert str(raised.value) == "Reused in phase IDLE went to DONE, which its row does not name"
     assert (raised.value.phase, raised.value.reached) == (Phase.IDLE, Phase.DONE)

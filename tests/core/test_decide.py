@@ -24,7 +24,8 @@ from boxmaker.core.decide import (
     decide,
     evaluate,
 )
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, Mode
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.core.labels import FRESH, UNKNOWN, Label, Taint
 from boxmaker.core.paths import Glob
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason

@@ -18,10 +18,12 @@ import pytest
 
 from boxmaker.core import call_events as ev
 from boxmaker.core.approvals import PendingEntry
-from boxmaker.core.call import Call, Phase
+from boxmaker.core.call import Call
+from boxmaker.core.call_phases import Phase
 from boxmaker.core.decide import Ask, Run, Verdict, evaluate
 from boxmaker.core.drive import NothingDelivered, drive, resume
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.vocabulary import Answer, Decision, Pending, ToolRequest

@@ -19,8 +19,9 @@ from boxmaker.core.grant_lint import (
     lint_grants,
     shadows,
 )
+from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grant_usage import tally_decisions
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.paths import Glob
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

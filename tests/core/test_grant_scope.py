@@ -21,6 +21,7 @@ from boxmaker.core.catalogue import (
     check_arguments,
 )
 from boxmaker.core.decide import CheckedRequest, Run, decide
+from boxmaker.core.grant_parse import GrantsProblem, grants_from_document, parse_grants
 from boxmaker.core.grant_scope import (
     Asked,
     Scope,
@@ -30,14 +31,7 @@ from boxmaker.core.grant_scope import (
     grant_of,
     parse_duration,
 )
-from boxmaker.core.grants import (
-    Grant,
-    GrantSet,
-    GrantsProblem,
-    Mode,
-    grants_from_document,
-    parse_grants,
-)
+from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.core.hosts import HostRule
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.paths import ROOT

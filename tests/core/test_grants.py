@@ -12,19 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boxmaker.core.catalogue import CheckedArguments, check_arguments
-from boxmaker.core.grants import (
-    Grant,
-    GrantSet,
+from boxmaker.core.grant_parse import (
     GrantsProblem,
-    Mode,
     all_problems,
     grants_from_document,
-    host_matches,
-    opened_refusal,
     parse_grants,
     parse_toml,
-    precedence_rank,
 )
+from boxmaker.core.grants import Grant, GrantSet, Mode, opened_refusal, precedence_rank
+from boxmaker.core.hosts import host_matches
 from boxmaker.core.labels import Taint
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

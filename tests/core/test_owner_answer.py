@@ -13,28 +13,25 @@ from tests.harness.grants import grant_set
 from tests.harness.homes import grant
 
 from boxmaker.core.approvals import GrantRef, PendingEntry
-from boxmaker.core.call import (
-    ApprovalOutcome,
-    ApprovedReply,
-    EarlierEnd,
-    NotRecorded,
-    RefusedReply,
-)
+from boxmaker.core.call_events import ApprovedReply, NotRecorded, RefusedReply
+from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_scope import Asked, Scope, always_grant, asked, grant_of
-from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import Taint
 from boxmaker.core.owner_answer import (
     CALL_ENDED,
     AfterTake,
+    EarlierEnd,
     Found,
     GrantToWrite,
     OwnerError,
     after_take,
     grant_to_write,
     late,
+    late_owner_answer,
     not_written,
     unanswered,
 )
+from boxmaker.core.vocabulary import ApprovalOutcome
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 APPROVAL = "a-1f2e3d4c"
@@ -278,3 +275,21 @@ def test_an_answer_the_call_did_not_record_is_internal() -> None:
 def test_a_recorded_answer_is_no_error() -> None:
     assert unanswered(RefusedReply()) is None
     assert unanswered(ApprovedReply(ApprovalOutcome.ALLOWED, None)) is None
+
+
+def test_a_late_owner_answer_after_its_requester_left_hears_why() -> None:
+    assert late_owner_answer("a-00000001", EarlierEnd.WITHDRAWN) == (
+        "no_such_approval",
+        "approval a-00000001 was withdrawn: its requester left before anyone answered; nothing ran",
+    )
+
+
+def test_a_late_owner_answer_hears_expired_only_after_an_expiry() -> None:
+    assert late_owner_answer("a-00000001", EarlierEnd.EXPIRED) == (
+        "expired",
+        "approval a-00000001 expired",
+    )
+    assert late_owner_answer("a-00000001", None) == (
+        "no_such_approval",
+        "no pending approval a-00000001",
+    )

@@ -14,7 +14,8 @@ import pytest
 from boxmaker.convert import InvalidField
 from boxmaker.core.approvals import GrantRef, PendingEntry
 from boxmaker.core.decide import Ask, Ruling, evaluate
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.core.vocabulary import (

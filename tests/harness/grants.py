@@ -7,8 +7,9 @@ import datetime as dt
 from typing import Any
 
 from boxmaker.core.catalogue import CheckedArguments, check_arguments
+from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant
-from boxmaker.core.grants import Grant, GrantSet, parse_grants
+from boxmaker.core.grants import Grant, GrantSet
 
 
 def grant_set(text: str) -> GrantSet:

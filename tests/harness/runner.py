@@ -10,7 +10,8 @@ from typing import Any, Final
 
 from boxmaker.broker.runner import RunSpec
 from boxmaker.core.decide import Ask, Run, Verdict, evaluate
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, LabelRules
 from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.home import RunnerConfig

@@ -31,12 +31,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from boxmaker.broker.pending import ApproveCommand, Command, PendingCalls, RefuseCommand
 from boxmaker.core import call as machine
 from boxmaker.core import call_events as ev
-from boxmaker.core.approvals import PendingEntry
-from boxmaker.core.call import Call, IllegalEvent, Phase, due
+from boxmaker.core.approvals import PendingEntry, due
+from boxmaker.core.call import Call, IllegalEvent
+from boxmaker.core.call_phases import Phase
 from boxmaker.core.decide import Ask, Run, Verdict, evaluate
 from boxmaker.core.drive import drive, resume
-from boxmaker.core.grants import GrantSet, parse_grants
+from boxmaker.core.grant_parse import parse_grants
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
+from boxmaker.core.owner_answer import EarlierEnd, late_owner_answer
 from boxmaker.core.reasons import Reason
 from boxmaker.core.vocabulary import (
     Answer,
@@ -348,7 +351,7 @@ class CallMachine(RuleBasedStateMachine):
         assert model.replies == []
         # A late approve hears ``expired``; one that never was hears ``no_such_approval``.
         assert self.pending.end(entry.approval, ApproveCommand(None, send), now=0.0) is None
-        assert machine.late_owner_answer(entry.approval, machine.EarlierEnd.EXPIRED)[0] == "expired"
+        assert late_owner_answer(entry.approval, EarlierEnd.EXPIRED)[0] == "expired"
         send.close()
         receive.close()
 

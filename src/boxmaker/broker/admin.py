@@ -40,8 +40,8 @@ from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call_events import AdminReply, ApprovedReply
+from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_scope import Scope
-from boxmaker.core.grants import GrantsProblem
 from boxmaker.core.labels import UNKNOWN
 from boxmaker.core.owner_answer import (
     Found,

@@ -75,7 +75,8 @@ from boxmaker.core.call_events import (
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.core.decide import Ask, Ruling, Run, Verdict
 from boxmaker.core.drive import drive, resume
-from boxmaker.core.grants import GrantSet, GrantsProblem
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.core.vocabulary import (

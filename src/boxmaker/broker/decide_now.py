@@ -24,7 +24,8 @@ from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.clock import utc_now
 from boxmaker.core.before_asking import before_asking, path_to_look
 from boxmaker.core.decide import Verdict, evaluate
-from boxmaker.core.grants import GrantSet, GrantsProblem
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.core.vocabulary import ToolRequest

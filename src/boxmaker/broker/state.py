@@ -24,7 +24,8 @@ from boxmaker.broker.notify import Notifier
 from boxmaker.broker.pending import PendingCalls
 from boxmaker.broker.sandbox import SandboxPool
 from boxmaker.core.approvals import ApprovalsTable
-from boxmaker.core.grants import GrantSet, GrantsProblem
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.daemon import CONFIG_ANCHOR

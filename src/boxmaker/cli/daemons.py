@@ -39,7 +39,7 @@ import trio
 from boxmaker.broker.bwrap_version import bwrap_version_problem
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.core.grants import GrantsProblem
+from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.daemon import NOT_RELOADED, RELOADED
 from boxmaker.grants_file import read_grants
 from boxmaker.home import Config, ConfigError, Home, HomeError, load_config

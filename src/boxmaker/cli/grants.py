@@ -33,8 +33,9 @@ from boxmaker.convert import SESSION_ID
 from boxmaker.core.catalogue import ArgumentProblem, check_arguments
 from boxmaker.core.decide import Ruling
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
+from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_usage import GrantUsage, Tally, tally_decisions
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
+from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.core.vocabulary import ToolRequest

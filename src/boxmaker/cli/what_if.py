@@ -27,14 +27,8 @@ import orjson
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.clock import format_utc, utc_now
 from boxmaker.core.durations import parse_duration
-from boxmaker.core.grants import (
-    Grant,
-    GrantSet,
-    GrantsProblem,
-    all_problems,
-    parse_grants,
-    parse_toml,
-)
+from boxmaker.core.grant_parse import GrantsProblem, all_problems, parse_grants, parse_toml
+from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.replay import Flip, Replay
 from boxmaker.ledger.decisions import DecisionReader
 from boxmaker.ledger.verify import iter_lines

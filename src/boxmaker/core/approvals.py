@@ -35,7 +35,6 @@ from typing import Any
 
 import attrs
 
-from boxmaker.core.call import due
 from boxmaker.core.decide import Ask
 from boxmaker.core.labels import Taint
 from boxmaker.core.vocabulary import GrantRef
@@ -49,7 +48,15 @@ __all__ = [
     "PendingEntry",
     "TakeResult",
     "Taken",
+    "due",
 ]
+
+
+def due(deadline: float, now: float) -> bool:
+    """The expiry boundary, the one place it is written: at ``now >= deadline`` a
+    pending entry has expired (``>=`` everywhere: the table, the admin's take, the
+    waiting call's own deadline). ``deadline`` and ``now`` are monotonic seconds."""
+    return now >= deadline
 
 
 @attrs.frozen(kw_only=True)
@@ -132,7 +139,7 @@ class PendingEntry:
         )
 
     def is_expired(self, now: float) -> bool:
-        """At or after the deadline (:func:`boxmaker.core.call.due`)."""
+        """At or after the deadline (:func:`due`)."""
         return due(self.deadline, now)
 
 

@@ -13,100 +13,16 @@ events and carries out its effects through ports (brokerd's connection handler,
 An event the table has no row for raises :class:`IllegalEvent`, so a driver that gets
 the order wrong fails loudly.
 
-The table is data (:data:`TRANSITIONS`: every row's possible next phases), and every
-transition is checked against it (:class:`IllegalTransition`); tools/check_docs.py
-checks the drawing below, and docs/protocol.md's copy, against it. What the call knows
-is its phase's state (:data:`State`: the entry while it waits, the verdict while its
-record is written, what the run gave while the state is raised), never a field that a
-row must hope is set.
-
-Every rule of a call's life is in the table below and nowhere else: the write order
-(the decision before anything else; the approval record before the run; the result
-record before the answer), the two last looks (before an auto run, and before the
-record of an approval that would run), what an unrecorded decision, refusal, approval
-or result answers, what a pending call ends with, and (:func:`late_owner_answer`,
-:func:`due`) what an approve that comes too late hears and where the deadline falls.
-
-The transition table (phase, event → effects → next phase)::
-
-    IDLE
-      Reused                      → send error bad_frame "call id already used"; close → DONE
-      Stopping                    → send denied broker_stopping; close          → DONE
-      Decided(ask, pending_full)  → the ask becomes deny too_many_pending, then as below
-      Decided(not recordable)     → send denied (audit_unavailable); close      → DONE
-      Decided(run|ask|deny)       → record the decision                         → DECISION
-    DECISION (the decision record is being written)
-      RecordFailed                → send denied audit_unavailable; close        → DONE
-      Recorded, deny              → send denied (its reason); close             → DONE
-      Recorded, run               → last look                                   → LOOK_RUN
-      Recorded, ask               → enqueue (put it in the approvals table)     → ENQUEUE
-    ENQUEUE
-      Enqueued(entry)             → send pending; wait for the owner until the
-                                    entry's deadline                             → WAITING
-      Enqueued(entry, closed)     → (brokerd is stopping) record approval
-                                    withdrawn broker_stopping by broker          → ENDING
-    WAITING (one of these five ends it; whoever took the entry delivered it)
-      Expired                     → record approval expired by expiry           → ENDING
-      Stopping                    → record approval withdrawn broker_stopping   → ENDING
-      RequesterGone               → record approval withdrawn requester_gone    → ENDING
-      OwnerRefused(reason)        → record approval refused (reason) by owner   → ENDING
-      OwnerApproved(re-decision)  → deny: record approval denied (its reason)   → APPROVAL
-                                    ask/run: last look                          → LOOK_APPROVAL
-    LOOK_APPROVAL
-      Looked(gone)                → record approval withdrawn requester_gone    → APPROVAL
-      Looked(here)                → record approval ask/allowed by owner        → APPROVAL
-    ENDING (the approval record of an ending without a run)
-      Recorded                    → expired: send denied expired "no approval within T s"
-                                    stopping: send denied broker_stopping
-                                    requester gone: nothing to send
-                                    refused: reply refused; send denied refused (reason)
-                                    then close                                  → DONE
-      RecordFailed                → refused: reply not recorded (REFUSAL_UNRECORDED);
-                                    requester gone: nothing to send; else (and refused)
-                                    send denied audit_unavailable; close        → DONE
-    APPROVAL (the approval record of an approve)
-      Recorded                    → denied: reply approved (outcome, reason,
-                                    detail); send denied (the re-decision's
-                                    reason); close                              → DONE
-                                    withdrawn: reply approved; close            → DONE
-                                    ask/allowed: run the re-decision (approved);
-                                    the reply waits for the run's end           → RUNNING
-      RecordFailed                → reply not recorded (APPROVAL_UNRECORDED);
-                                    send denied audit_unavailable; close        → DONE
-    LOOK_RUN
-      Looked(gone)                → record result failed requester_gone         → GONE
-      Looked(here)                → run the verdict                             → RUNNING
-    GONE
-      Recorded | RecordFailed     → (approved: reply approved, ran failed
-                                    requester_gone) close (nobody to answer)    → DONE
-    RUNNING
-      Ran(outcome)                → raise the session's state by its label      → RAISING
-      RequesterGone               → (the run was stopped) record result failed
-                                    requester_gone                              → GONE
-    RAISING
-      StateRaised(state)          → record the result                           → RESULT
-      StateUnrecordable(detail)   → (approved: reply approved, ran failed)
-                                    send failed result_unrecorded; close        → DONE
-    RESULT
-      Recorded                    → (approved: reply approved, ran ok / failed)
-                                    send ok (content) or failed (reason); close → DONE
-      RecordFailed                → (approved: reply approved, ran failed)
-                                    send failed audit_unavailable (the content is
-                                    never passed on unrecorded); close          → DONE
-
-An approve's last look comes before its record, so the record says what happened: a
-requester gone by then makes the approval ``withdrawn`` and nothing runs. An auto run's
-last look comes after its decision record; a requester gone then leaves a ``failed``
-``requester_gone`` result, so the call is closed in the ledger.
-A requester that leaves while its tool runs (``RequesterGone`` in RUNNING) has its run
-stopped by the driver (the sandbox's processes killed); the result is ``failed``
-``requester_gone`` with nothing of the output passed on or counted into the state, as
-nobody saw it.
+The table, drawn and as data, is :mod:`boxmaker.core.call_table`: each of its rows is
+one method here, and every transition is checked against the row's declared next
+phases (:class:`IllegalTransition`). What the call knows is its phase's state
+(:data:`boxmaker.core.call_phases.State`: the entry while it waits, the verdict while
+its record is written, what the run gave while the state is raised), never a field
+that a row must hope is set.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias, assert_never
@@ -139,18 +55,34 @@ from boxmaker.core.call_events import (
     ReplyAdmin,
     RequesterGone,
     Reused,
-    RunOutcome,
     RunVerdict,
     Send,
     StateRaised,
     StateUnrecordable,
     Stopping,
 )
+from boxmaker.core.call_phases import (
+    Approving,
+    Deciding,
+    Done,
+    Ending,
+    Enqueueing,
+    Gone,
+    Idle,
+    LookingBeforeApproval,
+    LookingBeforeRun,
+    Phase,
+    Raising,
+    RecordingResult,
+    Running,
+    State,
+    Waiting,
+)
+from boxmaker.core.call_table import TRANSITIONS
 from boxmaker.core.decide import Ask, Deny, Ruling, Run, Verdict, approval_outcome
 from boxmaker.core.labels import UNKNOWN, Label
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE
-from boxmaker.core.vocabulary import APPROVE_OUTCOMES as APPROVE_OUTCOMES
 from boxmaker.core.vocabulary import (
     Answer,
     AnswerOutcome,
@@ -180,160 +112,6 @@ REFUSAL_UNRECORDED: Final = (
 RUN_STOPPED_DETAIL: Final = "its requester left while it ran: the run was stopped"
 
 
-def due(deadline: float, now: float) -> bool:
-    """The expiry boundary, the one place it is written: at ``now >= deadline`` a
-    pending entry has expired (``>=`` everywhere: the table, the admin's take, the
-    waiting call's own deadline). ``deadline`` and ``now`` are monotonic seconds."""
-    return now >= deadline
-
-
-# ---------------------------------------------------------------------------------------
-# Phases, and what each knows
-
-
-class Phase(enum.Enum):
-    IDLE = "idle"
-    DECISION = "decision"
-    ENQUEUE = "enqueue"
-    WAITING = "waiting"
-    LOOK_APPROVAL = "look_approval"
-    ENDING = "ending"
-    APPROVAL = "approval"
-    LOOK_RUN = "look_run"
-    GONE = "gone"
-    RUNNING = "running"
-    RAISING = "raising"
-    RESULT = "result"
-    DONE = "done"
-
-
-@attrs.frozen
-class Idle:
-    """A tool request was read, its call id claimed."""
-
-    phase: ClassVar[Phase] = Phase.IDLE
-
-
-@attrs.frozen
-class Deciding:
-    """The decision record of ``verdict`` is being written."""
-
-    phase: ClassVar[Phase] = Phase.DECISION
-    verdict: Verdict
-
-
-@attrs.frozen
-class Enqueueing:
-    """The ask's pending entry is being made (the ask itself is not kept: the entry holds
-    what the owner is shown, and an approve re-decides)."""
-
-    phase: ClassVar[Phase] = Phase.ENQUEUE
-
-
-@attrs.frozen
-class Waiting:
-    """``entry`` waits for the owner."""
-
-    phase: ClassVar[Phase] = Phase.WAITING
-    entry: PendingEntry
-
-
-@attrs.frozen
-class LookingBeforeApproval:
-    """The last look after an approve whose re-decision would run."""
-
-    phase: ClassVar[Phase] = Phase.LOOK_APPROVAL
-    entry: PendingEntry
-    verdict: Run | Ask
-    grant_written: str | None
-
-
-@attrs.frozen
-class Ending:
-    """The approval record of an ending without a run is being written."""
-
-    phase: ClassVar[Phase] = Phase.ENDING
-    ending: EndWithoutRun
-
-
-@attrs.frozen
-class Approving:
-    """The approval record of an approve is being written; ``reply`` is what the owner
-    hears of it."""
-
-    phase: ClassVar[Phase] = Phase.APPROVAL
-    verdict: Verdict
-    reply: ApprovedReply
-
-
-@attrs.frozen
-class LookingBeforeRun:
-    """The last look before an auto run."""
-
-    phase: ClassVar[Phase] = Phase.LOOK_RUN
-    run: Run
-
-
-@attrs.frozen
-class Gone:
-    """The result ``failed`` ``requester_gone`` is being written. ``told``: the owner
-    whose approve let the call run, waiting to hear how it ended (None for an auto run),
-    here and in the phases after a run."""
-
-    phase: ClassVar[Phase] = Phase.GONE
-    told: ApprovedReply | None
-
-
-@attrs.frozen
-class Running:
-    phase: ClassVar[Phase] = Phase.RUNNING
-    verdict: Run | Ask
-    told: ApprovedReply | None
-
-
-@attrs.frozen
-class Raising:
-    """The session's state is being raised by what ``ran`` gave."""
-
-    phase: ClassVar[Phase] = Phase.RAISING
-    ran: RunOutcome
-    told: ApprovedReply | None
-
-
-@attrs.frozen
-class RecordingResult:
-    phase: ClassVar[Phase] = Phase.RESULT
-    ran: RunOutcome
-    told: ApprovedReply | None
-
-
-@attrs.frozen
-class Done:
-    """The connection is closed."""
-
-    phase: ClassVar[Phase] = Phase.DONE
-
-
-State: TypeAlias = (
-    Idle
-    | Deciding
-    | Enqueueing
-    | Waiting
-    | LookingBeforeApproval
-    | Ending
-    | Approving
-    | LookingBeforeRun
-    | Gone
-    | Running
-    | Raising
-    | RecordingResult
-    | Done
-)
-"""What the call knows in each phase, and only that: a phase's state carries exactly the
-values its rows read (the entry while it waits, the verdict while its record is written,
-what the run gave while the state is raised), so no row can find one missing."""
-
-
 class IllegalEvent(RuntimeError):
     """An event the table has no row for in the call's phase: a driver bug."""
 
@@ -357,38 +135,12 @@ class IllegalTransition(RuntimeError):
         self.reached = reached
 
 
-class EarlierEnd(enum.Enum):
-    """How an entry ended before an owner's answer came, as brokerd remembers it."""
-
-    EXPIRED = "expired"
-    WITHDRAWN = "withdrawn"
-
-
-def late_owner_answer(approval: str, earlier: EarlierEnd | None) -> tuple[str, str]:
-    """What an approve or refuse of an entry no longer in the table hears: ``expired``
-    when it expired (so one racing the expiry hears the same whichever took the entry
-    first); ``no_such_approval`` otherwise, saying so when its requester left first (a
-    chat ended with Ctrl-C). (error code, detail).
-
-    >>> late_owner_answer("a-00000001", EarlierEnd.WITHDRAWN)[1]
-    'approval a-00000001 was withdrawn: its requester left before anyone answered; nothing ran'
-    """
-    if earlier is EarlierEnd.EXPIRED:
-        return "expired", f"approval {approval} expired"
-    if earlier is EarlierEnd.WITHDRAWN:
-        return "no_such_approval", (
-            f"approval {approval} was withdrawn: its requester left before anyone answered; "
-            "nothing ran"
-        )
-    return "no_such_approval", f"no pending approval {approval}"
-
-
 _CLOSE: Final = Close()
 _DONE: Final = Done()
 
 
 class Call:
-    """One call's life (see the module docstring for its table).
+    """One call's life (its table: :mod:`boxmaker.core.call_table`).
 
     ``boot`` is brokerd's boot id (its decision record names it); ``pending_timeout``
     is config's ``[broker] pending_timeout`` (seconds), named in the ``expired`` denial.
@@ -397,7 +149,8 @@ class Call:
     __slots__ = ("_state", "boot", "call", "decision", "pending_timeout", "session")
 
     rows: ClassVar[Mapping[tuple[Phase, type[Event]], _Row]]
-    """The table (:data:`TRANSITIONS` is its data); set once the rows are defined."""
+    """The table: each row's method and its next phases (:data:`TRANSITIONS`); set once
+    the methods are defined."""
 
     def __init__(self, call: str, session: str, *, boot: str, pending_timeout: float) -> None:
         self.call = call
@@ -649,38 +402,33 @@ _ENDINGS: Final[dict[type[EndWithoutRun], tuple[ApprovalOutcome, str | None, App
 }
 
 _P = Phase
-_TABLE: Final[dict[tuple[Phase, type[Event]], _Row]] = {
-    (_P.IDLE, Reused): _Row(Call._reused, {_P.DONE}),
-    (_P.IDLE, Stopping): _Row(Call._stopping_before, {_P.DONE}),
-    (_P.IDLE, Decided): _Row(Call._decided, {_P.DONE, _P.DECISION}),
-    (_P.DECISION, Recorded): _Row(Call._decision_recorded, {_P.DONE, _P.LOOK_RUN, _P.ENQUEUE}),
-    (_P.DECISION, RecordFailed): _Row(Call._audit_denied, {_P.DONE}),
-    (_P.ENQUEUE, Enqueued): _Row(Call._enqueued, {_P.WAITING, _P.ENDING}),
-    (_P.WAITING, Expired): _Row(Call._end, {_P.ENDING}),
-    (_P.WAITING, Stopping): _Row(Call._end, {_P.ENDING}),
-    (_P.WAITING, RequesterGone): _Row(Call._end, {_P.ENDING}),
-    (_P.WAITING, OwnerRefused): _Row(Call._end, {_P.ENDING}),
-    (_P.WAITING, OwnerApproved): _Row(Call._owner_approved, {_P.APPROVAL, _P.LOOK_APPROVAL}),
-    (_P.LOOK_APPROVAL, Looked): _Row(Call._looked_before_approval, {_P.APPROVAL}),
-    (_P.ENDING, Recorded): _Row(Call._ending_recorded, {_P.DONE}),
-    (_P.ENDING, RecordFailed): _Row(Call._ending_failed, {_P.DONE}),
-    (_P.APPROVAL, Recorded): _Row(Call._approval_recorded, {_P.DONE, _P.RUNNING}),
-    (_P.APPROVAL, RecordFailed): _Row(Call._approval_failed, {_P.DONE}),
-    (_P.LOOK_RUN, Looked): _Row(Call._looked_before_run, {_P.RUNNING, _P.GONE}),
-    (_P.GONE, Recorded): _Row(Call._gone_recorded, {_P.DONE}),
-    (_P.GONE, RecordFailed): _Row(Call._gone_recorded, {_P.DONE}),
-    (_P.RUNNING, Ran): _Row(Call._tool_ran, {_P.RAISING}),
-    (_P.RUNNING, RequesterGone): _Row(Call._run_stopped, {_P.GONE}),
-    (_P.RAISING, StateRaised): _Row(Call._state_raised, {_P.RESULT}),
-    (_P.RAISING, StateUnrecordable): _Row(Call._state_unrecordable, {_P.DONE}),
-    (_P.RESULT, Recorded): _Row(Call._result_recorded, {_P.DONE}),
-    (_P.RESULT, RecordFailed): _Row(Call._result_failed, {_P.DONE}),
+_METHODS: Final[dict[tuple[Phase, type[Event]], Callable[[Call, Any, Any], _Step]]] = {
+    (_P.IDLE, Reused): Call._reused,
+    (_P.IDLE, Stopping): Call._stopping_before,
+    (_P.IDLE, Decided): Call._decided,
+    (_P.DECISION, Recorded): Call._decision_recorded,
+    (_P.DECISION, RecordFailed): Call._audit_denied,
+    (_P.ENQUEUE, Enqueued): Call._enqueued,
+    (_P.WAITING, Expired): Call._end,
+    (_P.WAITING, Stopping): Call._end,
+    (_P.WAITING, RequesterGone): Call._end,
+    (_P.WAITING, OwnerRefused): Call._end,
+    (_P.WAITING, OwnerApproved): Call._owner_approved,
+    (_P.LOOK_APPROVAL, Looked): Call._looked_before_approval,
+    (_P.ENDING, Recorded): Call._ending_recorded,
+    (_P.ENDING, RecordFailed): Call._ending_failed,
+    (_P.APPROVAL, Recorded): Call._approval_recorded,
+    (_P.APPROVAL, RecordFailed): Call._approval_failed,
+    (_P.LOOK_RUN, Looked): Call._looked_before_run,
+    (_P.GONE, Recorded): Call._gone_recorded,
+    (_P.GONE, RecordFailed): Call._gone_recorded,
+    (_P.RUNNING, Ran): Call._tool_ran,
+    (_P.RUNNING, RequesterGone): Call._run_stopped,
+    (_P.RAISING, StateRaised): Call._state_raised,
+    (_P.RAISING, StateUnrecordable): Call._state_unrecordable,
+    (_P.RESULT, Recorded): Call._result_recorded,
+    (_P.RESULT, RecordFailed): Call._result_failed,
 }
-Call.rows = _TABLE
-
-TRANSITIONS: Final[Mapping[tuple[Phase, type[Event]], frozenset[Phase]]] = {
-    key: frozenset(row.next) for key, row in _TABLE.items()
-}
-"""The table as data: every row, (phase, event type) → the phases it may go to. The
-drawing above and docs/protocol.md's copy are checked against it (tools/check_docs.py),
-and :meth:`Call.handle` checks every transition against it."""
+# Each row's method with its declared next phases: a method without a row in the data
+# fails here, at import (tests/core/test_call.py checks that every row has a method).
+Call.rows = {key: _Row(method, TRANSITIONS[key]) for key, method in _METHODS.items()}

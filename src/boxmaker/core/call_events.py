@@ -151,7 +151,7 @@ class OwnerRefused:
 
 @attrs.frozen
 class Expired:
-    """The pending deadline came (see :func:`due`)."""
+    """The pending deadline came (see :func:`boxmaker.core.approvals.due`)."""
 
 
 @attrs.frozen

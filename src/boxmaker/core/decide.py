@@ -27,7 +27,8 @@ from typing import Any, TypeAlias, assert_never
 import attrs
 
 from boxmaker.core.catalogue import ArgumentProblem, CheckedArguments, check_arguments
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem, Mode
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.core.labels import UNKNOWN, Label
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
@@ -166,7 +167,7 @@ def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.date
     its conditions: when it denies, no lower grant is tried.
 
     >>> from boxmaker.core.catalogue import check_arguments
-    >>> from boxmaker.core.grants import parse_grants
+    >>> from boxmaker.core.grant_parse import parse_grants
     >>> from boxmaker.core.labels import FRESH
     >>> req = CheckedRequest("c-0", "s-0", check_arguments("read_file", {"path": "notes.txt"}))
     >>> now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

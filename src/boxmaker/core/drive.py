@@ -89,7 +89,7 @@ class Ports(Protocol):
 
     async def ending(self, entry: PendingEntry) -> Event | None:
         """How ``entry`` ended, once that was delivered (an approve comes back re-decided,
-        :class:`~boxmaker.core.call.OwnerApproved`); None while nothing was."""
+        :class:`~boxmaker.core.call_events.OwnerApproved`); None while nothing was."""
         ...
 
     def withdraw(self, approval: str) -> None:

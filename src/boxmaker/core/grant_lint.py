@@ -1,7 +1,7 @@
 """``bxctl grants check``'s analysis of grants.toml: every problem with its line, and
 warnings about grants that do less or more than they seem to. Pure: text in, values out.
 
-Problems are :func:`boxmaker.core.grants.all_problems`' (the checks brokerd applies,
+Problems are :func:`boxmaker.core.grant_parse.all_problems`' (the checks brokerd applies,
 which stops at the first). Lines come from a second reading of the same text with
 tomlkit, which keeps every comment and space: its pieces are found in the text in order
 (:class:`_Lines`), so a line is either right or not given. A TOML syntax error stops
@@ -35,15 +35,8 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import AoT, Item, Table
 
-from boxmaker.core.grants import (
-    Grant,
-    GrantSet,
-    GrantsProblem,
-    Mode,
-    all_problems,
-    parse_toml,
-    precedence_rank,
-)
+from boxmaker.core.grant_parse import GrantsProblem, all_problems, parse_toml
+from boxmaker.core.grants import Grant, GrantSet, Mode, precedence_rank
 from boxmaker.core.hosts import HostRule
 from boxmaker.core.paths import Glob
 

@@ -33,14 +33,8 @@ import attrs
 
 from boxmaker.core import durations
 from boxmaker.core.catalogue import FILE_TOOLS, ArgumentProblem, CheckedArguments, check_arguments
-from boxmaker.core.grants import (
-    GRANT_ID,
-    Grant,
-    GrantSet,
-    GrantsProblem,
-    Mode,
-    grants_from_document,
-)
+from boxmaker.core.grant_parse import GrantsProblem, grants_from_document
+from boxmaker.core.grants import GRANT_ID, Grant, GrantSet, Mode
 from boxmaker.core.hosts import url_host_problem
 from boxmaker.core.paths import ROOT
 

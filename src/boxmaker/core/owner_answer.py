@@ -31,10 +31,10 @@ from typing import Any, Final
 import attrs
 
 from boxmaker.core.approvals import PendingEntry
-from boxmaker.core.call import EarlierEnd, late_owner_answer
 from boxmaker.core.call_events import AdminReply, NotRecorded
+from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked, grant_of
-from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
+from boxmaker.core.grants import Grant, GrantSet
 
 CALL_ENDED: Final = "the call ended before its approval was recorded (is brokerd stopping?)"
 
@@ -57,6 +57,32 @@ class Found(enum.Enum):
         if entry is None:
             return cls.GONE
         return cls.EXPIRED if entry.is_expired(now) else cls.WAITING
+
+
+class EarlierEnd(enum.Enum):
+    """How an entry ended before an owner's answer came, as brokerd remembers it."""
+
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+def late_owner_answer(approval: str, earlier: EarlierEnd | None) -> tuple[str, str]:
+    """What an approve or refuse of an entry no longer in the table hears: ``expired``
+    when it expired (so one racing the expiry hears the same whichever took the entry
+    first); ``no_such_approval`` otherwise, saying so when its requester left first (a
+    chat ended with Ctrl-C). (error code, detail).
+
+    >>> late_owner_answer("a-00000001", EarlierEnd.WITHDRAWN)[1]
+    'approval a-00000001 was withdrawn: its requester left before anyone answered; nothing ran'
+    """
+    if earlier is EarlierEnd.EXPIRED:
+        return "expired", f"approval {approval} expired"
+    if earlier is EarlierEnd.WITHDRAWN:
+        return "no_such_approval", (
+            f"approval {approval} was withdrawn: its requester left before anyone answered; "
+            "nothing ran"
+        )
+    return "no_such_approval", f"no pending approval {approval}"
 
 
 @attrs.frozen

@@ -96,7 +96,7 @@ class Replay:
     """Replays recorded decisions against ``grants``, one at a time
     (:meth:`replay`, or :meth:`run` over many), and keeps the tally.
 
-    >>> from boxmaker.core.grants import parse_grants
+    >>> from boxmaker.core.grant_parse import parse_grants
     >>> from boxmaker.core.labels import FRESH
     >>> grants = parse_grants('[[grant]]\\nid = "ask-read"\\ntool = "read_file"\\nmode = "ask"')
     >>> at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
