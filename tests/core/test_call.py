@@ -46,6 +46,7 @@ from boxmaker.core.vocabulary import (
     Pending,
     Result,
     ResultStatus,
+    RunEnd,
     ToolRequest,
 )
 
@@ -354,7 +355,7 @@ def test_an_approved_run_stopped_by_its_requester_leaving_tells_the_owner(
     assert call.handle(ev.Recorded()) == [ev.RunVerdict(now, approved=True)]
     gone = result_body(False, Reason.REQUESTER_GONE, FRESH, now.decision.state, None, 0, True)
     assert call.handle(ev.RequesterGone()) == [ev.AppendRecord(gone)]
-    stopped = ev.RanReply(False, Reason.REQUESTER_GONE, RUN_STOPPED_DETAIL)
+    stopped = RunEnd(outcome="failed", reason=Reason.REQUESTER_GONE, detail=RUN_STOPPED_DETAIL)
     assert call.handle(written) == [
         ev.ReplyAdmin(ev.ApprovedReply(ApprovalOutcome.ASK, None, ran=stopped)),
         CLOSE,
@@ -552,7 +553,7 @@ def approved_and_ran(outcome: ev.RunOutcome) -> Call:
 def test_an_approved_call_runs_on_as_a_run_does_and_tells_the_owner_how_it_ended() -> None:
     call = approved_and_ran(ev.RunOutcome(True, None, None, "x", LABEL))
     assert [type(effect) for effect in call.handle(ev.StateRaised(STATE))] == [ev.AppendRecord]
-    ok = ev.ApprovedReply(ApprovalOutcome.ASK, None, ran=ev.RanReply(True))
+    ok = ev.ApprovedReply(ApprovalOutcome.ASK, None, ran=RunEnd(outcome="ok"))
     assert call.handle(ev.Recorded()) == [
         ev.ReplyAdmin(ok),
         ev.Send(Answer.ok(CALL, "x", LABEL)),
@@ -563,13 +564,15 @@ def test_an_approved_call_runs_on_as_a_run_does_and_tells_the_owner_how_it_ended
 def test_an_approved_call_that_failed_tells_the_owner_its_reason() -> None:
     call = approved_and_ran(ev.RunOutcome(False, Reason.NOT_FOUND, "gone", "", LABEL))
     call.handle(ev.StateRaised(STATE))
-    failed = ev.RanReply(False, Reason.NOT_FOUND, "gone")
+    failed = RunEnd(outcome="failed", reason=Reason.NOT_FOUND, detail="gone")
     assert call.handle(ev.Recorded())[0] == ev.ReplyAdmin(
         ev.ApprovedReply(ApprovalOutcome.ASK, None, ran=failed)
     )
     call = approved_and_ran(ev.RunOutcome(True, None, None, "x", LABEL))
     call.handle(ev.StateRaised(STATE))
-    unrecorded = ev.RanReply(False, Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL)
+    unrecorded = RunEnd(
+        outcome="failed", reason=Reason.AUDIT_UNAVAILABLE, detail=AUDIT_UNAVAILABLE_DETAIL
+    )
     assert call.handle(ev.RecordFailed())[0] == ev.ReplyAdmin(
         ev.ApprovedReply(ApprovalOutcome.ASK, None, ran=unrecorded)
     )
@@ -579,7 +582,9 @@ def test_an_approved_call_that_failed_tells_the_owner_its_reason() -> None:
         ev.ApprovedReply(
             ApprovalOutcome.ASK,
             None,
-            ran=ev.RanReply(False, Reason.RESULT_UNRECORDED, RESULT_UNRECORDED_DETAIL),
+            ran=RunEnd(
+                outcome="failed", reason=Reason.RESULT_UNRECORDED, detail=RESULT_UNRECORDED_DETAIL
+            ),
         )
     )
 

@@ -73,7 +73,6 @@ from boxmaker.wire import (
     Refuse,
     Refused,
     ReloadGrantsRequest,
-    RunEnd,
     SessionsAnswer,
     SessionsRequest,
     SessionView,
@@ -237,18 +236,7 @@ async def _take(broker: Broker, request: Approve | Refuse) -> AdminAnswer:
         return _owner_error(error)
     call = ended.entry.call
     if isinstance(reply, ApprovedReply):
-        ran = reply.ran
-        return Approved(
-            outcome=reply.outcome,
-            call=call,
-            reason=reply.reason,
-            detail=reply.detail,
-            tool=ended.entry.tool,
-            ran=None
-            if ran is None
-            else RunEnd(outcome="ok" if ran.ok else "failed", reason=ran.reason, detail=ran.detail),
-            grant_written=written,
-        )
+        return Approved.of(reply, call=call, tool=ended.entry.tool, grant_written=written)
     return Refused(call=call)
 
 

@@ -48,7 +48,6 @@ from boxmaker.core.call_events import (
     OwnerRefused,
     RaiseState,
     Ran,
-    RanReply,
     Recorded,
     RecordFailed,
     RefusedReply,
@@ -85,7 +84,6 @@ from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL, Reason
 from boxmaker.core.state import RUNBOOK_STATE
 from boxmaker.core.vocabulary import (
     Answer,
-    AnswerOutcome,
     Approval,
     ApprovalBy,
     ApprovalOutcome,
@@ -94,6 +92,7 @@ from boxmaker.core.vocabulary import (
     ErrorFrame,
     Pending,
     Result,
+    RunEnd,
 )
 
 if TYPE_CHECKING:
@@ -377,9 +376,7 @@ def _tell_owner(told: ApprovedReply | None, answer: Answer) -> list[Effect]:
     how the run ended, the answer the model gets. Nothing for an auto run."""
     if told is None:
         return []
-    # An ok answer has no reason and no detail; a failed one says both.
-    ran = RanReply(answer.outcome is AnswerOutcome.OK, answer.reason, answer.detail)
-    return [ReplyAdmin(attrs.evolve(told, ran=ran))]
+    return [ReplyAdmin(attrs.evolve(told, ran=RunEnd.of(answer)))]
 
 
 _Step: TypeAlias = tuple[State, list[Effect]]

@@ -23,6 +23,7 @@ from boxmaker.core.vocabulary import (
     ErrorFrame,
     Pending,
     Result,
+    RunEnd,
 )
 
 if TYPE_CHECKING:
@@ -39,16 +40,6 @@ CallRecord: TypeAlias = Decision | Approval | Result
 
 
 @attrs.frozen
-class RanReply:
-    """How an approved call's run ended, as its answer to the model said: ``ok``, or
-    ``failed`` with the reason and detail."""
-
-    ok: bool
-    reason: Reason | None = None
-    detail: str | None = None
-
-
-@attrs.frozen
 class ApprovedReply:
     """The ``approved`` admin answer: the approval's outcome and, when the re-decision
     denied, its reason and detail; for an approval that ran, how the run ended."""
@@ -56,7 +47,7 @@ class ApprovedReply:
     outcome: ApprovalOutcome
     reason: Reason | None
     detail: str | None = None
-    ran: RanReply | None = None
+    ran: RunEnd | None = None
 
 
 @attrs.frozen

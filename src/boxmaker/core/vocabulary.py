@@ -253,6 +253,28 @@ class Answer:
 
 
 @attrs.frozen(kw_only=True)
+class RunEnd:
+    """How an approved call's run ended, as its answer to the model said: ``ok``, or
+    ``failed`` with the reason and detail. The call's task reports it to the admin
+    (core/call_events.py's ``ApprovedReply``) and the admin sends it on, as it is, in
+    the ``approved`` frame."""
+
+    outcome: Literal["ok", "failed"]
+    reason: Reason | None = None
+    detail: str | None = None
+
+    @classmethod
+    def of(cls, answer: Answer) -> RunEnd:
+        """What ``answer``, the run's answer to the model, says of the run.
+
+        >>> RunEnd.of(Answer.failed("c-0123456789abcdef", Reason.NOT_FOUND, "gone"))
+        RunEnd(outcome='failed', reason=<Reason.NOT_FOUND: 'not_found'>, detail='gone')
+        """
+        outcome: Literal["ok", "failed"] = "ok" if answer.outcome is AnswerOutcome.OK else "failed"
+        return cls(outcome=outcome, reason=answer.reason, detail=answer.detail)
+
+
+@attrs.frozen(kw_only=True)
 class ErrorFrame:
     """``error``, on any socket; the connection closes after it on broker.sock."""
 

@@ -29,6 +29,7 @@ from boxmaker.core.vocabulary import (
     ErrorFrame,
     GrantRef,
     Pending,
+    RunEnd,
     ToolRequest,
     to_ms,
 )
@@ -48,7 +49,6 @@ from boxmaker.wire.admin import (
     Refuse,
     Refused,
     ReloadGrantsRequest,
-    RunEnd,
     SessionsAnswer,
     SessionsRequest,
     SessionView,

@@ -15,6 +15,7 @@ from boxmaker.core.vocabulary import (
     ApprovalOutcome,
     ErrorFrame,
     GrantRef,
+    RunEnd,
     to_ms,
     valid_approval_id,
     valid_call_id,
@@ -24,6 +25,7 @@ from boxmaker.wire.common import non_negative, text_between
 
 if TYPE_CHECKING:
     from boxmaker.core.approvals import PendingEntry
+    from boxmaker.core.call_events import ApprovedReply
 
 MAX_REFUSE_REASON: Final = 500
 """The owner's refusal reason is 1 to 500 characters."""
@@ -135,16 +137,6 @@ class ApprovalsAnswer:
 
 
 @attrs.frozen(kw_only=True)
-class RunEnd:
-    """How an approved call's run ended: ``ok``, or ``failed`` with its reason and
-    detail (what the model was answered)."""
-
-    outcome: Literal["ok", "failed"]
-    reason: Reason | None = None
-    detail: str | None = None
-
-
-@attrs.frozen(kw_only=True)
 class Approved:
     """``approved``: the outcome of the re-decision and the last look; ``detail`` the
     re-decision's when it denied; ``tool`` the call's; ``ran`` how the run ended when
@@ -159,6 +151,21 @@ class Approved:
     ran: RunEnd | None = None
     grant_written: str | None = None
     """The id of the grant an approve with ``always`` wrote to grants.toml."""
+
+    @classmethod
+    def of(
+        cls, reply: ApprovedReply, *, call: str, tool: str, grant_written: str | None
+    ) -> Approved:
+        """The frame for the call's task's report (``reply``) of an approve."""
+        return cls(
+            outcome=reply.outcome,
+            call=call,
+            reason=reply.reason,
+            detail=reply.detail,
+            tool=tool,
+            ran=reply.ran,
+            grant_written=grant_written,
+        )
 
 
 @attrs.frozen(kw_only=True)
