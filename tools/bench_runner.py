@@ -38,7 +38,7 @@ from boxmaker.core.decide import Run, evaluate
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, LabelRules
 from boxmaker.core.vocabulary import ToolRequest
-from boxmaker.home import RunnerConfig
+from boxmaker.home.config import RunnerConfig
 
 TARGET = 3.0
 SANDBOX_UID = 65534

@@ -40,7 +40,7 @@ from boxmaker.core.decide import CheckedRequest, decide
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     Decision,

@@ -32,7 +32,8 @@ from boxmaker.broker import runner
 from boxmaker.broker.serve import app, serve_broker
 from boxmaker.broker.state import Broker, GrantsWatcher
 from boxmaker.core.grants import GrantSet, GrantsProblem
-from boxmaker.home import ConfigError, Home
+from boxmaker.home.config import ConfigError
+from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerTorn
 from boxmaker.threads import ToThread

@@ -13,7 +13,7 @@ from boxmaker.core.decide import Ask, Run, Verdict, evaluate
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, LabelRules
 from boxmaker.core.vocabulary import ToolRequest
-from boxmaker.home import RunnerConfig
+from boxmaker.home.config import RunnerConfig
 
 NOW: Final = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 GRANTS_TEXT = """

@@ -35,7 +35,7 @@ from tests.harness.sandbox import CGROUPS, sandbox_workspace
 
 from boxmaker.broker.cgroup_plan import NoCgroups
 from boxmaker.cli.daemons import sandbox_bounds_warning
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 LIMIT = 60.0

@@ -30,7 +30,8 @@ from boxmaker.core.state import StateUnreadable
 from boxmaker.daemon import CONFIG_ANCHOR
 from boxmaker.file_ops import StatKey, stat_key
 from boxmaker.grants_file import GrantsRead, GrantsReader, read_grants, read_grants_bytes
-from boxmaker.home import Config, Home, workspace_problem
+from boxmaker.home.config import Config, workspace_problem
+from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import RUNBOOK_KEPT, KeptProblem, keep
 from boxmaker.ledger.records import Body, Policy
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter

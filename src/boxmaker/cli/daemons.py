@@ -42,7 +42,8 @@ from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.grants import GrantsProblem
 from boxmaker.daemon import NOT_RELOADED, RELOADED
 from boxmaker.grants_file import read_grants
-from boxmaker.home import Config, ConfigError, Home, HomeError, load_config
+from boxmaker.home.config import Config, ConfigError, load_config
+from boxmaker.home.paths import Home, HomeError
 from boxmaker.model.serve import ModelUnavailable, check_installed
 from boxmaker.printable import printable
 from boxmaker.regular_file import open_regular_file

@@ -32,7 +32,7 @@ from boxmaker.cli.daemons import DAEMONS, daemon_states, stop, up
 from boxmaker.cli.owner import approval_block
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive
 from boxmaker.clock import utc_now
-from boxmaker.home import Home, HomeError, resolve_home
+from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.ledger.writer import open_ledger
 from boxmaker.wire import (
     ApprovalsAnswer,

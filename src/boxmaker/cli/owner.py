@@ -25,7 +25,8 @@ from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
 from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
 from boxmaker.core.vocabulary import ApprovalOutcome
-from boxmaker.home import ConfigError, Home, HomeError, load_config
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.paths import Home, HomeError
 from boxmaker.printable import printable
 from boxmaker.wire import (
     AdminAnswer,
