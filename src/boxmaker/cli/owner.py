@@ -19,7 +19,7 @@ from boxmaker.cli.admin_client import (
 )
 from boxmaker.cli.change import change_lines
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.cli.daemons import daemon_states
+from boxmaker.cli.daemon_processes import daemon_states
 from boxmaker.cli.terminal import is_interactive
 from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
