@@ -12,23 +12,19 @@ import attrs
 import pytest
 
 from boxmaker.core.labels import LabelRules
-from boxmaker.home import (
-    DEFAULT_GRANTS_TEXT,
+from boxmaker.home.config import (
     BrokerConfig,
     Config,
     ConfigError,
-    Home,
-    HomeError,
     LoopConfig,
     ModelConfig,
     ProxyConfig,
     RunnerConfig,
-    default_config_text,
-    initial_config_text,
     load_config,
     parse_config,
-    resolve_home,
 )
+from boxmaker.home.defaults import DEFAULT_GRANTS_TEXT, default_config_text, initial_config_text
+from boxmaker.home.paths import Home, HomeError, resolve_home
 
 
 def mode(path: Path) -> int:

@@ -50,7 +50,7 @@ import orjson
 import trio
 
 from boxmaker.convert import new_call_id, new_session_id
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ndjson import FrameReader
 

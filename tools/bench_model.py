@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.harness.model import MISSING, call_text, tokens_of  # noqa: E402
 
-from boxmaker.home import Home  # noqa: E402
+from boxmaker.home.paths import Home  # noqa: E402
 from boxmaker.loop.model_client import ModelClient, ModelFailure  # noqa: E402
 from boxmaker.loop.turn import model_tools, request_payload  # noqa: E402
 from boxmaker.ndjson import FrameReader  # noqa: E402

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fakes.llama_server import as_process  # noqa: E402
 
-from boxmaker.home import Home  # noqa: E402
+from boxmaker.home.paths import Home  # noqa: E402
 
 TARGET_MS: Final = 2.0
 PROFILE: Final = os.environ.get("BENCH_PROXY_PROFILE", "")

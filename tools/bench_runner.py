@@ -39,7 +39,7 @@ from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, LabelRules
 from boxmaker.core.vocabulary import ToolRequest
-from boxmaker.home import RunnerConfig
+from boxmaker.home.config import RunnerConfig
 
 TARGET = 3.0
 SANDBOX_UID = 65534

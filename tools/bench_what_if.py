@@ -41,7 +41,7 @@ from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     Decision,

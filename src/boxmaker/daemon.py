@@ -11,7 +11,9 @@ from typing import Final
 
 import trio
 
-from boxmaker.home import Config, ConfigError, Home, load_config, reload_config
+from boxmaker.home.config import Config, ConfigError, load_config
+from boxmaker.home.paths import Home
+from boxmaker.home.reload import reload_config
 from boxmaker.printable import PrintableFormatter, printable
 
 CONFIG_ANCHOR: Final = "docs/runbook.md#config"
@@ -97,7 +99,7 @@ async def reread_config(
     """config.toml read again (SIGHUP): the config to run with from now on, each change
     logged: the live keys applied, the others named as needing a restart (they keep
     their old value). A file with a problem changes nothing: the problems are logged
-    and the old config stays whole (:func:`boxmaker.home.reload_config`)."""
+    and the old config stays whole (:func:`boxmaker.home.reload.reload_config`)."""
     try:
         new = await trio.to_thread.run_sync(load_config, home)
     except ConfigError as exc:

@@ -4,7 +4,7 @@ model all serve on sockets in ``run/``.
 
 trio has no Unix-socket listener helper: the socket is made with ``trio.socket``, bound,
 chmod 0600, listened on and wrapped in :class:`trio.SocketListener`. The sockets live in
-``run/`` (0700, see :meth:`boxmaker.home.Home.ensure_run_dir`), so the short window
+``run/`` (0700, see :meth:`boxmaker.home.paths.Home.ensure_run_dir`), so the short window
 between bind and chmod is not visible to other users.
 
 A path already there is removed only if it *is* a socket and nobody answers on it: a

@@ -18,7 +18,7 @@ from boxmaker.clock import utc_now
 from boxmaker.convert import new_call_id
 from boxmaker.core.approvals import GrantRef, PendingEntry
 from boxmaker.core.labels import Taint
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.records import format_head, line_hash
 from boxmaker.ndjson import MAX_FRAME
 

@@ -16,7 +16,7 @@ from tests.harness.sandbox import sandbox_workspace
 
 from boxmaker.broker.runner import RunResult, execute
 from boxmaker.cli.common import Exit
-from boxmaker.cli.daemons import preflight
+from boxmaker.cli.preflight import preflight
 from boxmaker.core.reasons import Reason
 
 NEEDED = "the shell sandbox needs 0.8.0 or newer (for --disable-userns)"

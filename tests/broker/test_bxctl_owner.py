@@ -15,7 +15,7 @@ from tests.harness.broker import SESSION, Brokerd, Client, tool_request
 from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

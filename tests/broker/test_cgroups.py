@@ -52,7 +52,7 @@ from boxmaker.broker.cgroups import (
 from boxmaker.broker.runner import RunSpec, execute
 from boxmaker.broker.sandbox import Launch, SandboxPool
 from boxmaker.core.reasons import Reason
-from boxmaker.home import RunnerConfig
+from boxmaker.home.config import RunnerConfig
 
 # --- 1. the plan, on fixture texts ---------------------------------------------------
 

@@ -41,7 +41,7 @@ from boxmaker.broker.state import Broker
 from boxmaker.convert import new_call_id
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
 from boxmaker.core.state import StateUnreadable
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ndjson import MAX_FRAME
 from boxmaker.regular_file import read_regular_file
 

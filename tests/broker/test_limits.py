@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from boxmaker.broker.limits import FD_RESERVE, Capacity, Limits
-from boxmaker.home import BrokerConfig, ConfigError, Home, default_config_text, parse_config
+from boxmaker.home.config import BrokerConfig, ConfigError, parse_config
+from boxmaker.home.defaults import default_config_text
+from boxmaker.home.paths import Home
 
 
 def test_the_defaults_with_room_keep_10000_pending() -> None:

@@ -40,7 +40,7 @@ from boxmaker.core.approvals import GrantRef, PendingEntry
 from boxmaker.core.call_events import AdminReply
 from boxmaker.core.labels import Taint
 from boxmaker.core.owner_answer import EarlierEnd
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

@@ -18,7 +18,7 @@ from tests.harness.homes import grant, write_grants
 from tests.harness.process import Daemon, connect, read_frame, send, start, wait_for
 
 from boxmaker.core.grant_parse import parse_grants
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import kept_path, policies_dir
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from trio.testing import MockClock
 
 from boxmaker.broker.state import GrantsWatcher, PolicyRecorder
 from boxmaker.core.grants import GrantSet
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import kept_path, policies_dir
 from boxmaker.ledger.records import Stop
 from boxmaker.ledger.verify import verify_file

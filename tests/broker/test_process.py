@@ -18,7 +18,7 @@ from tests.harness.process import Daemon, connect, read_frame, send, start, wait
 from tests.harness.sandbox import sandbox_workspace
 
 from boxmaker.broker.sandbox import LAUNCHER
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 
 pytestmark = pytest.mark.slow

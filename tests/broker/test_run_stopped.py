@@ -34,7 +34,7 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.sandbox import processes_with, sandbox_workspace, wait_gone
 
 from boxmaker.core.call import RUN_STOPPED_DETAIL
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")

@@ -35,7 +35,7 @@ from boxmaker.core.decide import Run, Verdict
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import HTTP_GET_LABEL, WRITE_FILE_LABEL, Label, LabelRules, Taint
 from boxmaker.core.reasons import Reason
-from boxmaker.home import RunnerConfig
+from boxmaker.home.config import RunnerConfig
 
 INTERNAL = Label(Taint.INTERNAL, False)
 SECRET = Label(Taint.SECRET, False)

@@ -33,7 +33,8 @@ from boxmaker.broker.serve import app, serve_broker
 from boxmaker.broker.state import Broker, GrantsWatcher
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
-from boxmaker.home import ConfigError, Home
+from boxmaker.home.config import ConfigError
+from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerTorn
 from boxmaker.threads import ToThread

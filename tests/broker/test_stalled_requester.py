@@ -15,7 +15,7 @@ from tests.harness.broker import tool_request as request
 from tests.harness.homes import grant, write_grants
 
 from boxmaker.core.catalogue import MAX_BYTES
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

@@ -32,7 +32,7 @@ from tests.harness.homes import grant, short_home, write_config, write_grants, w
 from boxmaker.broker import runner
 from boxmaker.cli.common import Common
 from boxmaker.cli.what_if import what_if
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.threads import ToThread
 
 pytestmark = pytest.mark.slow

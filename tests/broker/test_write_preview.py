@@ -21,7 +21,7 @@ from tests.harness.stack import say, stack
 from boxmaker.broker.preview import MAX_LINE, MAX_SHOWN_LINES, NO_NEWLINE, preview_write
 from boxmaker.cli.change import change_lines
 from boxmaker.core.labels import LabelRules
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.wire import ChangePreview
 
 pytestmark = pytest.mark.usefixtures("inline_threads")

@@ -31,7 +31,7 @@ from tests.harness.homes import grant, short_home, write_grants, write_state
 
 from boxmaker.cli.app import app
 from boxmaker.clock import local_time, parse_utc, utc_now
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

@@ -13,7 +13,7 @@ from tests.harness.screen import bxctl_argv, terminal
 from tests.harness.stack import READ_NOTES, say, stack
 
 from boxmaker.cli.watch import KEYS_HELP, NONE_PENDING, REASON_PROMPT
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 READ_TODO = {"tool_calls": [{"name": "read_file", "arguments": {"path": "todo.txt"}}]}
 

@@ -18,7 +18,7 @@ from tests.harness.stack import READ_NOTES, stack
 from boxmaker.cli.always import CONFIRM_PROMPT, CONFIRM_WORD, NOT_CONFIRMED
 from boxmaker.cli.chat import APPROVE_PROMPT, REASON_PROMPT
 from boxmaker.cli.watch import CHOSEN, KEYS_HELP
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 WRITTEN = (
     r"^ *approved c-[0-9a-f]{16}: read_file ran \(ok\); grant (always-a-[0-9a-f]{8}) written: "

@@ -17,7 +17,7 @@ from tests.harness.homes import short_home
 from tests.harness.model import MISSING, builtin_model, call_text, slot_busy, tokens_of
 from tests.harness.stack import proxied_client
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.loop.model_client import ModelClient, ModelFailure, ModelProgress
 from boxmaker.loop.turn import ToolCall, model_tools, parse_tool_calls, request_payload
 

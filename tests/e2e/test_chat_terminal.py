@@ -17,7 +17,7 @@ from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import ADD_BREAD, ADD_BREAD_SHOWN, NOTES_AFTER_BREAD, READ_NOTES, stack
 
 from boxmaker.cli.chat import APPROVE_PROMPT, REASON_PROMPT
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 
 def chat_argv(home: Home, *args: str) -> list[str]:

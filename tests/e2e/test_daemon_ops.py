@@ -24,7 +24,7 @@ from tests.harness.cli import WAIT_S, alive, bxctl, pid_of, scripted_home, start
 from tests.harness.homes import short_home
 from tests.harness.process import wait_for
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from tests.harness.homes import grant
 from tests.harness.sandbox import processes_with, sandbox_workspace
 from tests.harness.screen import EXITED, bxctl_argv, shell_pane
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = [
     pytest.mark.slow,

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, st
 from tests.harness.screen import shell_pane
 from tests.harness.stack import ADD_BREAD, ADD_BREAD_SHOWN, NOTES_AFTER_BREAD
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = [
     pytest.mark.slow,

@@ -27,7 +27,7 @@ import trio
 from boxmaker.broker.serve import serve_broker
 from boxmaker.broker.state import Broker
 from boxmaker.convert import new_call_id
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerFile, OsLedgerFile
 from boxmaker.ndjson import FrameReader

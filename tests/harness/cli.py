@@ -19,7 +19,7 @@ from tests.fakes.llama_server import as_process
 from tests.harness.homes import short_home
 
 from boxmaker.cli.app import app
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 WAIT_S = 60.0
 

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from boxmaker.broker.state import Broker
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.threads import ToThread
 
 from .broker import GUARD, PENDING_TIMEOUT, Brokerd, inline

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import httpx
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed
 
 START_S: Final = 60.0

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 START_S = 30.0
 """Real seconds for a process to start or stop: generous for a loaded 2-core machine."""

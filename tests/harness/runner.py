@@ -14,7 +14,7 @@ from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, LabelRules
 from boxmaker.core.vocabulary import ToolRequest
-from boxmaker.home import RunnerConfig
+from boxmaker.home.config import RunnerConfig
 
 NOW: Final = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 GRANTS_TEXT = """

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import trio
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ndjson import FrameReader
 from boxmaker.unix_sockets import open_unix_listener
 

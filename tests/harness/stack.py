@@ -14,7 +14,7 @@ import orjson
 import trio
 from tests.fakes.llama_server import FakeLlama
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.loop.model_client import ModelClient
 from boxmaker.loop.serve import Loop, serve_loop
 from boxmaker.ndjson import FrameReader

@@ -24,7 +24,7 @@ from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import READ_NOTES, stack
 
 from boxmaker.cli.chat import APPROVE_PROMPT
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 # Window title, clear screen, cursor home, C1 CSI, bidi override, then a carriage
 # return and a forged start of the line.

@@ -18,7 +18,7 @@ from tests.harness.cli import alive, bxctl
 from tests.harness.homes import short_home
 from tests.harness.process import Daemon, start
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.file_ops import OsFileOps
 from boxmaker.grants_edit import GrantsEditError, add_grant, lock_path, locked
 from boxmaker.grants_file import load_grants
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 NOW_TEXT = "# the owner's\n"
 NOW = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)

@@ -14,7 +14,7 @@ from tests.harness.cli import bxctl
 from tests.harness.homes import short_home, write_grants
 from tests.hostile.test_terminal import HOSTILE, unsafe_in
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 ESCAPED = "\\u001b]2;PWNED\\u0007\\u001b[2J\\u202e"
 """HOSTILE's start as printable shows it."""

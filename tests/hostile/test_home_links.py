@@ -24,7 +24,8 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.process import Daemon, connect, read_frame, send, start
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID
 
-from boxmaker.home import ConfigError, Home, load_config
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

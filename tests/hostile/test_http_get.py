@@ -26,7 +26,7 @@ from tests.harness.broker import records_of, tool_request
 from tests.harness.homes import grant, write_grants
 from tests.harness.process import Daemon, connect, read_frame, send, start
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

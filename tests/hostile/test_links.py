@@ -27,7 +27,7 @@ from tests.harness.broker import (
 )
 from tests.harness.homes import grant, read_state_file, write_config, write_grants
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 SECRET_TEXT: Final = "TOPSECRET\n"
 GUARD: Final = 60.0

@@ -23,7 +23,7 @@ from tests.harness.broker import records, tool_request
 from tests.harness.homes import write_config
 from tests.harness.process import START_S, Daemon, start
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

@@ -34,8 +34,8 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.sandbox import CGROUPS, sandbox_workspace
 
 from boxmaker.broker.cgroup_plan import NoCgroups
-from boxmaker.cli.daemons import sandbox_bounds_warning
-from boxmaker.home import Home
+from boxmaker.cli.preflight import sandbox_bounds_warning
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 LIMIT = 60.0

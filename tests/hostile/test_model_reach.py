@@ -35,7 +35,7 @@ import pytest
 from tests.fakes.llama_server import as_process
 from tests.harness.homes import short_home
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed
 
 pytestmark = pytest.mark.slow

@@ -34,7 +34,7 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
 from boxmaker.broker.sandbox import Launch, Sandbox, SandboxUser, sandbox_argv
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 BWRAP = shutil.which("bwrap")
 pytestmark = pytest.mark.skipif(BWRAP is None, reason="needs bubblewrap")

@@ -26,7 +26,7 @@ from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker.notify import MAX_RUNNING, RunAs, clean_env, run_as
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 NOBODY = 65534
 WAIT_S = 10.0

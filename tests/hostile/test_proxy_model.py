@@ -28,7 +28,7 @@ from tests.harness.homes import short_home
 from tests.harness.model import MISSING, builtin_model
 from tests.harness.stack import cancel_once_generating, served
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.proxy.serve import ProxyHandle, serve_proxy
 
 GUARD = 60.0

@@ -30,7 +30,7 @@ from tests.harness.broker import records, records_of, tool_request
 from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.process import Daemon, read_frame, send, start, wait_for
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 
 pytestmark = [

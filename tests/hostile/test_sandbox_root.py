@@ -23,7 +23,7 @@ from tests.harness.broker import PENDING_TIMEOUT, call, records_of, running, too
 from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 LIMIT = 60.0

@@ -10,7 +10,7 @@ an absolute path argument. Every place containment is decided is replayed here a
 the real brokerd (serve_broker on its real sockets, in process): the file tools' real
 path check and their check of the opened descriptor (broker/runner.py), the cached
 read's (broker/nowait.py), the write preview's reading (broker/preview.py), the absolute
-path argument (core/paths.py); and the home's own check (home.py), which must neither
+path argument (core/paths.py); and the home's own check (home/config.py), which must neither
 refuse a sibling of the home nor take one for the home.
 """
 
@@ -31,7 +31,8 @@ from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker import nowait, runner
 from boxmaker.broker.runner import Host
-from boxmaker.home import Home, workspace_problem
+from boxmaker.home.config import workspace_problem
+from boxmaker.home.paths import Home
 
 SECRET: Final = "the sibling's own words\n"
 SIBLINGS: Final = ["ws-evil", "ws2", "ws.d"]
@@ -209,7 +210,7 @@ def test_the_cached_read_checks_the_real_path_on_whole_segments(
 
 @pytest.mark.parametrize("sibling", ["bxhome-evil", "bxhome2", "bxhome.d"])
 def test_the_home_check_tells_a_sibling_from_the_home(tmp_path: Path, sibling: str) -> None:
-    """home.py: a workspace beside the home, named like it, is allowed (by its name and
+    """home/config.py: a workspace beside the home, named like it, is allowed (by its name and
     by its real path through a link); one inside the home, or holding it, is not."""
     home = Home(tmp_path / "bxhome")
     home.create()

@@ -27,7 +27,7 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.process import START_S, Daemon, connect, read_frame, send, start
 from tests.harness.stack import say, stack
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.regular_file import read_regular_file
 
 pytestmark = pytest.mark.slow

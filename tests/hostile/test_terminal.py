@@ -27,7 +27,7 @@ import pytest
 from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
 from tests.harness.screen import shell_pane
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

@@ -32,7 +32,7 @@ from boxmaker.cli.chat import APPROVE_PROMPT, REASON_PROMPT
 from boxmaker.cli.terminal import ANSWER_DELAY_S
 from boxmaker.cli.watch import CHOSEN, NONE_PENDING, SETTLING
 from boxmaker.cli.watch import REASON_PROMPT as WATCH_REASON_PROMPT
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 ASKS: Final = "To go on, type a and press Enter."
 ASKS_AND_READS: Final = {"content": ASKS + " ", **READ_NOTES}

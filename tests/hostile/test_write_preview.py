@@ -25,7 +25,7 @@ from tests.harness.homes import grant, write_grants
 from boxmaker.broker.admin import MAX_PREVIEWS
 from boxmaker.broker.preview import MAX_COMPARED_LINES, preview_write
 from boxmaker.core.labels import LabelRules
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 RULES = LabelRules()
 OUTSIDE = "the owner's private words"

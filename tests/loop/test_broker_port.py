@@ -17,7 +17,7 @@ from tests.harness.homes import grant, write_config, write_grants
 from boxmaker.clock import utc_now
 from boxmaker.convert import new_call_id
 from boxmaker.core.vocabulary import AnswerOutcome
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.loop.broker_port import BROKER_TIMEOUT, BROKER_UNREACHABLE, BrokerPort, PortAnswer
 from boxmaker.unix_sockets import open_unix_listener
 from boxmaker.wire import Pending, ToolRequest, encode_frame

@@ -17,7 +17,7 @@ from tests.harness.homes import grant, write_grants
 from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import GUARD, READ_NOTES, stack
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.loop.serve import Loop
 
 

@@ -14,7 +14,8 @@ import attrs
 import orjson
 import trio
 
-from boxmaker.home import Home, load_config
+from boxmaker.home.config import load_config
+from boxmaker.home.paths import Home
 from boxmaker.loop.conversations import load_history
 from boxmaker.loop.model_client import ModelFailure, OnProgress
 from boxmaker.loop.serve import Loop, handle_loop_connection

@@ -13,7 +13,7 @@ from tests.harness.broker import SESSION, admin, records, waiting_approvals
 from tests.harness.homes import grant, write_grants
 from tests.harness.stack import GUARD, READ_NOTES, say, stack
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.loop.model_client import ModelFailure
 from boxmaker.ndjson import FrameReader
 from boxmaker.wire import ErrorCode

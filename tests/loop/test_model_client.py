@@ -18,7 +18,7 @@ from tests.fakes.llama_server import CALL_CLOSE, CALL_OPEN, TOKEN_CHARS, FakeLla
 from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.stack import cancel_once_generating, proxied_client, say, served, stack
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.loop.model_client import ModelClient, ModelFailure, ModelProgress
 from boxmaker.loop.turn import model_tools, request_payload
 from boxmaker.wire import ErrorCode

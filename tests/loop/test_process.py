@@ -12,7 +12,7 @@ import time
 import orjson
 import pytest
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from boxmaker.core.vocabulary import AnswerOutcome
-from boxmaker.home import LoopConfig
+from boxmaker.home.config import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
 from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress
 from boxmaker.loop.turn import (

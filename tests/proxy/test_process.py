@@ -15,7 +15,7 @@ import pytest
 from tests.fakes.llama_server import as_process
 from tests.harness.homes import short_home
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ import trio
 from tests.fakes.llama_server import MODEL_ID, FakeLlama
 from tests.harness.homes import short_home
 
-from boxmaker.home import ConfigError, Home, load_config
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.paths import Home
 from boxmaker.proxy.app import MAX_BODY
 from boxmaker.proxy.serve import NoUpstream, ProxyHandle, read_token, serve_proxy
 

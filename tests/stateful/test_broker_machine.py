@@ -60,7 +60,7 @@ from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import Report, verify_file
 from boxmaker.state_files import read_state
 

@@ -36,7 +36,7 @@ from typing import Final
 import attrs
 
 from boxmaker.core.reasons import RUNBOOK_TOO_MANY_PENDING
-from boxmaker.home import BrokerConfig
+from boxmaker.home.config import BrokerConfig
 from boxmaker.ndjson import BufferBudget
 
 log = logging.getLogger("boxmaker.brokerd")

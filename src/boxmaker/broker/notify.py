@@ -44,7 +44,7 @@ import orjson
 import trio
 
 from boxmaker.broker.sandbox import SandboxRefused, sandbox_user
-from boxmaker.home import NotifyConfig
+from boxmaker.home.config import NotifyConfig
 
 log = logging.getLogger("boxmaker.brokerd.notify")
 

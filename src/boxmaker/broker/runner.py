@@ -129,7 +129,7 @@ from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.paths import ROOT, path_below
 from boxmaker.core.reasons import Reason
-from boxmaker.home import RunnerConfig
+from boxmaker.home.config import RunnerConfig
 from boxmaker.threads import WORKER_THREAD, ToThread
 
 if TYPE_CHECKING:

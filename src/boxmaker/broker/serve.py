@@ -57,7 +57,8 @@ from boxmaker.broker.state import (
 )
 from boxmaker.daemon import reread_config, run_daemon, setup_logging
 from boxmaker.grants_file import GrantsReader, read_grants_bytes
-from boxmaker.home import Config, ConfigError, Home, HomeError, load_config, resolve_home
+from boxmaker.home.config import Config, ConfigError, load_config
+from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.ledger.policies import policies_dir
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
 from boxmaker.ledger.verify import verify_file

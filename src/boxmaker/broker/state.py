@@ -31,7 +31,8 @@ from boxmaker.core.state import StateUnreadable
 from boxmaker.daemon import CONFIG_ANCHOR
 from boxmaker.file_ops import StatKey, stat_key
 from boxmaker.grants_file import GrantsRead, GrantsReader, read_grants, read_grants_bytes
-from boxmaker.home import Config, Home, workspace_problem
+from boxmaker.home.config import Config, workspace_problem
+from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import RUNBOOK_KEPT, KeptProblem, keep
 from boxmaker.ledger.records import Body, Policy
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
@@ -274,7 +275,7 @@ class GrantsWatcher:
 class HomeGuard:
     """brokerd's check, while it runs, that the workspace does not reach the home.
 
-    config.toml was checked at start (:func:`boxmaker.home.workspace_problem`, on real
+    config.toml was checked at start (:func:`boxmaker.home.config.workspace_problem`, on real
     paths); links can change afterwards. The sandbox and the file tools use the
     workspace's real path resolved once at start (``real_workspace``), so a workspace
     link retargeted later changes nothing for them; but the home can still be moved

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import trio
 
-from boxmaker.home import ConfigError, Home, HomeError, RunnerConfig, load_config
+from boxmaker.home.config import ConfigError, RunnerConfig, load_config
+from boxmaker.home.paths import Home, HomeError
 from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.wire import (
     AdminAnswer,

@@ -33,7 +33,8 @@ from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked
 from boxmaker.core.hosts import DEFAULT_PORTS
 from boxmaker.grants_edit import grant_text, owner_name
 from boxmaker.grants_file import read_grants
-from boxmaker.home import ConfigError, Home, HomeError, load_config
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.paths import Home, HomeError
 from boxmaker.printable import printable
 from boxmaker.wire import ApprovalView
 

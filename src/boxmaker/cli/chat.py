@@ -30,7 +30,7 @@ from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive, until_interrupted
 from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import SESSION_ID
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ndjson import FrameError, FrameReader
 from boxmaker.printable import printable
 from boxmaker.wire import (

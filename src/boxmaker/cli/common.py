@@ -10,7 +10,7 @@ import attrs
 import orjson
 from cyclopts import Parameter
 
-from boxmaker.home import Home, resolve_home
+from boxmaker.home.paths import Home, resolve_home
 from boxmaker.printable import printable
 
 

@@ -28,11 +28,12 @@ from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.audit import verify
 from boxmaker.cli.chat import show_turn
 from boxmaker.cli.common import Common, Exit, fail
-from boxmaker.cli.daemons import DAEMONS, daemon_states, stop, up
+from boxmaker.cli.daemon_processes import DAEMONS, daemon_states, stop
+from boxmaker.cli.daemons import up
 from boxmaker.cli.owner import approval_block
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive
 from boxmaker.clock import utc_now
-from boxmaker.home import Home, HomeError, resolve_home
+from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.ledger.writer import open_ledger
 from boxmaker.wire import (
     ApprovalsAnswer,

@@ -40,7 +40,8 @@ from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.grants_file import GrantsRead, read_grants
-from boxmaker.home import ConfigError, Home, HomeError, load_config
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.paths import Home, HomeError
 from boxmaker.ledger.verify import READ_BUFFER
 from boxmaker.printable import printable
 

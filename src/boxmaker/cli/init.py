@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.home import ConfigError, HomeError, load_config
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.paths import HomeError
 from boxmaker.ledger.writer import LedgerTorn, open_ledger
 
 

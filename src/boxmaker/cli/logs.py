@@ -18,7 +18,8 @@ import orjson
 from cyclopts import Parameter
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.cli.daemons import BY_NAME, DAEMONS, DaemonName, read_tail
+from boxmaker.cli.daemon_processes import BY_NAME, DAEMONS, DaemonName
+from boxmaker.cli.log_tail import read_tail
 from boxmaker.printable import printable
 from boxmaker.regular_file import open_regular_file
 

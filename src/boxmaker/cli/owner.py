@@ -19,13 +19,14 @@ from boxmaker.cli.admin_client import (
 )
 from boxmaker.cli.change import change_lines
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.cli.daemons import daemon_states
+from boxmaker.cli.daemon_processes import daemon_states
 from boxmaker.cli.terminal import is_interactive
 from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
 from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
 from boxmaker.core.vocabulary import ApprovalOutcome
-from boxmaker.home import ConfigError, Home, HomeError, load_config
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.paths import Home, HomeError
 from boxmaker.printable import printable
 from boxmaker.wire import (
     AdminAnswer,

@@ -26,7 +26,7 @@ from boxmaker.cli.common import Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, until_interrupted
 from boxmaker.clock import utc_now
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.printable import printable
 from boxmaker.wire import (
     MAX_REFUSE_REASON,

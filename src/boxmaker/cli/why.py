@@ -26,7 +26,7 @@ from boxmaker.clock import local_time, parse_utc, utc_now
 from boxmaker.convert import CALL_ID
 from boxmaker.core.grants import GrantSet
 from boxmaker.grants_file import load_grants
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.printable import printable
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from boxmaker.home import Home
+from boxmaker.home.paths import Home
 from boxmaker.regular_file import NotRegularFile, read_regular_file
 
 log = logging.getLogger("boxmaker.loopd")

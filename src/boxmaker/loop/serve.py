@@ -27,7 +27,8 @@ from cyclopts import App, Parameter
 from boxmaker import __version__
 from boxmaker.convert import new_session_id
 from boxmaker.daemon import reread_config, run_daemon, stop_on_signals
-from boxmaker.home import Config, Home, HomeError, load_config, resolve_home
+from boxmaker.home.config import Config, load_config
+from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.loop.conversations import append_history, load_history
 from boxmaker.loop.model_client import ModelClient

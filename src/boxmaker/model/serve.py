@@ -43,7 +43,8 @@ from cyclopts import App, Parameter
 from boxmaker import __version__
 from boxmaker.daemon import run_daemon, stop_on_signals
 from boxmaker.file_ops import write_atomically
-from boxmaker.home import Home, HomeError, load_config, resolve_home
+from boxmaker.home.config import load_config
+from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.unix_sockets import ListenerError, remove_stale_socket
 
 log = logging.getLogger("boxmaker.model")

@@ -1,0 +1,152 @@
+"""What ``bxctl up`` (and ``restart``) checks before it starts anything
+(docs/runbook.md#up): :func:`preflight` finds every problem, not only the first, each
+with its runbook entry; while any is found, nothing starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from typing import Final
+
+import attrs
+import trio
+
+from boxmaker.broker.bwrap_version import bwrap_version_problem
+from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
+from boxmaker.cli.common import Exit
+from boxmaker.cli.daemon_processes import INFERPROXY, MODEL
+from boxmaker.core.grant_parse import GrantsProblem
+from boxmaker.grants_file import read_grants
+from boxmaker.home.config import Config, ConfigError, load_config
+from boxmaker.home.paths import Home
+from boxmaker.model.serve import ModelUnavailable, check_installed
+from boxmaker.wire import StatusAnswer, StatusRequest
+
+BWRAP_CHECK_S: Final = 10.0
+RUNBOOK_UP: Final = "docs/runbook.md#up"
+
+
+@attrs.frozen
+class Problem:
+    text: str
+    anchor: str
+    code: Exit = Exit.USAGE
+
+    def describe(self) -> str:
+        return f"{self.text}; see {self.anchor}"
+
+
+def _initialised(home: Home) -> bool:
+    return home.root.is_dir() and any(
+        os.path.lexists(path) for path in (home.config_toml, home.grants_toml)
+    )
+
+
+def _bwrap_problem() -> Problem | None:
+    """bubblewrap is there, can make its namespaces, and is new enough for the sandbox
+    (docs/runbook.md#sandbox)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return Problem(
+            "bubblewrap (bwrap) is not installed: the shell tool runs only in its sandbox "
+            "(Debian/Ubuntu: sudo apt-get install bubblewrap)",
+            "docs/runbook.md#sandbox",
+            Exit.FAILED,
+        )
+    try:
+        done = subprocess.run(
+            [bwrap, "--unshare-all", "--ro-bind", "/", "/", "true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=BWRAP_CHECK_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        said = str(exc)
+    else:
+        if done.returncode == 0:
+            too_old = bwrap_version_problem(bwrap)
+            if too_old is None:
+                return None
+            return Problem(too_old, "docs/runbook.md#sandbox", Exit.FAILED)
+        said = done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}"
+    return Problem(
+        f"bubblewrap ({bwrap}) cannot create its sandbox here: {said}",
+        "docs/runbook.md#sandbox",
+        Exit.FAILED,
+    )
+
+
+def sandbox_bounds_warning(home: Home) -> str | None:
+    """A warning when brokerd (running) says nothing bounds each shell sandbox as a
+    whole: no cgroup could be had, and only the per-process limits hold
+    (docs/runbook.md#sandbox-limits). Not a problem: the shell still runs."""
+    # up is a plain function, never called on a trio thread (`bxctl demo` runs it in a
+    # worker thread): one trio run of its own for one question.
+    try:
+        answer = trio.run(ask_broker, home, StatusRequest())
+    except DaemonUnreachable:
+        return None
+    if not isinstance(answer, StatusAnswer) or answer.sandbox_bounds.startswith("cgroup"):
+        return None
+    return (
+        "warning: no cgroup bounds the shell sandbox's memory and processes as a whole: "
+        f"{answer.sandbox_bounds}"
+    )
+
+
+def _port_problem(port: int) -> Problem | None:
+    """Can inferproxy listen on 127.0.0.1:``port``, as it binds it?"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return Problem(
+                f"[proxy] tcp_port {port}: 127.0.0.1:{port} cannot be used ({exc.strerror})",
+                RUNBOOK_UP,
+                Exit.FAILED,
+            )
+    return None
+
+
+def preflight(home: Home) -> tuple[Config | None, list[Problem]]:
+    """Everything ``up`` needs, checked before it starts anything: the config (when it
+    is sound) and every problem found, not only the first."""
+    problems: list[Problem] = []
+    bwrap = _bwrap_problem()
+    if bwrap is not None:
+        problems.append(bwrap)
+    if not _initialised(home):
+        problems.append(
+            Problem(
+                f"{home.root}: not a boxmaker home yet; run `bxctl init --home {home.root}`",
+                RUNBOOK_UP,
+            )
+        )
+        return None, problems
+    config: Config | None = None
+    try:
+        config = load_config(home)
+    except ConfigError as exc:
+        problems += [Problem(text, "docs/runbook.md#config") for text in exc.problems]
+    grants = read_grants(home.grants_toml).value
+    if isinstance(grants, GrantsProblem):
+        problems.append(
+            Problem(f"grants.toml is invalid: {grants.describe()}", "docs/runbook.md#grants")
+        )
+    if config is not None:
+        if config.model.url is None and not MODEL.ready(home):
+            try:
+                check_installed()
+            except ModelUnavailable as exc:
+                problems.append(Problem(f"no [model] url in config.toml, and {exc}", RUNBOOK_UP))
+        port = config.proxy.tcp_port
+        if port and not INFERPROXY.ready(home):
+            found = _port_problem(port)
+            if found is not None:
+                problems.append(found)
+    return config, problems
