@@ -29,8 +29,9 @@ from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker import __version__
 from boxmaker.broker import runner
+from boxmaker.broker.grants_watcher import GrantsWatcher
 from boxmaker.broker.serve import app, serve_broker
-from boxmaker.broker.state import Broker, GrantsWatcher
+from boxmaker.broker.state import Broker
 from boxmaker.core.grants import GrantSet, GrantsProblem
 from boxmaker.home import ConfigError, Home
 from boxmaker.ledger.verify import verify_file
