@@ -33,7 +33,7 @@ import trio
 
 from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.runner import RunResult, RunSpec, execute
-from boxmaker.broker.sandbox import SandboxPool
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.core.decide import Run, evaluate
 from boxmaker.core.grants import GrantSet, parse_grants
 from boxmaker.core.labels import FRESH, LabelRules

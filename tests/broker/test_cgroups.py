@@ -50,7 +50,8 @@ from boxmaker.broker.cgroups import (
     remove_leftovers,
 )
 from boxmaker.broker.runner import RunSpec, execute
-from boxmaker.broker.sandbox import Launch, SandboxPool
+from boxmaker.broker.sandbox_plan import Launch
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.core.reasons import Reason
 from boxmaker.home import RunnerConfig
 

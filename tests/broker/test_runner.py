@@ -28,7 +28,7 @@ from tests.harness.runner import (
 )
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace, wait_gone
 
-from boxmaker.broker import runner, sandbox
+from boxmaker.broker import runner, sandbox, sandbox_plan
 from boxmaker.broker.runner import NO_BWRAP_DETAIL, REAL_HOST, Host, RunResult, RunSpec, execute
 from boxmaker.core.catalogue import MAX_BYTES, CheckedArguments, ReadFileArgs
 from boxmaker.core.decide import Run, Verdict
@@ -158,7 +158,7 @@ def untouched(outside: Path) -> bool:
 
 
 def etc_names() -> list[str]:
-    return sorted(Path(path).name for path in sandbox.ETC_FILES if Path(path).exists())
+    return sorted(Path(path).name for path in sandbox_plan.ETC_FILES if Path(path).exists())
 
 
 def test_a_runspec_cannot_be_built_by_hand(ws: Path) -> None:
@@ -182,14 +182,16 @@ def test_runspec_says_what_runs(ws: Path) -> None:
     if shell.argv is not None:
         argv = shell.argv
         # The limits from [runner]: CPU time is shell_timeout rounded up by default.
-        limits = sandbox.SandboxLimits(memory=1 << 30, processes=256, file_size=1 << 30, cpu_time=7)
-        assert argv[-3:] == ("/bin/sh", "-c", limits.ulimit() + sandbox.LAUNCHER)
+        limits = sandbox_plan.SandboxLimits(
+            memory=1 << 30, processes=256, file_size=1 << 30, cpu_time=7
+        )
+        assert argv[-3:] == ("/bin/sh", "-c", limits.ulimit() + sandbox_plan.LAUNCHER)
         assert "ulimit -v 1048576 && ulimit -f 2097152 && ulimit -St 7 && " in argv[-1]
         launch = shell.sandbox
-        assert isinstance(launch, sandbox.Launch)
+        assert isinstance(launch, sandbox_plan.Launch)
         assert launch.limits == limits
         # Never root: as root, the workspace's owner (an ordinary uid); else brokerd's.
-        expected_user = sandbox.SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
+        expected_user = sandbox_plan.SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
         assert launch.user == expected_user
         assert argv[argv.index("--proc") + 1 : argv.index("--dev")] == (
             "/proc",

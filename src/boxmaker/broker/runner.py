@@ -36,9 +36,9 @@ Choices made here (docs/decisions.md, "The runner and the sandbox", repeats them
 - ``shell``: stdout, then stderr after a ``[stderr]`` line when there is any, cut at the
   output cap as a whole. Exit status non-zero is ``tool_error`` with the stderr tail.
   A sandbox that bwrap could not set up (it never reported the command's exit) is
-  ``sandbox_unavailable``, like a missing bwrap. The sandbox (sandbox.py) sees ``/usr``,
+  ``sandbox_unavailable``, like a missing bwrap. The sandbox (sandbox_plan.py) sees ``/usr``,
   the host's ``/bin``, ``/sbin``, ``/lib*`` (as symlinks when the host's are), and
-  :data:`~boxmaker.broker.sandbox.ETC_FILES` — no ``/etc/passwd``: host user names stay
+  :data:`~boxmaker.broker.sandbox_plan.ETC_FILES` — no ``/etc/passwd``: host user names stay
   out, so ``whoami`` fails inside.
   All capabilities are dropped, and the sandbox is never host root: brokerd as root
   starts bwrap as ``[runner] sandbox_uid`` or the workspace's owner, and refuses a
@@ -62,7 +62,7 @@ Choices made here (docs/decisions.md, "The runner and the sandbox", repeats them
   order when one does not connect), with the URL's host in the Host header and as the
   TLS server name: no second lookup, so no DNS rebinding in between.
   A refused address is ``tool_error`` with a detail pointing at the runbook.
-- A shell call may use a sandbox brokerd set up ahead of it (sandbox.py); each sandbox
+- A shell call may use a sandbox brokerd set up ahead of it (sandbox_pool.py); each sandbox
   serves one call and is torn down after it.
 - A RunSpec's private token stops accidental construction, not a determined caller
   (``attrs.evolve`` copies it): Python has no private constructors.
@@ -94,18 +94,18 @@ import trio
 from boxmaker.broker.bwrap_version import bwrap_version_problem
 from boxmaker.broker.cgroups import Usage
 from boxmaker.broker.nowait import CachedFile, fd_real_path, read_cached_beneath
-from boxmaker.broker.sandbox import (
+from boxmaker.broker.sandbox import STDERR_TAIL
+from boxmaker.broker.sandbox_plan import (
     LIMITS_FAILED,
     LIMITS_FAILED_WORDS,
     SANDBOX_ENV,
-    STDERR_TAIL,
     Launch,
     SandboxLimits,
-    SandboxPool,
     SandboxRefused,
     sandbox_argv,
     sandbox_user,
 )
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.workspace_paths import (
     DIR_FLAGS,
     first_missing,
@@ -305,7 +305,7 @@ class RunSpec:
 
     @property
     def sandbox(self) -> Launch | str | None:
-        """shell: how its sandbox starts (:class:`~boxmaker.broker.sandbox.Launch`), or
+        """shell: how its sandbox starts (:class:`~boxmaker.broker.sandbox_plan.Launch`), or
         why it cannot (str). None for the other tools."""
         return self._sandbox
 

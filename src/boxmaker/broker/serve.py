@@ -49,7 +49,7 @@ from boxmaker.broker.connection import handle_broker_connection
 from boxmaker.broker.grants_watcher import GrantsWatcher
 from boxmaker.broker.home_guard import HomeGuard
 from boxmaker.broker.policy_recorder import PolicyRecorder
-from boxmaker.broker.sandbox import SandboxPool
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
 from boxmaker.daemon import reread_config, run_daemon, setup_logging
 from boxmaker.grants_file import GrantsReader, read_grants_bytes

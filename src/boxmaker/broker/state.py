@@ -23,7 +23,7 @@ from boxmaker.broker.home_guard import HomeGuard
 from boxmaker.broker.limits import Capacity
 from boxmaker.broker.notify import Notifier
 from boxmaker.broker.pending import PendingCalls
-from boxmaker.broker.sandbox import SandboxPool
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.session_states import SessionStates
 from boxmaker.core.approvals import ApprovalsTable
 from boxmaker.core.labels import Label
@@ -82,7 +82,7 @@ class Broker:
     """Call ids seen this boot; a reused one is refused (see connection.py)."""
     stopping: bool = False
     sandboxes: SandboxPool = attrs.Factory(SandboxPool)
-    """The shell sandbox kept set up ahead of the next call (sandbox.py)."""
+    """The shell sandbox kept set up ahead of the next call (sandbox_pool.py)."""
     states: SessionStates = attrs.field(init=False)
     """The session states read this boot (:class:`SessionStates`)."""
     capacity: Capacity = attrs.field(init=False)
