@@ -49,7 +49,8 @@ from boxmaker.broker.cgroups import (
     SandboxCgroup,
     remove_leftovers,
 )
-from boxmaker.broker.runner import RunSpec, execute
+from boxmaker.broker.run_spec import RunSpec
+from boxmaker.broker.runner import execute
 from boxmaker.broker.sandbox_plan import Launch
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.core.reasons import Reason

@@ -28,8 +28,11 @@ from tests.harness.runner import (
 )
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace, wait_gone
 
-from boxmaker.broker import runner, sandbox, sandbox_plan
-from boxmaker.broker.runner import NO_BWRAP_DETAIL, REAL_HOST, Host, RunResult, RunSpec, execute
+from boxmaker.broker import sandbox, sandbox_plan
+from boxmaker.broker.run_spec import NO_BWRAP_DETAIL, RunResult, RunSpec, ToolFailed
+from boxmaker.broker.runner import execute
+from boxmaker.broker.tools.file_walk import real_relative_inside, walk_directory
+from boxmaker.broker.tools.host import REAL_HOST, Host, resolve_addresses
 from boxmaker.core.catalogue import MAX_BYTES, CheckedArguments, ReadFileArgs
 from boxmaker.core.decide import Run, Verdict
 from boxmaker.core.grants import GrantSet
@@ -401,7 +404,7 @@ def link_raced_in(final: Path, target: str) -> Host:
     ``final`` is a plain file, and ``final`` is a symlink to ``target`` right after."""
 
     def resolve_then_swap(workspace: Path, path: str) -> tuple[str, str]:
-        resolved = runner._real_relative(workspace, path)
+        resolved = real_relative_inside(workspace, path)
         final.unlink()
         final.symlink_to(target)
         return resolved
@@ -482,8 +485,8 @@ def test_a_symlink_swapped_in_after_the_check_is_not_followed(ws: Path) -> None:
     # put there after realpath looked.
     (ws / "real").mkdir()
     (ws / "link").symlink_to("real")
-    with pytest.raises(runner._Failed) as caught:
-        runner._walk(os.path.realpath(ws), "link", "link")
+    with pytest.raises(ToolFailed) as caught:
+        walk_directory(os.path.realpath(ws), "link", "link")
     assert caught.value.reason is Reason.PATH_ESCAPE
 
 
@@ -1147,9 +1150,9 @@ async def test_https_to_a_name_sends_the_name_as_tls_server_name(
 
 
 async def test_the_real_resolver_returns_an_address_as_itself() -> None:
-    assert await runner.resolve_addresses("127.0.0.1", 80) == ["127.0.0.1"]
-    assert await runner.resolve_addresses("0:0::1", 80) == ["::1"]
-    assert await runner.resolve_addresses("2130706433", 80) == ["127.0.0.1"]
+    assert await resolve_addresses("127.0.0.1", 80) == ["127.0.0.1"]
+    assert await resolve_addresses("0:0::1", 80) == ["::1"]
+    assert await resolve_addresses("2130706433", 80) == ["127.0.0.1"]
 
 
 @pytest.fixture(autouse=True)

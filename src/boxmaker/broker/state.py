@@ -23,6 +23,7 @@ from boxmaker.broker.home_guard import HomeGuard
 from boxmaker.broker.limits import Capacity
 from boxmaker.broker.notify import Notifier
 from boxmaker.broker.pending import PendingCalls
+from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.session_states import SessionStates
 from boxmaker.core.approvals import ApprovalsTable
@@ -39,11 +40,11 @@ class Executor(Protocol):
 
     async def __call__(
         self,
-        spec: runner.RunSpec,
+        spec: RunSpec,
         sandboxes: SandboxPool | None = ...,
         *,
         to_thread: ToThread = ...,
-    ) -> runner.RunResult: ...
+    ) -> RunResult: ...
 
 
 StateRaiser: TypeAlias = Callable[[Path, str, Label], Label | StateUnreadable]
