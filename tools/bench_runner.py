@@ -32,8 +32,9 @@ from typing import Final
 import trio
 
 from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
-from boxmaker.broker.runner import RunResult, RunSpec, execute
-from boxmaker.broker.sandbox import SandboxPool
+from boxmaker.broker.run_spec import RunResult, RunSpec
+from boxmaker.broker.runner import execute
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.core.decide import Run, evaluate
 from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grants import GrantSet

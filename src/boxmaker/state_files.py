@@ -36,7 +36,7 @@ StateKey: TypeAlias = StatKey
 
 def state_key(sessions_dir: Path, session: str) -> StateKey:
     """The state file's stat key: an ``lstat``, metadata only, no data read, so brokerd
-    calls it inline (see :class:`boxmaker.broker.state.SessionStates`)."""
+    calls it inline (see :class:`boxmaker.broker.session_states.SessionStates`)."""
     return stat_key(state_path(sessions_dir, session))
 
 

@@ -14,7 +14,8 @@ from tests.harness.homes import short_home
 from tests.harness.runner import spec_for
 from tests.harness.sandbox import sandbox_workspace
 
-from boxmaker.broker.runner import RunResult, execute
+from boxmaker.broker.run_spec import RunResult
+from boxmaker.broker.runner import execute
 from boxmaker.cli.common import Exit
 from boxmaker.cli.preflight import preflight
 from boxmaker.core.reasons import Reason

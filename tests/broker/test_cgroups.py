@@ -49,8 +49,10 @@ from boxmaker.broker.cgroups import (
     SandboxCgroup,
     remove_leftovers,
 )
-from boxmaker.broker.runner import RunSpec, execute
-from boxmaker.broker.sandbox import Launch, SandboxPool
+from boxmaker.broker.run_spec import RunSpec
+from boxmaker.broker.runner import execute
+from boxmaker.broker.sandbox_plan import Launch
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.core.reasons import Reason
 from boxmaker.home.config import RunnerConfig
 

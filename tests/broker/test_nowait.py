@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 from tests.harness.runner import spec_for
 
-from boxmaker.broker import nowait, runner
-from boxmaker.broker.runner import CACHED_READ_MAX, RunResult, execute
+from boxmaker.broker import nowait
+from boxmaker.broker.run_spec import RunResult, ToolFailed
+from boxmaker.broker.runner import execute
+from boxmaker.broker.tools import files
+from boxmaker.broker.tools.files import CACHED_READ_MAX
+from boxmaker.broker.tools.host import REAL_HOST, Host
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 
@@ -88,8 +92,8 @@ PATHS = [
 def thread_path(spec: Any, path: str) -> RunResult:
     value = spec.arguments.value
     try:
-        return runner._read_file(spec, value, runner.REAL_HOST)
-    except runner._Failed as failed:
+        return files.read_file(spec, value, REAL_HOST)
+    except ToolFailed as failed:
         return RunResult.failure(failed.reason, failed.detail, spec.label)
 
 
@@ -184,7 +188,7 @@ async def test_the_cached_read_gives_what_the_thread_gives(
     kernel that holds everything (its seam, Host.read_cached) answers what it serves
     from the cache, without a thread, and hands everything else to the thread; either
     way the answer is the thread's own read's."""
-    host = runner.Host(read_cached=holding_everything)
+    host = Host(read_cached=holding_everything)
     threads: list[object] = []
 
     async def to_thread(work: Any, *args: Any, **_: Any) -> Any:
@@ -200,7 +204,7 @@ async def test_the_cached_read_gives_what_the_thread_gives(
         threads.clear()
         answer = await execute(spec, host=host, to_thread=to_thread)
         assert answer == thread_path(spec, path), path
-        assert threads in ([], [runner._read_file]), (path, threads)
+        assert threads in ([], [files.read_file]), (path, threads)
         if not threads:
             served.add(path)
     # Everything else went to the thread; a file over max_bytes too (the thread cuts it).
@@ -220,7 +224,7 @@ def test_what_the_real_cache_serves_is_what_the_thread_gives(
         if max_bytes is not None:
             arguments["max_bytes"] = max_bytes
         spec = spec_for("read_file", arguments, tree)
-        cached = runner._read_file_cached(spec, spec.arguments.value)  # type: ignore[arg-type]
+        cached = files.read_file_cached(spec, spec.arguments.value)  # type: ignore[arg-type]
         if cached is not None:
             assert cached == thread_path(spec, path), path
             served.add(path)

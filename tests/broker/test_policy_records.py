@@ -14,7 +14,8 @@ from tests.harness.broker import Brokerd, Client, call, records, tool_request
 from tests.harness.homes import grant, write_grants
 from trio.testing import MockClock
 
-from boxmaker.broker.state import GrantsWatcher, PolicyRecorder
+from boxmaker.broker.grants_watcher import GrantsWatcher
+from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.core.grants import GrantSet
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import kept_path, policies_dir

@@ -17,7 +17,7 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.process import Daemon, connect, read_frame, send, start, wait_for
 from tests.harness.sandbox import sandbox_workspace
 
-from boxmaker.broker.sandbox import LAUNCHER
+from boxmaker.broker.sandbox_plan import LAUNCHER
 from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 

@@ -28,8 +28,11 @@ from tests.harness.runner import (
 )
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace, wait_gone
 
-from boxmaker.broker import runner, sandbox
-from boxmaker.broker.runner import NO_BWRAP_DETAIL, REAL_HOST, Host, RunResult, RunSpec, execute
+from boxmaker.broker import sandbox, sandbox_plan
+from boxmaker.broker.run_spec import NO_BWRAP_DETAIL, RunResult, RunSpec, ToolFailed
+from boxmaker.broker.runner import execute
+from boxmaker.broker.tools.file_walk import real_relative_inside, walk_directory
+from boxmaker.broker.tools.host import REAL_HOST, Host, resolve_addresses
 from boxmaker.core.catalogue import MAX_BYTES, CheckedArguments, ReadFileArgs
 from boxmaker.core.decide import Run, Verdict
 from boxmaker.core.grants import GrantSet
@@ -158,7 +161,7 @@ def untouched(outside: Path) -> bool:
 
 
 def etc_names() -> list[str]:
-    return sorted(Path(path).name for path in sandbox.ETC_FILES if Path(path).exists())
+    return sorted(Path(path).name for path in sandbox_plan.ETC_FILES if Path(path).exists())
 
 
 def test_a_runspec_cannot_be_built_by_hand(ws: Path) -> None:
@@ -182,14 +185,16 @@ def test_runspec_says_what_runs(ws: Path) -> None:
     if shell.argv is not None:
         argv = shell.argv
         # The limits from [runner]: CPU time is shell_timeout rounded up by default.
-        limits = sandbox.SandboxLimits(memory=1 << 30, processes=256, file_size=1 << 30, cpu_time=7)
-        assert argv[-3:] == ("/bin/sh", "-c", limits.ulimit() + sandbox.LAUNCHER)
+        limits = sandbox_plan.SandboxLimits(
+            memory=1 << 30, processes=256, file_size=1 << 30, cpu_time=7
+        )
+        assert argv[-3:] == ("/bin/sh", "-c", limits.ulimit() + sandbox_plan.LAUNCHER)
         assert "ulimit -v 1048576 && ulimit -f 2097152 && ulimit -St 7 && " in argv[-1]
         launch = shell.sandbox
-        assert isinstance(launch, sandbox.Launch)
+        assert isinstance(launch, sandbox_plan.Launch)
         assert launch.limits == limits
         # Never root: as root, the workspace's owner (an ordinary uid); else brokerd's.
-        expected_user = sandbox.SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
+        expected_user = sandbox_plan.SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
         assert launch.user == expected_user
         assert argv[argv.index("--proc") + 1 : argv.index("--dev")] == (
             "/proc",
@@ -399,7 +404,7 @@ def link_raced_in(final: Path, target: str) -> Host:
     ``final`` is a plain file, and ``final`` is a symlink to ``target`` right after."""
 
     def resolve_then_swap(workspace: Path, path: str) -> tuple[str, str]:
-        resolved = runner._real_relative(workspace, path)
+        resolved = real_relative_inside(workspace, path)
         final.unlink()
         final.symlink_to(target)
         return resolved
@@ -480,8 +485,8 @@ def test_a_symlink_swapped_in_after_the_check_is_not_followed(ws: Path) -> None:
     # put there after realpath looked.
     (ws / "real").mkdir()
     (ws / "link").symlink_to("real")
-    with pytest.raises(runner._Failed) as caught:
-        runner._walk(os.path.realpath(ws), "link", "link")
+    with pytest.raises(ToolFailed) as caught:
+        walk_directory(os.path.realpath(ws), "link", "link")
     assert caught.value.reason is Reason.PATH_ESCAPE
 
 
@@ -1145,9 +1150,9 @@ async def test_https_to_a_name_sends_the_name_as_tls_server_name(
 
 
 async def test_the_real_resolver_returns_an_address_as_itself() -> None:
-    assert await runner.resolve_addresses("127.0.0.1", 80) == ["127.0.0.1"]
-    assert await runner.resolve_addresses("0:0::1", 80) == ["::1"]
-    assert await runner.resolve_addresses("2130706433", 80) == ["127.0.0.1"]
+    assert await resolve_addresses("127.0.0.1", 80) == ["127.0.0.1"]
+    assert await resolve_addresses("0:0::1", 80) == ["::1"]
+    assert await resolve_addresses("2130706433", 80) == ["127.0.0.1"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
-"""The shell sandbox set up ahead of its call (broker/sandbox.py, docs/decisions.md,
-"The runner and the sandbox").
+"""The shell sandbox set up ahead of its call (broker/sandbox.py, broker/sandbox_pool.py,
+docs/decisions.md, "The runner and the sandbox").
 
 The runner's tests (test_runner.py) check what a sandbox lets a command do; these check
 that a sandbox set up ahead changes nothing of that: the command arrives exactly, each
@@ -23,16 +23,9 @@ from hypothesis import strategies as st
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from boxmaker.broker.sandbox import (
-    WARM_MAX_AGE,
-    Launch,
-    Sandbox,
-    SandboxLimits,
-    SandboxPool,
-    SandboxUser,
-    ShellRun,
-    sandbox_argv,
-)
+from boxmaker.broker.sandbox import WARM_MAX_AGE, Sandbox, ShellRun
+from boxmaker.broker.sandbox_plan import Launch, SandboxLimits, SandboxUser, sandbox_argv
+from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.seccomp import filter_program
 
 BWRAP = shutil.which("bwrap")

@@ -29,8 +29,10 @@ from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker import __version__
 from boxmaker.broker import runner
+from boxmaker.broker.grants_watcher import GrantsWatcher
+from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.serve import app, serve_broker
-from boxmaker.broker.state import Broker, GrantsWatcher
+from boxmaker.broker.state import Broker
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
 from boxmaker.home.config import ConfigError
@@ -183,8 +185,8 @@ async def test_stop_gives_a_running_call_5_s_then_cancels_it(
     delay = {"s": 3.0}
 
     async def slow_execute(
-        spec: runner.RunSpec, sandboxes: object = None, *, to_thread: ToThread = inline
-    ) -> runner.RunResult:
+        spec: RunSpec, sandboxes: object = None, *, to_thread: ToThread = inline
+    ) -> RunResult:
         await trio.sleep(delay["s"])
         return await runner.execute(spec, to_thread=to_thread)
 

@@ -16,7 +16,7 @@ import trio.lowlevel
 from tests.harness.broker import running
 
 from boxmaker.broker.connection import Requester
-from boxmaker.broker.state import SessionStates
+from boxmaker.broker.session_states import SessionStates
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
 from boxmaker.home.paths import Home

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from tests.harness.broker import PENDING_TIMEOUT, call, inline, records, running, tool_request
 from tests.harness.homes import grant, short_home, write_config, write_grants, write_state
 
-from boxmaker.broker import runner
+from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.cli.common import Common
 from boxmaker.cli.what_if import what_if
 from boxmaker.home.paths import Home
@@ -70,10 +70,10 @@ NEVER: Final = grant("never", "read_file", "auto", paths=["never/**"])
 
 
 async def stand_in_execute(
-    spec: runner.RunSpec, sandboxes: object = None, *, to_thread: ToThread = inline
-) -> runner.RunResult:
+    spec: RunSpec, sandboxes: object = None, *, to_thread: ToThread = inline
+) -> RunResult:
     """Ran, ok, with the label the real run gives (the session's state rises by it)."""
-    return runner.RunResult(ok=True, reason=None, detail=None, content="ok", label=spec.label)
+    return RunResult(ok=True, reason=None, detail=None, content="ok", label=spec.label)
 
 
 @contextlib.contextmanager

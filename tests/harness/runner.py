@@ -1,6 +1,6 @@
 """RunSpecs for the runner's tests, made as brokerd makes them: a real verdict
 (:func:`boxmaker.core.decide.evaluate` on parsed grants) and
-:meth:`~boxmaker.broker.runner.RunSpec.for_verdict`."""
+:meth:`~boxmaker.broker.run_spec.RunSpec.for_verdict`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any, Final
 
-from boxmaker.broker.runner import RunSpec
+from boxmaker.broker.run_spec import RunSpec
 from boxmaker.core.decide import Ask, Run, Verdict, evaluate
 from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grants import GrantSet

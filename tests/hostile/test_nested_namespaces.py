@@ -33,7 +33,8 @@ from tests.harness.broker import call, records_of, running, tool_request
 from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 
-from boxmaker.broker.sandbox import Launch, Sandbox, SandboxUser, sandbox_argv
+from boxmaker.broker.sandbox import Sandbox
+from boxmaker.broker.sandbox_plan import Launch, SandboxUser, sandbox_argv
 from boxmaker.home.paths import Home
 
 BWRAP = shutil.which("bwrap")

@@ -8,7 +8,7 @@ a bare string prefix, and the file tools read, list or overwrite the sibling; so
 name moved to the sibling between the walk and the check on the open descriptor, and
 an absolute path argument. Every place containment is decided is replayed here against
 the real brokerd (serve_broker on its real sockets, in process): the file tools' real
-path check and their check of the opened descriptor (broker/runner.py), the cached
+path check and their check of the opened descriptor (broker/tools/files.py), the cached
 read's (broker/nowait.py), the write preview's reading (broker/preview.py), the absolute
 path argument (core/paths.py); and the home's own check (home/config.py), which must neither
 refuse a sibling of the home nor take one for the home.
@@ -30,7 +30,7 @@ from tests.harness.cli import bxctl_in_process as bxctl
 from tests.harness.homes import grant, write_config, write_grants
 
 from boxmaker.broker import nowait, runner
-from boxmaker.broker.runner import Host
+from boxmaker.broker.tools.host import Host
 from boxmaker.home.config import workspace_problem
 from boxmaker.home.paths import Home
 

@@ -1,6 +1,6 @@
 """Which bubblewrap the shell sandbox runs with (docs/runbook.md#sandbox).
 
-The sandbox's argv (:func:`boxmaker.broker.sandbox.sandbox_argv`) uses
+The sandbox's argv (:func:`boxmaker.broker.sandbox_plan.sandbox_argv`) uses
 ``--disable-userns``, which bubblewrap has from 0.8.0 on: an older bwrap, or one whose
 version cannot be read, is refused before anything starts (the shell tool answers
 ``sandbox_unavailable``; ``bxctl up`` reports it), with a detail that names the version

@@ -41,7 +41,8 @@ import trio
 
 from boxmaker.broker.decide_now import BrokerSources, decide_now
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand, report
-from boxmaker.broker.runner import STOPPABLE_TOOLS, RunResult, RunSpec
+from boxmaker.broker.run_spec import RunResult, RunSpec
+from boxmaker.broker.runner import STOPPABLE_TOOLS
 from boxmaker.broker.state import Broker
 from boxmaker.clock import utc_now
 from boxmaker.convert import converter

@@ -43,7 +43,7 @@ import attrs
 import orjson
 import trio
 
-from boxmaker.broker.sandbox import SandboxRefused, sandbox_user
+from boxmaker.broker.sandbox_plan import SandboxRefused, sandbox_user
 from boxmaker.home.config import NotifyConfig
 
 log = logging.getLogger("boxmaker.brokerd.notify")
@@ -72,7 +72,7 @@ class RunAs:
 
 def run_as(home: Path, workspace: Path) -> RunAs | None:
     """brokerd not root: itself, in the home. brokerd root: the workspace's owner, in
-    ``/`` (the home is root's 0700), as :func:`~boxmaker.broker.sandbox.sandbox_user`
+    ``/`` (the home is root's 0700), as :func:`~boxmaker.broker.sandbox_plan.sandbox_user`
     picks it without ``sandbox_uid``; None (not run) when the workspace is root's."""
     try:
         user = sandbox_user(workspace, None)

@@ -3,7 +3,7 @@ r"""What a pending write_file would change, for the owner deciding on it (docs/p
 
 brokerd reads the file as it is when the approvals list is asked for (the owner decides
 on the file as it is, not as it was when the model asked), in a worker thread, reached
-the way the write would reach it (:func:`boxmaker.broker.runner.look_before_write`: no
+the way the write would reach it (:func:`boxmaker.broker.tools.write_target.look_before_write`: no
 symlink followed out, no FIFO opened for reading, only a regular file with one name, at
 most :data:`MAX_READ` bytes). What it cannot read safely is described ("cannot show:
 …"), never followed.
@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from boxmaker.broker.runner import look_before_write
+from boxmaker.broker.tools.write_target import look_before_write
 from boxmaker.core.labels import LabelRules, Taint
 from boxmaker.wire import ChangePreview
 

@@ -10,7 +10,7 @@ with such a mode keeps it).
 
 A user namespace of its own would give the command every capability over a network
 namespace and mounts of its own: the way in to most recent local privilege escalations
-(nf_tables, fs_context). bwrap's ``--disable-userns`` stops that (sandbox.py); this filter
+(nf_tables, fs_context). bwrap's ``--disable-userns`` stops that (sandbox_plan.py); this filter
 is the second wall, with Flatpak's list (``setup_seccomp`` in flatpak-run.c): unshare,
 setns, mount, umount2, pivot_root, chroot and a clone whose flags have CLONE_NEWUSER fail
 with EPERM; so do the keyring (add_key, keyctl, request_key), bpf, perf_event_open and

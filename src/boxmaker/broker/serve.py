@@ -46,15 +46,11 @@ from boxmaker.broker.admin import handle_admin_connection
 from boxmaker.broker.cgroup_plan import NoCgroups
 from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.connection import handle_broker_connection
-from boxmaker.broker.sandbox import SandboxPool
-from boxmaker.broker.state import (
-    Broker,
-    Executor,
-    GrantsWatcher,
-    HomeGuard,
-    PolicyRecorder,
-    StateRaiser,
-)
+from boxmaker.broker.grants_watcher import GrantsWatcher
+from boxmaker.broker.home_guard import HomeGuard
+from boxmaker.broker.policy_recorder import PolicyRecorder
+from boxmaker.broker.sandbox_pool import SandboxPool
+from boxmaker.broker.state import Broker, Executor, StateRaiser
 from boxmaker.daemon import reread_config, run_daemon, setup_logging
 from boxmaker.grants_file import GrantsReader, read_grants_bytes
 from boxmaker.home.config import Config, ConfigError, load_config

@@ -1,7 +1,7 @@
 """Where a workspace path leads on disk: the file tools' resolution, and the look before
 an ask (blocking; a worker thread in brokerd).
 
-The file tools (:mod:`boxmaker.broker.runner`) reach a path from the workspace's real
+The file tools (:mod:`boxmaker.broker.tools.files`) reach a path from the workspace's real
 path, the path's real path relative to it, then each segment opened without following a
 link; :func:`missing_directory` reaches a write's directory the same way, to tell
 whether it exists before the owner is asked (the rule is

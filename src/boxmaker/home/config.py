@@ -178,7 +178,7 @@ def workspace_problem(home: Home, workspace: Path) -> str | None:
     calls. Checked on the names as written, then on the real paths: a symlink on either
     path (the home, the workspace, a directory above either) can make two names that
     look apart one directory. Every program runs this through :func:`parse_config`, and
-    brokerd again while it runs (see boxmaker.broker.state.HomeGuard). Bind mounts are
+    brokerd again while it runs (see boxmaker.broker.home_guard.HomeGuard). Bind mounts are
     not seen: realpath does not cross them.
     """
     root = Path(os.path.normpath(home.root))

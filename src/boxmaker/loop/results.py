@@ -20,7 +20,8 @@ SHELL: Final = "shell"
 STDERR_MARK: Final = "\n[stderr]\n"
 """How the runner puts a command's stderr after its stdout (broker/sandbox.py)."""
 EXIT_STATUS: Final = re.compile(r"\bexit status (-?\d+)")
-"""How brokerd's ``tool_error`` detail of a command names its exit status (broker/runner.py)."""
+"""How brokerd's ``tool_error`` detail of a command names its exit status
+(broker/tools/shell.py)."""
 CUT: Final = "…"
 
 

@@ -1,0 +1,223 @@
+"""What a shell sandbox is started with (docs/decisions.md, "The runner and the sandbox";
+docs/runbook.md#sandbox-as-root, #sandbox-limits): bwrap's command line, the host user it
+runs as, and the resource limits its launcher sets before the command.
+
+The command is not on bwrap's command line: the sandbox starts with a short launcher
+(:data:`LAUNCHER`) that reads the command from its stdin, so the same argv serves every
+call in one workspace and a sandbox can be set up before its call arrives
+(:mod:`boxmaker.broker.sandbox`, :mod:`boxmaker.broker.sandbox_pool`). The sandbox sees
+``/usr``, the host's ``/bin``, ``/sbin``, ``/lib*`` (as symlinks when the host's are) and
+:data:`ETC_FILES`; /proc/sys and the other host knobs under /proc read-only; the
+workspace at :data:`WORKSPACE`; never host root (:func:`sandbox_user`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+SANDBOX_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+SANDBOX_ENV: Final[Mapping[str, str]] = {
+    "PATH": SANDBOX_PATH,
+    "HOME": "/workspace",
+    "LANG": "C.UTF-8",
+}
+SYSTEM_DIRS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+"""Top-level host dirs shown read-only (or as the same symlink) when the host has them."""
+ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+"""The only /etc entries the sandbox sees: the loader's cache, Debian's alternatives
+(``/usr/bin/awk`` links through it) and the time zone."""
+PROC_COVERED: Final = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+"""The host's knobs under /proc, shown read-only over the sandbox's fresh /proc."""
+WORKSPACE: Final = "/workspace"
+
+LAUNCHER: Final = (
+    # Builtins only, so nothing is forked before the command: `read` takes the command
+    # line by line, exactly (IFS= keeps blanks, -r keeps backslashes); the runner ends
+    # it with one newline, which ${c%?} takes off again.
+    'c=; while IFS= read -r line; do c="$c$line\n"; done; exec </dev/null; exec /bin/sh -c "${c%?}"'
+)
+"""What a sandbox starts with: it waits for its command on stdin, then becomes
+``/bin/sh -c COMMAND`` with stdin on /dev/null."""
+NOT_ROOT_DETAIL: Final = "the sandbox never runs as host root (uid 0)"
+
+
+@attrs.frozen
+class SandboxUser:
+    """The host uid and gid bwrap runs as when brokerd is root (no supplementary
+    groups): the sandbox is then a user namespace of an ordinary uid."""
+
+    uid: int
+    gid: int
+
+
+LIMITS_FAILED: Final = 125
+"""The launcher's exit status when it could not set the limits."""
+LIMITS_FAILED_WORDS: Final = "boxmaker: the sandbox limits could not be set"
+"""...and the last line of its stderr then."""
+
+
+@attrs.frozen
+class SandboxLimits:
+    """Resource limits of every process of a command ([runner] in config.toml), set by
+    the launcher's ``ulimit`` before it execs the command: soft and hard both, so the
+    command cannot raise them, and nothing has run in the sandbox yet."""
+
+    memory: int
+    """Bytes of address space (RLIMIT_AS; ``ulimit -v``, KiB)."""
+    processes: int
+    """Processes of the sandbox's uid in its user namespace (RLIMIT_NPROC), and, with a
+    cgroup, the tasks of the whole sandbox, bwrap's two included (``pids.max``)."""
+    file_size: int
+    """Bytes of the largest file a command may write (RLIMIT_FSIZE; ``ulimit -f``, in
+    POSIX's 512-byte blocks: /bin/sh is always started as ``sh``, so bash is in POSIX
+    mode too)."""
+    cpu_time: int
+    """Seconds of CPU time per process (RLIMIT_CPU)."""
+
+    def ulimit(self) -> str:
+        """The shell line that sets them, or exits with :data:`LIMITS_FAILED` (the
+        command never runs without them). RLIMIT_NPROC is ``-u`` in bash and busybox,
+        ``-p`` in dash. CPU time: the hard limit a second above the soft one, so a
+        command over it gets SIGXCPU (which names the limit), and SIGKILL only if it
+        ignores that."""
+        processes = self.processes
+        return (
+            f"{{ ulimit -v {self.memory // 1024} && ulimit -f {self.file_size // 512} && "
+            f"ulimit -St {self.cpu_time} && ulimit -Ht {self.cpu_time + 1} && "
+            f"{{ ulimit -u {processes} 2>/dev/null || ulimit -p {processes}; }}; }} || "
+            f"{{ echo '{LIMITS_FAILED_WORDS}' >&2; exit {LIMITS_FAILED}; }}; "
+        )
+
+
+DEFAULT_LIMITS: Final = SandboxLimits(memory=1 << 30, processes=256, file_size=1 << 30, cpu_time=30)
+
+
+@attrs.frozen
+class Launch:
+    """Everything a sandbox is started with. A sandbox set up ahead serves a call only
+    when its Launch equals the call's: the argv as :func:`sandbox_argv` made it (not
+    as bwrap reads it through ``--args``), and the host user."""
+
+    argv: tuple[str, ...]
+    """From :func:`sandbox_argv`: bwrap, its options, then ``/bin/sh -c LAUNCHER``."""
+    user: SandboxUser | None
+    """Whom bwrap runs as; None: brokerd's own uid (never root, see :meth:`Sandbox.start`)."""
+    limits: SandboxLimits = DEFAULT_LIMITS
+    """The limits the argv's launcher sets (for the details that name them)."""
+
+
+class SandboxRefused(Exception):
+    """The sandbox cannot run safely as things are; the message says why and what to do."""
+
+
+def sandbox_user(workspace: Path, configured_uid: int | None) -> SandboxUser | None:
+    """Whom bwrap runs as (docs/runbook.md#sandbox-as-root). brokerd not root: None, its
+    own uid (``[runner] sandbox_uid`` cannot change it). brokerd root: ``sandbox_uid``
+    (gid the same number) when set, else the workspace's owner and group (its owner's
+    number when the group is root's); a workspace owned by root then raises
+    :class:`SandboxRefused` — uid 0 and gid 0 are never used."""
+    if os.geteuid() != 0:
+        return None
+    if configured_uid is not None:
+        return SandboxUser(configured_uid, configured_uid)
+    try:
+        info = workspace.stat()
+    except OSError as exc:
+        raise SandboxRefused(
+            f"cannot inspect the workspace {workspace} ({exc.strerror}); "
+            "see docs/runbook.md#sandbox-as-root"
+        ) from exc
+    if info.st_uid == 0:
+        raise SandboxRefused(
+            f"brokerd runs as root and the workspace {workspace} belongs to root; "
+            f"{NOT_ROOT_DETAIL}: set [runner] sandbox_uid to an ordinary uid that owns "
+            "the workspace (or run brokerd as an ordinary user); "
+            "see docs/runbook.md#sandbox-as-root"
+        )
+    return SandboxUser(info.st_uid, info.st_gid or info.st_uid)
+
+
+@functools.cache
+def _system_mounts() -> tuple[str, ...]:
+    # The host's layout does not change while brokerd runs: computed once.
+    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+    for name in SYSTEM_DIRS:
+        host = Path("/", name)
+        if host.is_symlink():
+            args += ["--symlink", str(host.readlink()), str(host)]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), str(host)]
+    for etc in ETC_FILES:
+        if Path(etc).exists():
+            args += ["--ro-bind", etc, etc]
+    return tuple(args)
+
+
+def _proc_covers() -> tuple[str, ...]:
+    args: list[str] = []
+    for path in PROC_COVERED:
+        args += ["--ro-bind-try", path, path]
+    return tuple(args)
+
+
+def sandbox_argv(
+    bwrap: str, workspace: Path, limits: SandboxLimits = DEFAULT_LIMITS
+) -> tuple[str, ...]:
+    """The bwrap command line of a shell sandbox on ``workspace``. The same for
+    every call in one workspace: the command reaches :data:`LAUNCHER` on stdin, after
+    ``limits`` are set. :meth:`Sandbox.start` passes all but the last three arguments
+    (``/bin/sh -c`` and the launcher) through ``--args``."""
+    env: list[str] = []
+    for key, value in SANDBOX_ENV.items():
+        env += ["--setenv", key, value]
+    return (
+        bwrap,
+        "--unshare-all",
+        # A user namespace of its own, in which the command cannot make another: one
+        # would hold every capability over its own network namespace and mounts.
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+        *env,
+        *_system_mounts(),
+        "--proc",
+        "/proc",
+        # bwrap covers these itself only where it finds them writable at set-up; here
+        # they are read-only whoever runs it.
+        *_proc_covers(),
+        "--dev",
+        "/dev",
+        # The in-memory file systems a command can write are no bigger than its memory
+        # limit: /dev/shm and /tmp sized, /dev itself (a tmpfs too) read-only.
+        "--size",
+        str(limits.memory),
+        "--tmpfs",
+        "/dev/shm",  # noqa: S108  (the sandbox's own, sized tmpfs)
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(limits.memory),
+        "--tmpfs",
+        "/tmp",  # noqa: S108  (a fresh tmpfs inside the sandbox, not the host's /tmp)
+        "--bind",
+        str(workspace),
+        WORKSPACE,
+        # Last, so the mounts above exist: the sandbox's root (and /etc in it) read-only.
+        "--remount-ro",
+        "/",
+        "--chdir",
+        WORKSPACE,
+        "/bin/sh",
+        "-c",
+        limits.ulimit() + LAUNCHER,
+    )
