@@ -447,7 +447,7 @@ class CallMachine(RuleBasedStateMachine):
                 [reply] = model.replies
                 assert isinstance(reply, ev.ApprovedReply)
                 assert reply.ran is not None
-                assert (reply.ran.ok, reply.ran.reason) == (False, Reason.REQUESTER_GONE)
+                assert (reply.ran.outcome, reply.ran.reason) == ("failed", Reason.REQUESTER_GONE)
 
     @invariant()
     def no_entry_outlives_its_deadline(self) -> None:
