@@ -25,38 +25,17 @@ from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.clock import local_time, parse_utc, utc_now
 from boxmaker.convert import CALL_ID
 from boxmaker.core.grants import GrantSet
+from boxmaker.core.reasons import reason_words
 from boxmaker.grants_file import load_grants
 from boxmaker.home import Home
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.printable import printable
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
-REASON_WORDS: Final = {
-    "no_grant": "no grant allows it",
-    "denied_by_grant": "a deny grant matches it",
-    "taint_exceeded": "the session's taint was above the grant's max_taint",
-    "untrusted": "the session was untrusted and the grant says if_untrusted = deny",
-    "unknown_tool": "the model asked for a tool that does not exist",
-    "bad_arguments": "its arguments did not fit the tool",
-    "grants_invalid": "grants.toml was invalid",
-    "state_unreadable": "the session's state could not be read",
-    "too_many_pending": "too many calls already waited for the owner",
-    "audit_unavailable": "the ledger could not be written",
-    "not_found": "the file or directory does not exist",
-    "path_escape": "the path leads outside the workspace or the grant",
-    "too_large": "it was over the size limit",
-    "timeout": "it ran past its time limit",
-    "tool_error": "the tool failed",
-    "sandbox_unavailable": "the sandbox could not be set up",
-    "requester_gone": "the requester left (its chat or turn ended)",
-    "broker_stopping": "brokerd was stopping",
-    "result_unrecorded": "its result could not be recorded",
-}
-
 
 def _because(reason: object) -> str:
     code = str(reason)
-    words = REASON_WORDS.get(code)
+    words = reason_words(code)
     return f"{code} ({words})" if words else code
 
 
