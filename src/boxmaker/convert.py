@@ -33,7 +33,7 @@ from cattrs.preconf.orjson import make_converter
 from boxmaker.clock import format_utc, parse_utc
 
 converter = make_converter(forbid_extra_keys=True)
-"""The one converter (STYLE: cattrs' orjson preconf, extra keys are errors)."""
+"""The one converter (cattrs' orjson preconf; extra keys are errors)."""
 
 CALL_ID = re.compile(r"c-[0-9a-f]{16}")
 SESSION_ID = re.compile(r"s-[0-9a-f]{12}")

@@ -32,7 +32,7 @@ import tomlkit.exceptions
 from tomlkit.items import AoT, Comment, Table, Whitespace
 
 from boxmaker.core.grants import Grant, GrantSet, GrantsProblem
-from boxmaker.file_ops import OsFileOps, stat_key, write_atomically
+from boxmaker.file_ops import OS_FILES, FileOps, stat_key, write_atomically
 from boxmaker.grants_file import read_grants
 from boxmaker.regular_file import NotRegularFile, open_regular_file, read_regular_file
 
@@ -86,12 +86,28 @@ def locked(grants_toml: Path, *, wait: float | None = None) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-class _ReplaceIfUnchanged(OsFileOps):
-    """The real calls, but the rename happens only while grants.toml's stat is still
+class _ReplaceIfUnchanged:
+    """``files``' calls, but the rename happens only while grants.toml's stat is still
     ``key`` (what it was read under)."""
 
-    def __init__(self, key: object) -> None:
+    def __init__(self, key: object, files: FileOps) -> None:
         self._key = key
+        self._files = files
+
+    def open(self, path: Path, flags: int, mode: int = 0o777) -> int:
+        return self._files.open(path, flags, mode)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return self._files.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self._files.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        self._files.close(fd)
+
+    def unlink(self, path: Path) -> None:
+        self._files.unlink(path)
 
     def replace(self, source: Path, target: Path) -> None:
         if stat_key(target) != self._key:
@@ -99,7 +115,7 @@ class _ReplaceIfUnchanged(OsFileOps):
                 f"{target} changed while it was being rewritten (an editor saved it?); "
                 "nothing changed, try again"
             )
-        super().replace(source, target)
+        self._files.replace(source, target)
 
 
 def _read(path: Path) -> tuple[object, bytes, GrantSet]:
@@ -132,9 +148,13 @@ def _checked(path: Path, text: str, expected: tuple[Grant, ...]) -> bytes:
 
 
 def _change(
-    path: Path, edit: Callable[[tomlkit.TOMLDocument, GrantSet], tuple[Grant, ...]]
+    path: Path,
+    edit: Callable[[tomlkit.TOMLDocument, GrantSet], tuple[Grant, ...]],
+    *,
+    wait: float | None,
+    files: FileOps,
 ) -> None:
-    with locked(path):
+    with locked(path, wait=wait):
         key, data, grants = _read(path)
         try:
             document = tomlkit.parse(data.decode("utf-8"))
@@ -142,7 +162,7 @@ def _change(
             raise GrantsEditError(f"grants.toml: {exc}") from None
         expected = edit(document, grants)
         new = _checked(path, tomlkit.dumps(document), expected)
-        write_atomically(path, new, mode=FILE_MODE, files=_ReplaceIfUnchanged(key))
+        write_atomically(path, new, mode=FILE_MODE, files=_ReplaceIfUnchanged(key, files))
 
 
 def _grant_tables(document: tomlkit.TOMLDocument) -> AoT | None:
@@ -186,9 +206,18 @@ def grant_text(fields: dict[str, Any]) -> str:
     return tomlkit.dumps(document)
 
 
-def add_grant(path: Path, fields: dict[str, Any], new: Grant) -> None:
+def add_grant(
+    path: Path,
+    fields: dict[str, Any],
+    new: Grant,
+    *,
+    wait: float | None = None,
+    files: FileOps = OS_FILES,
+) -> None:
     """Append one ``[[grant]]`` table (``fields``, in their order) at the end of the
-    grants; ``new`` is the grant they make. Raises :class:`GrantsEditError`."""
+    grants; ``new`` is the grant they make. Raises :class:`GrantsEditError`. ``wait``:
+    for the lock (:func:`locked`); ``files``: the file layer the new file is written
+    through (a test's stands in for the disk)."""
 
     def edit(document: tomlkit.TOMLDocument, grants: GrantSet) -> tuple[Grant, ...]:
         if any(grant.id == new.id for grant in grants.grants):
@@ -204,7 +233,7 @@ def add_grant(path: Path, fields: dict[str, Any], new: Grant) -> None:
             tables.append(table)
         return (*grants.grants, new)
 
-    _change(path, edit)
+    _change(path, edit, wait=wait, files=files)
 
 
 def _end_with_blank_line(table: Table | None) -> None:
@@ -216,7 +245,9 @@ def _end_with_blank_line(table: Table | None) -> None:
         table.add(tomlkit.nl())
 
 
-def remove_grant(path: Path, grant_id: str) -> Grant:
+def remove_grant(
+    path: Path, grant_id: str, *, wait: float | None = None, files: FileOps = OS_FILES
+) -> Grant:
     """Remove the ``[[grant]]`` table whose id is ``grant_id``; the grant removed.
 
     The table goes with its keys and the comments among them; comments after its last
@@ -248,7 +279,7 @@ def remove_grant(path: Path, grant_id: str) -> Grant:
             _keep_before(document, trailing)
         return tuple(grant for grant in grants.grants if grant.id != grant_id)
 
-    _change(path, edit)
+    _change(path, edit, wait=wait, files=files)
     return removed[0]
 
 

@@ -5,18 +5,28 @@ approval record names it; revoke takes it away as promptly."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import pytest
 import trio
 import trio.testing
-from tests.harness.broker import Brokerd, Client, admin, body, call, records_of, tool_request
+from tests.harness.broker import (
+    Brokerd,
+    Client,
+    admin,
+    body,
+    call,
+    inline,
+    records_of,
+    tool_request,
+)
 from tests.harness.cli import bxctl_in_process as bxctl
 from tests.harness.homes import grant, write_grants
 
-from boxmaker.broker import admin as admin_module
 from boxmaker.core import call_events as ev
+from boxmaker.grants_edit import add_grant
 from boxmaker.grants_file import load_grants
 from boxmaker.home import Home
 
@@ -207,22 +217,27 @@ async def test_a_grant_written_for_an_entry_that_ended_meanwhile_is_removed_agai
     asking_home: Home,
     brokerd: Brokerd,
     autojump_clock: Clock,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     home = asking_home
-    broker = await brokerd.start()
+    ends_meanwhile: list[str] = []
+
+    async def to_thread(
+        sync_fn: Callable[..., Any], *args: Any, abandon_on_cancel: bool = False
+    ) -> Any:
+        # brokerd's worker thread (its to_thread seam): once the grant is written, the
+        # entry it was written for reaches its deadline.
+        done = await inline(sync_fn, *args)
+        if sync_fn is add_grant and ends_meanwhile:
+            broker.pending.end(ends_meanwhile.pop(), ev.Expired())
+        return done
+
+    broker = await brokerd.start(to_thread=to_thread)
     client, frame = await pending(home, "notes/a.txt")
     approval = frame["approval"]
-    real_add = admin_module.add_grant
-
-    def add_then_the_entry_expires(*args: Any) -> None:
-        real_add(*args)
-        # While the grant was being written, the entry reached its deadline.
-        broker.pending.end(approval, ev.Expired())
-
-    monkeypatch.setattr(admin_module, "add_grant", add_then_the_entry_expires)
+    ends_meanwhile.append(approval)
     assert await bxctl(home, "approve", approval, "--always") == 1
+    assert ends_meanwhile == []
     assert capsys.readouterr().err.strip() == f"bxctl: expired: approval {approval} expired"
     assert home.grants_toml.read_text(encoding="utf-8") == OWNERS_GRANTS
     assert (await client.final())["reason"] == "expired"

@@ -25,10 +25,10 @@ from tests.harness.cli import bxctl_in_process as bxctl
 from tests.harness.grants import checked, exact_always, grant_set
 from tests.harness.homes import grant, write_grants
 
-from boxmaker import grants_edit
 from boxmaker.core.catalogue import CheckedArguments, HttpGetArgs, check_arguments
 from boxmaker.core.grant_scope import ScopeProblem, grant_of
 from boxmaker.core.grants import Grant, GrantSet, Mode
+from boxmaker.file_ops import OsFileOps
 from boxmaker.grants_edit import GrantsEditError, add_grant, lock_path, locked
 from boxmaker.grants_file import load_grants
 from boxmaker.home import Home
@@ -150,38 +150,37 @@ def test_a_fifo_at_grants_toml_is_refused_without_blocking(tmp_path: Path) -> No
     assert time.monotonic() - began < 2
 
 
-def test_an_editor_saving_meanwhile_is_not_clobbered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class _EditorSavesMeanwhile(OsFileOps):
+    """The disk, where an editor saves grants.toml while the new file is written."""
+
+    def __init__(self, path: Path, saved: str) -> None:
+        self.path, self.saved = path, saved
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        # The editor writes without the lock, as editors do: a new file renamed over.
+        temp = self.path.with_name("editor.tmp")
+        temp.write_text(self.saved)
+        temp.replace(self.path)
+        return super().write(fd, data)
+
+
+def test_an_editor_saving_meanwhile_is_not_clobbered(tmp_path: Path) -> None:
     path = tmp_path / "grants.toml"
     path.write_text(NOW_TEXT)
     saved = NOW_TEXT + grant("mine", "read_file", "ask")
-    real_dumps = grants_edit.tomlkit.dumps
-
-    def dumps_while_an_editor_saves(document: object) -> str:
-        # The editor writes without the lock, as editors do: a new file renamed over.
-        temp = tmp_path / "editor.tmp"
-        temp.write_text(saved)
-        temp.replace(path)
-        return real_dumps(document)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(grants_edit.tomlkit, "dumps", dumps_while_an_editor_saves)
     fields, new, _ = _fields("shell", {"command": "ls"})
     with pytest.raises(GrantsEditError, match="changed while it was being rewritten"):
-        add_grant(path, fields, new)
+        add_grant(path, fields, new, files=_EditorSavesMeanwhile(path, saved))
     assert path.read_text() == saved
     assert not list(tmp_path.glob(".grants.toml.*.tmp"))
 
 
 async def test_a_held_lock_cannot_hang_brokerd(
-    home: Home,
-    brokerd: Brokerd,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    home: Home, brokerd: Brokerd, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Real threads and real time: the lock is waited for in a worker thread, brokerd
-    answers everything else meanwhile, and the approve fails cleanly; the call waits."""
-    monkeypatch.setattr(grants_edit, "LOCK_WAIT_S", 1.0)
+    """Real threads and real time: the lock is waited for in a worker thread (its 5 s),
+    brokerd answers everything else meanwhile, and the approve fails cleanly; the call
+    waits."""
     (home.default_workspace / "n.txt").write_text("n\n")
     write_grants(home, grant("asks", "read_file", "ask"))
     broker = await brokerd.start()

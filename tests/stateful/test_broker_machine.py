@@ -54,7 +54,7 @@ from hypothesis.stateful import (
 from tests.harness.broker import PENDING_TIMEOUT, Client, inline, tool_request
 from tests.harness.homes import grant, write_config, write_grants
 
-from boxmaker.broker.connection import CALL_ID_USED, LOOK_INTERVAL_S
+from boxmaker.broker.connection import CALL_ID_USED
 from boxmaker.broker.serve import serve_broker
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
@@ -480,11 +480,11 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(
         seconds=st.floats(0.5, 5)
         | st.floats(0.5, 5)
-        | st.sampled_from([LOOK_INTERVAL_S, PENDING_TIMEOUT - 0.001, PENDING_TIMEOUT])
+        | st.sampled_from([1.0, PENDING_TIMEOUT - 0.001, PENDING_TIMEOUT])
         | st.floats(0.5, 400)
     )
     def advance(self, seconds: float) -> None:
-        """Time passes: entries expire, the one-second look and the grants watcher run."""
+        """Time passes: entries expire, the grants watcher runs."""
         self._do(self._jump, seconds)
 
     @precondition(
@@ -517,14 +517,13 @@ class BrokerMachine(RuleBasedStateMachine):
         assert (final["outcome"], final["reason"]) == ("denied", "expired"), final
 
     @precondition(lambda self: bool(self._waiting()))
-    @rule(data=st.data(), look=st.booleans())
-    def disconnect(self, data: st.DataObject, look: bool) -> None:
-        """The requester leaves while pending; with ``look``, a second passes."""
+    @rule(data=st.data())
+    def disconnect(self, data: st.DataObject) -> None:
+        """The requester leaves while pending (noticed at once: its socket becomes
+        readable)."""
         waiting = self._waiting()
         model = self.calls[data.draw(st.sampled_from(waiting), label="call")]
         model.dropped_at = self._do(self._drop, model.conn)
-        if look:
-            self._do(self._jump, LOOK_INTERVAL_S)
 
     @rule(which=st.sampled_from(sorted(GRANTS)))
     def change_grants(self, which: str) -> None:
@@ -604,7 +603,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def every_call_waits_or_has_ended(self) -> None:
         """Nothing is stuck: a pending call is in the table until its approval record,
         and its requester (if still there) has its final answer once it is recorded; a
-        requester that left is noticed within the one-second look."""
+        requester that left is noticed at once: its entry has ended by the next step."""
         snap = self.snapshot
         in_table = {entry.call for entry in snap.entries}
         for call, model in self.calls.items():
@@ -614,8 +613,7 @@ class BrokerMachine(RuleBasedStateMachine):
             assert ended != (call in in_table), f"{call}: ended={ended}, in table"
             if model.conn.dropped:
                 assert model.dropped_at is not None
-                if snap.now >= model.dropped_at + LOOK_INTERVAL_S:
-                    assert ended, f"{call}: the requester left and the entry still waits"
+                assert ended, f"{call}: the requester left and the entry still waits"
             else:
                 assert (model.conn.final is not None) == ended, (call, model.conn.frames)
                 assert model.conn.eof == ended

@@ -47,7 +47,7 @@ from boxmaker.broker.cgroup_plan import (
     plan_cgroups,
 )
 
-logger = logging.getLogger("boxmaker.brokerd.cgroups")
+log = logging.getLogger("boxmaker.brokerd.cgroups")
 
 TREE_PREFIX: Final = "boxmaker-"
 LEAF: Final = "brokerd"
@@ -239,7 +239,7 @@ class SandboxCgroup:
             peak = _read(self.memory / "memory.peak").strip()
         refused = _counter(_read(self.pids / "pids.events"), "max") if self.pids else 0
         usage = Usage(oom, refused, int(peak) if peak.isdigit() else None)
-        logger.debug(
+        log.debug(
             "sandbox cgroup %s: memory peak %s of %d bytes, %d OOM kill(s), %d fork(s) refused",
             self.memory,
             usage.memory_peak,
@@ -288,7 +288,7 @@ class CgroupTree:
         try:
             for hierarchy in plan.hierarchies:
                 for gone in remove_leftovers(hierarchy.own):
-                    logger.info("removed the cgroup %s an earlier brokerd left", gone)
+                    log.info("removed the cgroup %s an earlier brokerd left", gone)
                 tree = hierarchy.own / name
                 _mkdir(tree)
                 made.append(tree)
@@ -348,7 +348,7 @@ class CgroupTree:
                 _rmdir(child)
             failure = _rmdir(tree)
             if failure is not None and not (hierarchy.leaf_needed and failure.errno == errno.EBUSY):
-                logger.warning("the cgroup %s could not be removed: %s", tree, failure.strerror)
+                log.warning("the cgroup %s could not be removed: %s", tree, failure.strerror)
 
 
 def _enable(directory: Path, controllers: Iterable[str]) -> None:

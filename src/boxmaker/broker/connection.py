@@ -104,7 +104,6 @@ from boxmaker.wire import (
 __all__ = [
     "APPROVAL_UNRECORDED",
     "CALL_ID_USED",
-    "LOOK_INTERVAL_S",
     "REFUSAL_UNRECORDED",
     "RESULT_UNRECORDED_DETAIL",
     "STOPPING_DETAIL",
@@ -116,9 +115,6 @@ log = logging.getLogger("boxmaker.brokerd")
 
 FIRST_FRAME_S: Final = 5.0
 """The first frame within 5 s of the connection, else it closes."""
-LOOK_INTERVAL_S: Final = 1.0
-"""A requester that leaves while its call waits is noticed within this (at once, in
-fact: its socket becomes readable)."""
 SEND_S: Final = 10.0
 """A requester that does not read its answer must not hold the call's task for ever."""
 DRAIN: Final = 65536

@@ -135,7 +135,7 @@ from boxmaker.threads import WORKER_THREAD, ToThread
 if TYPE_CHECKING:
     import httpx
 
-logger = logging.getLogger("boxmaker.brokerd.runner")
+log = logging.getLogger("boxmaker.brokerd.runner")
 
 RUNBOOK_SANDBOX: Final = "docs/runbook.md#sandbox"
 RUNBOOK_SANDBOX_LIMITS: Final = "docs/runbook.md#sandbox-limits"
@@ -371,7 +371,7 @@ async def execute(
         return RunResult.failure(failed.reason, failed.detail, spec.label)
     except Exception as exc:
         # Cancelled is not an Exception: it passes. Anything else is the tool's failure.
-        logger.debug("call %s: %s failed", spec.call, spec.tool, exc_info=True)
+        log.debug("call %s: %s failed", spec.call, spec.tool, exc_info=True)
         return RunResult.failure(Reason.TOOL_ERROR, _describe(exc), spec.label)
 
 

@@ -61,7 +61,7 @@ from boxmaker.broker.cgroups import (
 )
 from boxmaker.broker.seccomp import filter_program
 
-logger = logging.getLogger("boxmaker.brokerd.sandbox")
+log = logging.getLogger("boxmaker.brokerd.sandbox")
 
 STDERR_TAIL: Final = 2048
 """How much of a failed command's stderr becomes the ``tool_error`` detail."""
@@ -545,7 +545,7 @@ async def _remove_cgroup(cgroup: SandboxCgroup) -> None:
     pause = 0.001
     while (failure := cgroup.remove()) is not None:
         if failure.errno != errno.EBUSY or trio.current_time() >= deadline:
-            logger.warning(
+            log.warning(
                 "the sandbox's cgroup %s could not be removed: %s", cgroup.memory, failure.strerror
             )
             return
@@ -613,7 +613,7 @@ class SandboxPool:
                         self._warm = Sandbox.start(self._wanted, bounds=self.bounds)
                     except (OSError, SandboxRefused) as exc:
                         # The call that needs it will start its own and report why.
-                        logger.debug("no sandbox set up ahead: %s", exc)
+                        log.debug("no sandbox set up ahead: %s", exc)
         finally:
             warm, self._warm = self._warm, None
             for sandbox in ([warm] if warm else []) + self._retired:
