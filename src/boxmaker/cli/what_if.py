@@ -305,7 +305,9 @@ def what_if(
     reader = LedgerReader(iter_lines(path))
     try:
         with _collector_paused():
-            groups = group_flips(replay.run(reader.decisions(since=since_at, session=session)), limit)
+            groups = group_flips(
+                replay.run(reader.decisions(since=since_at, session=session)), limit
+            )
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
     if common.json:

@@ -23,7 +23,17 @@ import enum
 import hashlib
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Final,
+    Generic,
+    Literal,
+    TypeAlias,
+    TypeGuard,
+    TypeVar,
+)
 
 import attrs
 
@@ -302,6 +312,17 @@ class Record(Generic[BodyT]):
     prev: str
     body: BodyT
 
+
+_B = TypeVar("_B")
+
+
+def holds(record: Record[object], body_type: type[_B]) -> TypeGuard[Record[_B]]:
+    """Whether ``record``'s body is a ``body_type``: a record narrowed by its body.
+
+    >>> holds(Record(1, "2026-01-01T00:00:00.000Z", "ab", "a body"), str)
+    True
+    """
+    return isinstance(record.body, body_type)
 
 
 @attrs.frozen

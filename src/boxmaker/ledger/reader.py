@@ -6,10 +6,10 @@ held whole.
 with ``\\n`` but perhaps the last; :func:`iter_lines`). Every command that reads the
 ledger reads it here: ``bxctl audit show`` and ``bxctl why`` (:meth:`~LedgerReader.
 records`), ``bxctl grants what-if`` and ``bxctl grants list`` (:meth:`~LedgerReader.
-decisions`). brokerd's start reads only the last line's seq (:func:`~boxmaker.ledger.
-records.line_seq`), and ``bxctl audit verify`` keeps its own loop over the raw bytes,
-which must be hashed exactly as they are (:mod:`boxmaker.ledger.verify` says what it
-shares).
+decisions`). brokerd's start reads only the last line's seq, by the shared decoding
+(:func:`~boxmaker.ledger.records.line_fields`), and ``bxctl audit verify`` keeps its own
+loop over the raw bytes, which must be hashed exactly as they are
+(:mod:`boxmaker.ledger.verify` says what it shares).
 
 Two paths, one answer:
 
@@ -46,7 +46,7 @@ from boxmaker.ledger.records import BadRecord, Body, decode_line
 
 __all__ = [
     "DECISION_WORD",
-    "POLICY_MARK",
+    "POLICY_WORD",
     "READ_BUFFER",
     "LedgerReader",
     "NotARecord",
@@ -60,8 +60,8 @@ READ_BUFFER: Final = 1 << 20
 DECISION_WORD: Final = Kind.DECISION.value.encode()
 """Every decision line holds these bytes (its kind); the fast path parses no other line."""
 
-POLICY_MARK: Final = b'"kind":"policy"'
-"""Every ``policy`` line brokerd writes holds these bytes (compact JSON, sorted keys)."""
+POLICY_WORD: Final = Kind.POLICY.value.encode()
+"""Every policy line holds these bytes (its kind)."""
 
 _DECISION_FIELDS: Final = 14
 """A decision line's keys: the four common ones and the body's ten, none else."""
@@ -112,7 +112,7 @@ class LedgerReader:
 
         With ``mentioning``, only the lines that hold one of those byte strings are
         decoded and yielded; the others are passed over unparsed (``bxctl why`` reads one
-        call's records and the policy records: :data:`POLICY_MARK`).
+        call's records and the policy records: :data:`POLICY_WORD`).
         """
         for raw in self.lines:
             self.read += 1
@@ -142,10 +142,11 @@ class LedgerReader:
         >>> reader.read, reader.malformed
         (3, 1)
         """
+        first = self.read + 1
         read, malformed = self.read, 0
         loads, decode_error, word = orjson.loads, orjson.JSONDecodeError, DECISION_WORD
         try:
-            for read, line in enumerate(self.lines, read + 1):  # noqa: B007 - the count
+            for read, line in enumerate(self.lines, first):  # noqa: B007 - the count
                 if word not in line:
                     continue
                 try:

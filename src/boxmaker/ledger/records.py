@@ -67,6 +67,7 @@ __all__ = [
     "Start",
     "Stop",
     "VerdictCode",
+    "body_fields",
     "decode_fields",
     "decode_line",
     "encode_line",
@@ -186,13 +187,24 @@ def new_boot_id() -> str:
     return "b-" + secrets.token_hex(8)
 
 
+def body_fields(body: Body) -> dict[str, Any]:
+    """A body's fields as its line holds them (JSON's values, by the one converter),
+    without the common ones: what a reader shows of a record.
+
+    >>> body_fields(Stop(boot="b-1"))
+    {'boot': 'b-1'}
+    """
+    fields: dict[str, Any] = converter.unstructure(body, type(body))
+    return fields
+
+
 def encode_line(seq: int, at: str, prev: str, body: Body) -> bytes:
     """The canonical bytes of a record, without the newline: keys sorted, no spaces.
 
     >>> encode_line(3, "2026-01-02T03:04:05.678Z", "ab", Stop(boot="b-1"))
     b'{"at":"2026-01-02T03:04:05.678Z","boot":"b-1","kind":"stop","prev":"ab","seq":3}'
     """
-    fields: dict[str, Any] = converter.unstructure(body, type(body))
+    fields = body_fields(body)
     fields["seq"] = seq
     fields["at"] = at
     fields["kind"] = body.kind.value
