@@ -3,7 +3,8 @@
 - ``check``: every problem of grants.toml with its line, then warnings
   (:mod:`boxmaker.core.grant_lint`);
 - ``list``: every grant, what bounds it, its expiry, and how often it decided a call,
-  from one streaming pass over the ledger (:mod:`boxmaker.core.grant_usage`);
+  from one streaming pass over the ledger (the ledger reader's fast path, tallied by
+  :mod:`boxmaker.core.grant_usage`);
 - ``test``: which grant would decide a call now, and why: the same inputs brokerd
   decides with (grants.toml, the session's state file, the workspace's real path) and
   brokerd's own :func:`~boxmaker.broker.decide_now.decide_now`, the look before an ask

@@ -6,9 +6,9 @@ candidate's grants that would never have matched a recorded call.
 The replay itself is :class:`boxmaker.core.replay.Replay` (the broker's own decide(), at
 each record's time); this module reads the candidate and the ledger and prints. The
 ledger is read streaming, by the ledger reader's fast path (:meth:`boxmaker.ledger.
-reader.LedgerReader.decisions`), the
-candidate as brokerd reads grants.toml: a regular file only, never through a link at
-its own name, never a FIFO that would block, and at most :data:`MAX_CANDIDATE_BYTES`.
+reader.LedgerReader.decisions`); the candidate as brokerd reads grants.toml: a regular
+file only, never through a link at its own name, never a FIFO that would block, and at
+most :data:`MAX_CANDIDATE_BYTES`.
 What the ledger and the candidate say (the model's arguments, ids) is shown through
 ``printable``.
 """
