@@ -277,6 +277,27 @@ async def test_show_by_call_session_and_tail(
     assert "False" not in result_line
 
 
+async def test_show_says_which_lines_are_not_records_and_a_call_skips_them(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_calls(home)
+    ledger = home / "ledger" / "audit.jsonl"
+    # A line cut short, and one that is JSON of a decision of this call but not a record
+    # (its verdict is no verdict): each read by the reader's typed path.
+    bad = b'{"call":"%s","kind":"decision","verdict":"maybe"}' % CALL_A.encode()
+    with ledger.open("ab") as file:
+        file.write(b'{"seq":6,"at"\n' + bad + b"\n")
+    capsys.readouterr()
+    assert bxctl("audit", "show", "--home", str(home), "--tail", "2") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        '(not a record) {"seq":6,"at"',
+        f"(not a record) {bad.decode()}",
+    ]
+    assert bxctl("audit", "show", "--home", str(home), "--json", "--call", CALL_A) == 0
+    kinds = [orjson.loads(line)["kind"] for line in capsys.readouterr().out.splitlines()]
+    assert kinds == ["decision", "approval", "result"]
+
+
 def test_show_of_a_call_not_in_the_ledger_exits_1(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

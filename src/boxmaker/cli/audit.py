@@ -108,15 +108,11 @@ def call_of(body: Body) -> str | None:
             return None
 
 
-def select_records(path: Path, call: str | None, session: str | None, tail: int | None) -> Selected:
-    """The records ``show`` selects, each line with its record (or why it is not one)."""
-    return select_with_policies(path, call, session, tail)[0]
-
-
 def select_with_policies(
     path: Path, call: str | None, session: str | None, tail: int | None
 ) -> tuple[Selected, dict[int, Record[Policy]]]:
-    """:func:`select_records`, and for each selected decision (by its seq) the policy in
+    """The records ``show`` selects, each line with its record (or why it is not one),
+    and for each selected decision (by its seq) the policy in
     force when it was decided: the last ``policy`` record of its boot before it
     (docs/protocol.md, "Policy records"). A decision with none is not in the map. Also
     what ``bxctl why`` reads.
