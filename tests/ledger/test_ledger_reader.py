@@ -178,6 +178,35 @@ def test_a_decision_at_a_time_without_a_zone_is_malformed_on_both_paths() -> Non
     assert typed_decisions(lines)[1].malformed == 1
 
 
+def test_the_typed_path_gives_each_line_as_it_is_less_its_newline() -> None:
+    lines = [b"not json X\n", b"{} \r\n", b"no newline"]
+    assert [line for line, _ in LedgerReader(lines).records()] == [
+        b"not json X",
+        b"{} \r",
+        b"no newline",
+    ]
+
+
+def test_the_counts_add_up_over_a_pass_stopped_and_taken_up_again() -> None:
+    lines = iter(
+        [
+            b"[1] decision\n",
+            line(1, decision("c-1")),
+            b'"decision"\n',
+            b'["decision"]\n',
+            line(4, decision("c-2")),
+            b"tail",
+        ]
+    )
+    reader = LedgerReader(lines)
+    first = reader.decisions()
+    assert next(first).body.call == "c-1"
+    first.close()  # what-if stopped, as by an error: the counts so far are kept
+    assert (reader.read, reader.malformed) == (2, 1)
+    assert [record.body.call for record in reader.decisions()] == ["c-2"]
+    assert (reader.read, reader.malformed) == (6, 3)
+
+
 def test_iter_lines_streams_a_file_with_its_newlines(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     path.write_bytes(b"one\ntwo\nthree")
