@@ -111,15 +111,21 @@ def call_of(body: Body) -> str | None:
 def select_with_policies(
     path: Path, call: str | None, session: str | None, tail: int | None
 ) -> tuple[Selected, dict[int, Record[Policy]]]:
-    """The records ``show`` selects, each line with its record (or why it is not one),
-    and for each selected decision (by its seq) the policy in
+    """The records ``show`` selects, each line with its record (or why it is not one;
+    only without a filter), and for each selected decision (by its seq) the policy in
     force when it was decided: the last ``policy`` record of its boot before it
-    (docs/protocol.md, "Policy records"). A decision with none is not in the map. Also
-    what ``bxctl why`` reads.
+    (docs/protocol.md, "Policy records"). A decision with none is not in the map; nor is
+    any without a filter (only a call's records show the grant's text). Also what
+    ``bxctl why`` reads.
 
-    One call's records are read by the ledger reader's typed path from the lines that
-    name the call or a policy only (:data:`~boxmaker.ledger.reader.POLICY_WORD`); the
-    others are not decoded."""
+    The ledger reader's typed path decodes a line by the one converter, at about a
+    tenth of orjson's rate (docs/decisions.md, "Ledger"), so no more lines than needed
+    are decoded: with no filter, only the lines shown (the last ``tail``); of one call,
+    only the lines that name the call or a policy
+    (:data:`~boxmaker.ledger.reader.POLICY_WORD`). A session's are all decoded."""
+    if call is None and session is None:
+        last = collections.deque(iter_lines(path), maxlen=tail)
+        return list(LedgerReader(last).records()), {}
     # Approvals and results name only the call; the session is on its decision.
     calls_of_session: set[str] = set()
     kept: collections.deque[tuple[bytes, Read]] = collections.deque(maxlen=tail)
@@ -128,8 +134,6 @@ def select_with_policies(
     mentioning = () if call is None else (call.encode(), POLICY_WORD)
     for line, record in LedgerReader(iter_lines(path)).records(mentioning=mentioning):
         if isinstance(record, NotARecord):
-            if call is None and session is None:
-                kept.append((line, record))
             continue
         body = record.body
         if holds(record, Policy):

@@ -14,11 +14,12 @@ line bytes (without the newline), so nothing is ever re-serialized to be checked
 b'{"at":"2026-01-02T03:04:05.678Z","kind":"genesis","ledger":"l-1","prev":"000...000","seq":0}'
 >>> decode_line(line).body
 Genesis(ledger='l-1')
-
-Lines are read back by :mod:`boxmaker.ledger.reader`, the one reader: :func:`decode_line`
-is its typed path, a line decoded whole by the one converter.
 >>> format_head(0, line_hash(line)) == "0:" + line_hash(line)
 True
+
+Lines are read back by :mod:`boxmaker.ledger.reader`, the one reader: :func:`decode_line`
+is its typed path, a line decoded whole by the one converter (:func:`line_fields` then
+:func:`decode_fields`, which the writer's start and verify share where they decode).
 """
 
 from __future__ import annotations
