@@ -27,6 +27,7 @@ from boxmaker.clock import format_utc
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.ledger.policies import keep, policies_dir
+from boxmaker.ledger.reader import READ_BUFFER
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     Approval,
@@ -44,7 +45,7 @@ from boxmaker.ledger.records import (
     encode_line,
     line_hash,
 )
-from boxmaker.ledger.verify import READ_BUFFER, verify_file
+from boxmaker.ledger.verify import verify_file
 
 RECORDS = 200_000
 TARGET = 0.70

@@ -11,7 +11,7 @@ import pytest
 
 from boxmaker.cli.owner import approval_block, describe_approved
 from boxmaker.core.labels import Taint
-from boxmaker.core.reasons import Reason
+from boxmaker.core.reasons import REASON_WORDS, Reason
 from boxmaker.wire import ApprovalView, Approved, ChangePreview, GrantRef, RunEnd
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
@@ -125,4 +125,11 @@ def test_approve_says_in_words_what_happened() -> None:
     assert describe_approved(gone) == (
         f"withdrawn {CALL}: the requester left (its chat or turn ended) before it could run; "
         "nothing ran"
+    )
+
+
+def test_a_withdrawal_says_its_reason_in_the_one_table_of_words() -> None:
+    stopping = approved("withdrawn", reason=Reason.BROKER_STOPPING)
+    assert describe_approved(stopping) == (
+        f"withdrawn {CALL}: {REASON_WORDS[Reason.BROKER_STOPPING]} before it could run; nothing ran"
     )

@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from tests.harness.broker import gone_result
 
 from boxmaker.cli import why as why_module
 from boxmaker.cli.app import app
@@ -26,6 +25,7 @@ from boxmaker.ledger.records import (
     ApprovalBy,
     ApprovalOutcome,
     Decision,
+    Record,
     Result,
     ResultStatus,
     Start,
@@ -277,6 +277,27 @@ async def test_show_by_call_session_and_tail(
     assert "False" not in result_line
 
 
+async def test_show_says_which_lines_are_not_records_and_a_call_skips_them(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_calls(home)
+    ledger = home / "ledger" / "audit.jsonl"
+    # A line cut short, and one that is JSON of a decision of this call but not a record
+    # (its verdict is no verdict): each read by the reader's typed path.
+    bad = b'{"call":"%s","kind":"decision","verdict":"maybe"}' % CALL_A.encode()
+    with ledger.open("ab") as file:
+        file.write(b'{"seq":6,"at"\n' + bad + b"\n")
+    capsys.readouterr()
+    assert bxctl("audit", "show", "--home", str(home), "--tail", "2") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        '(not a record) {"seq":6,"at"',
+        f"(not a record) {bad.decode()}",
+    ]
+    assert bxctl("audit", "show", "--home", str(home), "--json", "--call", CALL_A) == 0
+    kinds = [orjson.loads(line)["kind"] for line in capsys.readouterr().out.splitlines()]
+    assert kinds == ["decision", "approval", "result"]
+
+
 def test_show_of_a_call_not_in_the_ledger_exits_1(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -415,19 +436,22 @@ def test_console_script_exit_code_is_the_commands(home: Path) -> None:
 @pytest.mark.usefixtures("utc_owner")
 def test_why_tells_whether_a_call_whose_requester_left_had_begun(stopped: bool, said: str) -> None:
     at = "2026-01-02T03:04:05.000Z"
-    result = {"at": at, **gone_result(CALL_A, stopped=stopped)}
-    life = {
-        "call": CALL_A,
-        "decision": {
-            "at": at,
-            "tool": "shell",
-            "arguments": {"command": "make"},
-            "session": SESSION_1,
-            "verdict": "run",
-            "grant": None,
-        },
-        "approval": None,
-        "result": result,
-    }
+    # The records as the ledger's reader yields them.
+    decision = Decision(
+        CALL_A,
+        SESSION_1,
+        "shell",
+        {"command": "make"},
+        VerdictCode.RUN,
+        None,
+        None,
+        Taint.PUBLIC,
+        False,
+        "b-1",
+    )
+    result = Result.requester_gone(CALL_A, Label(Taint.PUBLIC, False), stopped=stopped)
+    life = why_module.Life(
+        CALL_A, Record(1, at, "00", decision), result=Record(2, at, "00", result)
+    )
     lines = why_module.describe_life(life, parse_utc(at) + dt.timedelta(seconds=1))
     assert lines[-2:] == [said, "  the session is now taint public, trusted"]

@@ -1,5 +1,6 @@
 """grants.toml's analysis for ``bxctl grants check``: every problem with its line and a
-"did you mean", shadowed grants, shell patterns that chain; the ledger's usage tally."""
+"did you mean", shadowed grants, shell patterns that chain. (The ledger's usage tally is
+tested over the ledger's reader: tests/ledger/test_ledger_reader.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from boxmaker.core.grant_lint import (
     shadows,
 )
 from boxmaker.core.grant_parse import parse_grants
-from boxmaker.core.grant_usage import tally_decisions
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.paths import Glob
 
@@ -334,27 +334,6 @@ def test_a_chaining_witness_matches_its_pattern_and_chains(pattern: str) -> None
         assert any(char in witness for char in CHAIN_CHARACTERS)
     elif all(char not in "*?[" for char in pattern):
         assert witness is None
-
-
-def test_the_usage_tally_reads_decisions_only() -> None:
-    lines = [
-        b'{"kind":"genesis","seq":0}\n',
-        b'{"at":"2026-01-01T00:00:01.000Z","call":"c-1","grant":"g","kind":"decision",'
-        b'"verdict":"ask"}\n',
-        b"not json\n",
-        # A model's raw arguments that spell a decision are still not one.
-        b'{"arguments":{"kind":"decision","grant":"g"},"kind":"result"}\n',
-        b'{"at":"2026-01-01T00:00:02.000Z","call":"c-2","grant":"g","kind":"decision",'
-        b'"verdict":"deny"}\n',
-        b'{"at":"2026-01-01T00:00:03.000Z","call":"c-3","grant":null,"kind":"decision",'
-        b'"verdict":"deny"}',
-    ]
-    tally = tally_decisions(lines)
-    assert tally.records == 6
-    assert list(tally.usage) == ["g"]
-    usage = tally.usage["g"]
-    assert (usage.decisions, usage.verdicts) == (2, {"ask": 1, "deny": 1})
-    assert (usage.last_at, usage.last_call) == ("2026-01-01T00:00:02.000Z", "c-2")
 
 
 def test_a_pattern_with_a_set_that_matches_nothing_has_no_chaining_witness() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 from tests.harness.grants import checked
@@ -20,8 +21,13 @@ from boxmaker.core.decide import CheckedRequest, Ruling, decide
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
-from boxmaker.core.replay import CACHE_ENTRIES, Outcome, RecordedDecision, Replay
-from boxmaker.core.vocabulary import VerdictCode
+from boxmaker.core.replay import CACHE_ENTRIES, Outcome, Replay
+from boxmaker.core.vocabulary import Decision, Record, VerdictCode, record_time
+
+RecordedDecision = Record[Decision]
+"""A ``decision`` record, as replay takes it."""
+PREV = "00" * 32
+BOOT = "b-0123456789abcdef"
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 SESSION = "s-0123456789ab"
@@ -46,24 +52,14 @@ def decided(
 
 
 def recorded_of(seq: int, decision: Ruling, at: dt.datetime) -> RecordedDecision:
-    return RecordedDecision(
-        seq,
-        at,
-        decision.call,
-        decision.session,
-        decision.tool,
-        dict(decision.arguments),
-        decision.verdict,
-        decision.reason,
-        decision.grant,
-        decision.state,
-    )
+    """The record brokerd writes of ``decision``, as the ledger's reader yields it (its
+    time to the microsecond, where brokerd's is to the millisecond: the boundaries below
+    are a microsecond apart)."""
+    return Record(seq, at.isoformat(), PREV, Decision.of(decision, BOOT))
 
 
 def denied_early(seq: int, reason: Reason, arguments: dict[str, Any]) -> RecordedDecision:
-    return RecordedDecision(
-        seq,
-        NOW,
+    body = Decision(
         f"c-{seq:016x}",
         SESSION,
         "read_file",
@@ -71,8 +67,11 @@ def denied_early(seq: int, reason: Reason, arguments: dict[str, Any]) -> Recorde
         VerdictCode.DENY,
         reason,
         None,
-        FRESH,
+        FRESH.taint,
+        FRESH.untrusted,
+        BOOT,
     )
+    return Record(seq, NOW.isoformat(), PREV, body)
 
 
 # --- examples ----------------------------------------------------------------------------
@@ -106,7 +105,7 @@ def test_the_same_grants_change_nothing_and_a_mode_change_flips_what_that_grant_
     assert asks != BASE
     candidate = Replay(grants(asks))
     flips = list(candidate.run(calls))
-    assert [(f.recorded.seq, f.recorded.verdict, f.now) for f in flips] == [
+    assert [(f.recorded.seq, f.recorded.body.verdict, f.now) for f in flips] == [
         (1, VerdictCode.RUN, Outcome(VerdictCode.ASK, None, "read-notes", None))
     ]
     assert (candidate.replayed, candidate.unchanged, candidate.flips) == (6, 5, 1)
@@ -119,12 +118,12 @@ def test_a_grant_expired_now_but_valid_then_decides_as_it_did_then() -> None:
         decided(1, "read_file", {"path": "a"}, candidate, at=before),  # run: valid then
         decided(2, "read_file", {"path": "a"}, candidate, at=NOW),  # no_grant: expired
     ]
-    assert [c.verdict for c in calls] == [VerdictCode.RUN, VerdictCode.DENY]
+    assert [c.body.verdict for c in calls] == [VerdictCode.RUN, VerdictCode.DENY]
     replay = Replay(candidate)
     assert list(replay.run(calls)) == []
     # Recorded as run at NOW (as if the grant had not expired): the cache must not carry
     # the answer of the earlier epoch over the boundary.
-    ran_at_now = calls[0]._replace(seq=3, at=NOW)
+    ran_at_now = attrs.evolve(calls[0], seq=3, at=NOW.isoformat())
     flip = replay.replay(ran_at_now)
     assert flip is not None
     assert flip.now == Outcome(
@@ -185,7 +184,11 @@ def test_write_file_content_is_keyed_only_as_fitting() -> None:
     other = decided(2, "write_file", {"path": "out/a", "content": "y" * 1000}, GrantSet())
     # Past a quarter of the cap in characters, content is checked afresh: this one is
     # over the cap in UTF-8 bytes (a ledger edited by hand) and must not pass as fitting.
-    huge = small._replace(seq=3, arguments={"path": "out/a", "content": "é" * (600 * 1024)})
+    huge = attrs.evolve(
+        small,
+        seq=3,
+        body=attrs.evolve(small.body, arguments={"path": "out/a", "content": "é" * (600 * 1024)}),
+    )
     flips = list(replay.run([small, other, huge]))
     assert [f.recorded.seq for f in flips] == [1, 2]
     assert (replay.replayed, replay.unreplayable) == (2, 1)
@@ -299,7 +302,9 @@ def ledgers(draw: st.DrawFn) -> tuple[GrantSet, list[RecordedDecision]]:
         session = draw(st.sampled_from([SESSION, "s-000000000002"]))
         one = decided(seq, tool, arguments, then, state, at, session)
         if draw(st.integers(min_value=0, max_value=9)) == 0:
-            one = one._replace(verdict=VerdictCode.DENY, reason=draw(st.sampled_from(SKIPPED)))
+            reason = draw(st.sampled_from(SKIPPED))
+            body = attrs.evolve(one.body, verdict=VerdictCode.DENY, reason=reason)
+            one = attrs.evolve(one, body=body)
         recorded.append(one)
     return then, recorded
 
@@ -316,16 +321,18 @@ def test_replay_equals_deciding_each_recorded_call_afresh(
     deciding: set[str] = set()
     replayed = 0
     for one in recorded:
-        if one.reason in SKIPPED:
+        body, at = one.body, record_time(one.at)
+        if body.reason in SKIPPED:
             continue
         replayed += 1
-        args = checked(one.tool, dict(one.arguments))
-        fresh = decide(CheckedRequest(one.call, one.session, args), candidate, one.state, one.at)
+        args = checked(body.tool, dict(body.arguments))
+        state = Label(body.taint, body.untrusted)
+        fresh = decide(CheckedRequest(body.call, body.session, args), candidate, state, at)
         now = fresh.decision
         if now.grant is not None:
             deciding.add(now.grant)
-        matched |= {x.id for x in candidate.grants if x.matches(one.tool, args, one.at)}
-        if now.verdict != one.verdict:
+        matched |= {x.id for x in candidate.grants if x.matches(body.tool, args, at)}
+        if now.verdict != body.verdict:
             expected[one.seq] = Outcome(now.verdict, now.reason, now.grant, now.detail)
     assert flips == expected
     assert (replay.replayed, replay.flips, replay.unchanged) == (
@@ -376,11 +383,19 @@ def test_a_repeated_call_in_the_same_state_and_epoch_is_neither_checked_nor_deci
     counted = Counted(monkeypatch)
     replay = Replay(grants(BASE))
     first = decided(1, "read_file", {"path": "notes/a.txt", "max_bytes": 10}, GrantSet())
-    again = first._replace(seq=2, call="c-0000000000000002", session="s-000000000002")
+    again = attrs.evolve(
+        first,
+        seq=2,
+        body=attrs.evolve(first.body, call="c-0000000000000002", session="s-000000000002"),
+    )
     assert [f.recorded.seq for f in replay.run([first, again])] == [1, 2]
     assert (counted.checks, counted.decides) == (1, 1)
     # Another state: decided again (on the one grant that decides it), not checked again.
-    untrusted = first._replace(seq=3, state=UNTRUSTED)
+    untrusted = attrs.evolve(
+        first,
+        seq=3,
+        body=attrs.evolve(first.body, taint=UNTRUSTED.taint, untrusted=UNTRUSTED.untrusted),
+    )
     flip = replay.replay(untrusted)
     assert flip is not None
     assert flip.now == Outcome(

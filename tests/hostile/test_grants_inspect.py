@@ -14,7 +14,10 @@ from tests.harness.cli import bxctl
 from tests.harness.homes import short_home, write_grants
 from tests.hostile.test_terminal import HOSTILE, unsafe_in
 
+from boxmaker.core.labels import Taint
+from boxmaker.core.vocabulary import Decision, VerdictCode
 from boxmaker.home.paths import Home
+from boxmaker.ledger.records import encode_line
 
 ESCAPED = "\\u001b]2;PWNED\\u0007\\u001b[2J\\u202e"
 """HOSTILE's start as printable shows it."""
@@ -47,9 +50,15 @@ def test_a_hostile_grants_file_and_ledger_line_are_shown_escaped(home: Home) -> 
         'mode = "ask"\n'
         f"paths = [{toml_string('notes/' + HOSTILE)}]\n",
     )
+    # A tampered decision, well formed but for its call id (the reader takes any text:
+    # an id is checked where a call begins, not where it is read back); and one whose
+    # time is the hostile text, which the reader does not take for a decision at all.
+    body = Decision(
+        HOSTILE, "s-1", "read_file", {}, VerdictCode.ASK, None, "read-it", Taint.PUBLIC, False, "b"
+    )
     with home.audit_log.open("ab") as ledger:
-        tampered = {"kind": "decision", "grant": "read-it", "call": HOSTILE, "at": HOSTILE}
-        ledger.write(orjson.dumps(tampered) + b"\n")
+        ledger.write(encode_line(1, "2026-01-02T03:04:05.678Z", "00", body) + b"\n")
+        ledger.write(encode_line(2, HOSTILE, "00", body) + b"\n")
     shown = {
         "list": bxctl(home, "grants", "list").stdout,
         "list --json": bxctl(home, "grants", "list", "--json").stdout,
@@ -64,7 +73,8 @@ def test_a_hostile_grants_file_and_ledger_line_are_shown_escaped(home: Home) -> 
     }
     assert f"    note: {ESCAPED}" in shown["list"]
     assert f"    commands: {ESCAPED}" in shown["list"]
-    assert f"last {ESCAPED}" in shown["list"]
+    assert "decided 1 call(s) (ask 1), last " in shown["list"]
+    assert f" ({ESCAPED}" in shown["list"]
     assert "'\\x1b]2;PWNED\\x07\\x1b[2J\\u202e" in shown["check"]
     assert ESCAPED in shown["test"]
     found = [problem for where, text in shown.items() for problem in unsafe_in(where, text)]

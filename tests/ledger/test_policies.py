@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from boxmaker.core.vocabulary import Record
 from boxmaker.ledger.policies import (
     KeptProblem,
     grant_then,
@@ -146,7 +147,7 @@ def test_verify_lines_lists_the_policies_and_keeps_the_per_call_checks(ledger: P
 def test_grant_then_reads_the_kept_version_or_says_why_not(ledger: Path) -> None:
     directory = policies_dir(ledger)
     keep(directory, GRANTS)
-    record = {"seq": 4, "sha256": SHA}
+    record = Record(4, "2026-01-02T03:04:05.678Z", GENESIS_PREV, Policy("b-1", SHA, 1, None))
     then = grant_then(directory, record, "notes")
     assert (then.sha256, then.policy_seq, then.missing) == (SHA, 4, None)
     assert then.text == GRANTS.decode().rstrip("\n")
@@ -156,6 +157,9 @@ def test_grant_then_reads_the_kept_version_or_says_why_not(ledger: Path) -> None
     assert grant_then(directory, None, "notes").missing == (
         "no policy record of its boot before the decision"
     )
+    # A name that is not a SHA-256 never becomes a path (../, a link's name).
+    beside = Record(5, record.at, record.prev, Policy("b-1", "../" + SHA[3:], 1, None))
+    assert grant_then(directory, beside, "notes").missing == "grants.toml could not be read: None"
     kept_path(directory, SHA).unlink()
     assert grant_then(directory, record, "notes").missing == (
         f"the kept version {SHA}.toml is missing; see docs/runbook.md#policy-kept"

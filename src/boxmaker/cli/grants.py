@@ -3,7 +3,8 @@
 - ``check``: every problem of grants.toml with its line, then warnings
   (:mod:`boxmaker.core.grant_lint`);
 - ``list``: every grant, what bounds it, its expiry, and how often it decided a call,
-  from one streaming pass over the ledger (:mod:`boxmaker.core.grant_usage`);
+  from one streaming pass over the ledger (the ledger reader's fast path, tallied by
+  :mod:`boxmaker.core.grant_usage`);
 - ``test``: which grant would decide a call now, and why: the same inputs brokerd
   decides with (grants.toml, the session's state file, the workspace's real path) and
   brokerd's own :func:`~boxmaker.broker.decide_now.decide_now`, the look before an ask
@@ -34,7 +35,7 @@ from boxmaker.core.catalogue import ArgumentProblem, check_arguments
 from boxmaker.core.decide import Ruling
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
 from boxmaker.core.grant_parse import GrantsProblem
-from boxmaker.core.grant_usage import GrantUsage, Tally, tally_decisions
+from boxmaker.core.grant_usage import GrantUsage, tally_decisions
 from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
@@ -42,7 +43,7 @@ from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.grants_file import GrantsRead, read_grants
 from boxmaker.home.config import ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
-from boxmaker.ledger.verify import READ_BUFFER
+from boxmaker.ledger.reader import READ_BUFFER, LedgerReader
 from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
@@ -175,9 +176,11 @@ def list_grants(*, common: Common = DEFAULT) -> Exit:
     try:
         # The file object itself, as verify_file reads it: no generator resumed per line.
         with home.audit_log.open("rb", buffering=READ_BUFFER) as ledger:
-            tally = tally_decisions(ledger)
+            reader = LedgerReader(ledger)
+            usage = tally_decisions(reader.decisions())
+            records = reader.read
     except FileNotFoundError:
-        tally = Tally({}, 0)
+        usage, records = {}, 0
     except OSError as exc:
         return fail(f"{home.audit_log}: {exc.strerror}", Exit.USAGE)
     sources = dict(enumerate(grant_sources(read.text or "")))
@@ -187,9 +190,9 @@ def list_grants(*, common: Common = DEFAULT) -> Exit:
             {
                 "file": str(home.grants_toml),
                 "ledger": str(home.audit_log),
-                "records": tally.records,
+                "records": records,
                 "grants": [
-                    _grant_json(g, tally.usage.get(g.id), sources.get(i), now)
+                    _grant_json(g, usage.get(g.id), sources.get(i), now)
                     for i, g in enumerate(grants.grants)
                 ],
             }
@@ -197,10 +200,10 @@ def list_grants(*, common: Common = DEFAULT) -> Exit:
         return Exit.DONE
     _say(
         f"{home.grants_toml}: {len(grants.grants)} grant(s); "
-        f"use counted in {home.audit_log} ({tally.records} records)"
+        f"use counted in {home.audit_log} ({records} records)"
     )
     for grant in grants.grants:
-        for line in _describe_grant(grant, tally.usage.get(grant.id), now):
+        for line in _describe_grant(grant, usage.get(grant.id), now):
             _say(line)
     return Exit.DONE
 

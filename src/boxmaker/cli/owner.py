@@ -24,6 +24,7 @@ from boxmaker.cli.terminal import is_interactive
 from boxmaker.clock import local_time, utc_now
 from boxmaker.convert import APPROVAL_ID, converter
 from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
+from boxmaker.core.reasons import reason_words
 from boxmaker.core.vocabulary import ApprovalOutcome
 from boxmaker.home.config import ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
@@ -198,12 +199,6 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
     return Exit.DONE
 
 
-_WITHDRAWN: Final = {
-    "requester_gone": "the requester left (its chat or turn ended) before it could run",
-    "broker_stopping": "brokerd is stopping",
-}
-
-
 def describe_approved(answer: Approved) -> str:
     """What approving did, in words (escaped): it ran and how it ended, or why it did
     not run. Never a bare outcome code."""
@@ -215,7 +210,8 @@ def describe_approved(answer: Approved) -> str:
     if answer.outcome == ApprovalOutcome.DENIED:
         text = f"approved {call}, but brokerd decided again and denied it: {reason}"
     elif answer.outcome == ApprovalOutcome.WITHDRAWN:
-        why = _WITHDRAWN.get(str(answer.reason), str(answer.reason))
+        words = reason_words(answer.reason)
+        why = f"{words} before it could run" if words else str(answer.reason)
         text = f"withdrawn {call}: {why}; nothing ran"
     elif answer.ran is None:
         text = f"approved {call}: {tool} runs"

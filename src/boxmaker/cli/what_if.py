@@ -5,9 +5,10 @@ candidate's grants that would never have matched a recorded call.
 
 The replay itself is :class:`boxmaker.core.replay.Replay` (the broker's own decide(), at
 each record's time); this module reads the candidate and the ledger and prints. The
-ledger is read streaming (:class:`boxmaker.ledger.decisions.DecisionReader`), the
-candidate as brokerd reads grants.toml: a regular file only, never through a link at
-its own name, never a FIFO that would block, and at most :data:`MAX_CANDIDATE_BYTES`.
+ledger is read streaming, by the ledger reader's fast path (:meth:`boxmaker.ledger.
+reader.LedgerReader.decisions`); the candidate as brokerd reads grants.toml: a regular
+file only, never through a link at its own name, never a FIFO that would block, and at
+most :data:`MAX_CANDIDATE_BYTES`.
 What the ledger and the candidate say (the model's arguments, ids) is shown through
 ``printable``.
 """
@@ -30,8 +31,8 @@ from boxmaker.core.durations import parse_duration
 from boxmaker.core.grant_parse import GrantsProblem, all_problems, parse_grants, parse_toml
 from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.replay import Flip, Replay
-from boxmaker.ledger.decisions import DecisionReader
-from boxmaker.ledger.verify import iter_lines
+from boxmaker.core.vocabulary import record_time
+from boxmaker.ledger.reader import LedgerReader, iter_lines
 from boxmaker.printable import printable
 from boxmaker.regular_file import read_regular_file
 
@@ -113,7 +114,7 @@ def group_flips(flips: Iterable[Flip], limit: int) -> list[Group]:
     one whose first flip is oldest); each keeps at most ``limit`` flips (0: all)."""
     groups: dict[tuple[str | None, str | None], Group] = {}
     for flip in flips:
-        key = (flip.recorded.grant, flip.now.grant)
+        key = (flip.recorded.body.grant, flip.now.grant)
         group = groups.get(key)
         if group is None:
             group = groups[key] = Group(*key)
@@ -124,17 +125,17 @@ def group_flips(flips: Iterable[Flip], limit: int) -> list[Group]:
 
 
 def _flip_json(flip: Flip) -> dict[str, Any]:
-    recorded, now = flip.recorded, flip.now
+    recorded, then, now = flip.recorded, flip.recorded.body, flip.now
     return {
         "seq": recorded.seq,
-        "at": format_utc(recorded.at),
-        "call": recorded.call,
-        "session": recorded.session,
-        "tool": recorded.tool,
-        "arguments": recorded.arguments,
-        "taint": recorded.state.taint,
-        "untrusted": recorded.state.untrusted,
-        "then": {"verdict": recorded.verdict, "reason": recorded.reason, "grant": recorded.grant},
+        "at": format_utc(record_time(recorded.at)),
+        "call": then.call,
+        "session": then.session,
+        "tool": then.tool,
+        "arguments": then.arguments,
+        "taint": then.taint,
+        "untrusted": then.untrusted,
+        "then": {"verdict": then.verdict, "reason": then.reason, "grant": then.grant},
         "now": {
             "verdict": now.verdict,
             "reason": now.reason,
@@ -163,14 +164,12 @@ def _verdict_words(verdict: str, reason: str | None) -> str:
 
 
 def _flip_line(flip: Flip) -> str:
-    recorded, now = flip.recorded, flip.now
-    change = f"{_verdict_words(recorded.verdict, recorded.reason)} → "
+    then, now = flip.recorded.body, flip.now
+    change = f"{_verdict_words(then.verdict, then.reason)} → "
     change += _verdict_words(now.verdict, now.reason)
-    when = recorded.at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
-    arguments = orjson.dumps(recorded.arguments, option=orjson.OPT_SORT_KEYS).decode()
-    return printable(
-        f"  {change}  {when}  {recorded.call}  {recorded.session}  {recorded.tool} {arguments}"
-    )
+    when = record_time(flip.recorded.at).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    arguments = orjson.dumps(then.arguments, option=orjson.OPT_SORT_KEYS).decode()
+    return printable(f"  {change}  {when}  {then.call}  {then.session}  {then.tool} {arguments}")
 
 
 def _skipped_lines(replay: Replay, malformed: int) -> list[str]:
@@ -297,10 +296,12 @@ def what_if(
         return Exit.USAGE
     path = common.resolve().audit_log
     replay = Replay(grants)
-    reader = DecisionReader(iter_lines(path), since=since_at, session=session)
+    reader = LedgerReader(iter_lines(path))
     try:
         with _collector_paused():
-            groups = group_flips(replay.run(reader), limit)
+            groups = group_flips(
+                replay.run(reader.decisions(since=since_at, session=session)), limit
+            )
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
     if common.json:

@@ -14,190 +14,226 @@ chose the tool and arguments, the owner the reasons): it is printed through
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Final
 
 import attrs
 import orjson
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
-from boxmaker.cli.audit import grant_then_lines, select_with_policies
+from boxmaker.cli.audit import grant_of, grant_then_lines, select_with_policies
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.clock import local_time, parse_utc, utc_now
 from boxmaker.convert import CALL_ID
 from boxmaker.core.grants import GrantSet
+from boxmaker.core.reasons import Reason, reason_words
+from boxmaker.core.vocabulary import (
+    Approval,
+    ApprovalOutcome,
+    Decision,
+    Record,
+    Result,
+    ResultStatus,
+    VerdictCode,
+    holds,
+)
 from boxmaker.grants_file import load_grants
 from boxmaker.home.paths import Home
-from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
+from boxmaker.ledger.policies import GrantThen
+from boxmaker.ledger.reader import NotARecord
+from boxmaker.ledger.records import body_fields
 from boxmaker.printable import printable
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
-
-REASON_WORDS: Final = {
-    "no_grant": "no grant allows it",
-    "denied_by_grant": "a deny grant matches it",
-    "taint_exceeded": "the session's taint was above the grant's max_taint",
-    "untrusted": "the session was untrusted and the grant says if_untrusted = deny",
-    "unknown_tool": "the model asked for a tool that does not exist",
-    "bad_arguments": "its arguments did not fit the tool",
-    "grants_invalid": "grants.toml was invalid",
-    "state_unreadable": "the session's state could not be read",
-    "too_many_pending": "too many calls already waited for the owner",
-    "audit_unavailable": "the ledger could not be written",
-    "not_found": "the file or directory does not exist",
-    "path_escape": "the path leads outside the workspace or the grant",
-    "too_large": "it was over the size limit",
-    "timeout": "it ran past its time limit",
-    "tool_error": "the tool failed",
-    "sandbox_unavailable": "the sandbox could not be set up",
-    "requester_gone": "the requester left (its chat or turn ended)",
-    "broker_stopping": "brokerd was stopping",
-    "result_unrecorded": "its result could not be recorded",
-}
 
 
 def _because(reason: object) -> str:
     code = str(reason)
-    words = REASON_WORDS.get(code)
+    words = reason_words(code)
     return f"{code} ({words})" if words else code
 
 
-def _grant(grants: GrantSet | None, grant_id: object) -> dict[str, Any] | None:
-    """The grant as grants.toml has it now (mode, note), or only its id."""
-    if grant_id is None:
-        return None
-    found = {"id": grant_id, "mode": None, "note": None, "in_grants_now": False}
+@attrs.frozen
+class GrantNow:
+    """The grant that decided a call: as grants.toml has it now (mode, note; None when it
+    is no longer there), and as it was then."""
+
+    id: str
+    mode: str | None
+    note: str | None
+    in_grants_now: bool
+    then: GrantThen
+
+
+@attrs.define
+class Life:
+    """One life of a call in the ledger: its decision, and the grant that decided it,
+    its approval and its result when recorded."""
+
+    call: str
+    decision: Record[Decision]
+    grant: GrantNow | None = None
+    approval: Record[Approval] | None = None
+    result: Record[Result] | None = None
+
+
+def _grant_now(grants: GrantSet | None, grant_id: str, then: GrantThen) -> GrantNow:
     for grant in grants.grants if grants is not None else ():
         if grant.id == grant_id:
-            found.update(mode=grant.mode.value, note=grant.note, in_grants_now=True)
-    return found
+            return GrantNow(grant_id, grant.mode.value, grant.note, True, then)
+    return GrantNow(grant_id, None, None, False, then)
 
 
-def call_story(home: Home, call: str) -> list[dict[str, Any]]:
+def call_story(home: Home, call: str) -> list[Life]:
     """The lives of ``call`` in the ledger (one per decision: an id may be used again
-    in a later boot), each ``{decision, approval, result}`` as recorded."""
+    in a later boot), as recorded."""
     loaded = load_grants(home.grants_toml)
     grants = loaded if isinstance(loaded, GrantSet) else None
-    lives: list[dict[str, Any]] = []
+    lives: list[Life] = []
     selected, policy_of = select_with_policies(home.audit_log, call, None, None)
     for _, record in selected:
-        if record is None:
+        if isinstance(record, NotARecord):
             continue
-        kind = record.get("kind")
-        fields = {k: v for k, v in record.items() if k not in ("seq", "prev", "kind", "call")}
-        if kind == "decision":
-            fields["grant"] = _grant(grants, fields.get("grant"))
-            if fields["grant"] is not None:
-                seq = record.get("seq")
-                policy = policy_of.get(seq) if type(seq) is int else None
-                then = grant_then(policies_dir(home.audit_log), policy, str(record["grant"]))
-                fields["grant"]["then"] = attrs.asdict(then)
-            lives.append({"call": call, "decision": fields, "approval": None, "result": None})
-        elif kind in ("approval", "result") and lives:
-            lives[-1][str(kind)] = fields
+        if holds(record, Decision):
+            then = grant_of(home.audit_log, record, policy_of)
+            grant = record.body.grant
+            now = None if grant is None or then is None else _grant_now(grants, grant, then)
+            lives.append(Life(call, record, now))
+        elif holds(record, Approval) and lives:
+            lives[-1].approval = record
+        elif holds(record, Result) and lives:
+            lives[-1].result = record
     return lives
 
 
-def _trust(untrusted: object) -> str:
+def _fields(record: Record[Decision | Approval | Result]) -> dict[str, Any]:
+    """A record as ``--json`` shows it: its time and its body's fields but the call."""
+    fields = {"at": record.at, **body_fields(record.body)}
+    del fields["call"]
+    return dict(sorted(fields.items()))
+
+
+def life_json(life: Life) -> dict[str, Any]:
+    """One life as ``bxctl why --json`` prints it."""
+    decision = _fields(life.decision)
+    decision["grant"] = None if life.grant is None else attrs.asdict(life.grant)
+    return {
+        "call": life.call,
+        "decision": decision,
+        "approval": None if life.approval is None else _fields(life.approval),
+        "result": None if life.result is None else _fields(life.result),
+    }
+
+
+def _trust(untrusted: bool) -> str:
     return "untrusted" if untrusted else "trusted"
 
 
-def _when(at: object, now: Any) -> str:
+def _when(at: str, now: dt.datetime) -> str:
     try:
-        return local_time(parse_utc(str(at)), now)
+        return local_time(parse_utc(at), now)
     except ValueError:
-        return str(at)
+        return at
 
 
-def _decision_words(decision: dict[str, Any], now: Any) -> list[str]:
-    arguments = orjson.dumps(decision.get("arguments"), option=orjson.OPT_SORT_KEYS).decode()
+def _decision_words(life: Life, now: dt.datetime) -> list[str]:
+    decision = life.decision.body
+    arguments = orjson.dumps(decision.arguments, option=orjson.OPT_SORT_KEYS).decode()
     lines = [
-        f"{decision.get('tool')} {arguments}, asked by session {decision.get('session')}",
-        f"decided {_when(decision.get('at'), now)}: {decision.get('verdict')}",
+        f"{decision.tool} {arguments}, asked by session {decision.session}",
+        f"decided {_when(life.decision.at, now)}: {decision.verdict.value}",
     ]
-    grant = decision.get("grant")
+    grant = life.grant
     if grant is not None:
-        line = f"  grant {grant['id']}"
-        if grant["in_grants_now"]:
-            line += f" (in grants.toml now: mode {grant['mode']}"
-            line += f', note "{grant["note"]}")' if grant["note"] else ")"
+        line = f"  grant {grant.id}"
+        if grant.in_grants_now:
+            line += f" (in grants.toml now: mode {grant.mode}"
+            line += f', note "{grant.note}")' if grant.note else ")"
         else:
             line += " (no longer in grants.toml)"
         lines.append(line)
-        lines += grant_then_lines(GrantThen(**grant["then"]), grant["id"], indent="    ")
+        lines += grant_then_lines(grant.then, grant.id, indent="    ")
     else:
         lines.append("  no grant decided it")
-    if decision.get("reason") is not None:
-        lines.append(f"  denied because {_because(decision['reason'])}")
-    taint, untrusted = decision.get("taint"), decision.get("untrusted")
-    lines.append(f"  the session was taint {taint}, {_trust(untrusted)}")
+    if decision.reason is not None:
+        lines.append(f"  denied because {_because(decision.reason.value)}")
+    lines.append(f"  the session was taint {decision.taint.value}, {_trust(decision.untrusted)}")
     return lines
 
 
 APPROVAL_WORDS: Final = {
-    "ask": "approved by the owner; it ran on their word",
-    "allowed": "approved by the owner; a grant then allowed it without asking",
-    "denied": "approved by the owner, but brokerd decided again and denied it",
-    "withdrawn": "withdrawn; nothing ran",
-    "refused": "refused by the owner",
-    "expired": "expired: nobody answered in time",
+    ApprovalOutcome.ASK: "approved by the owner; it ran on their word",
+    ApprovalOutcome.ALLOWED: "approved by the owner; a grant then allowed it without asking",
+    ApprovalOutcome.DENIED: "approved by the owner, but brokerd decided again and denied it",
+    ApprovalOutcome.WITHDRAWN: "withdrawn; nothing ran",
+    ApprovalOutcome.REFUSED: "refused by the owner",
+    ApprovalOutcome.EXPIRED: "expired: nobody answered in time",
 }
+"""Each outcome of an ask in words (every outcome: tests/cli/test_bxctl.py checks)."""
 
 
-def _approval_words(approval: dict[str, Any], now: Any) -> list[str]:
-    outcome = str(approval.get("outcome"))
-    line = f"{APPROVAL_WORDS.get(outcome, outcome)} {_when(approval.get('at'), now)}"
-    line += f" (approval {approval.get('approval')}, by {approval.get('by')})"
+def _approval_words(record: Record[Approval], now: dt.datetime) -> list[str]:
+    approval = record.body
+    outcome = approval.outcome
+    line = f"{APPROVAL_WORDS[outcome]} {_when(record.at, now)}"
+    line += f" (approval {approval.approval}, by {approval.by.value})"
     lines = [line]
-    reason = approval.get("reason")
-    if outcome == "refused" and reason is not None:
+    reason = approval.reason
+    if outcome is ApprovalOutcome.REFUSED and reason is not None:
         lines.append(f'  the reason the model was told: "{reason}"')
-    elif reason is not None and outcome != "expired":
+    elif reason is not None and outcome is not ApprovalOutcome.EXPIRED:
         lines.append(f"  because {_because(reason)}")
-    written = approval.get("grant_written")
+    written = approval.grant_written
     if written is not None:
         lines.append(f"  approved always: grant {written} was written to grants.toml first")
-    if outcome in ("ask", "allowed", "denied"):
-        taint, untrusted = approval.get("taint"), approval.get("untrusted")
-        lines.append(f"  decided again on the session at taint {taint}, {_trust(untrusted)}")
+    if outcome in _DECIDED_AGAIN:
+        state = f"{approval.taint.value}, {_trust(approval.untrusted)}"
+        lines.append(f"  decided again on the session at taint {state}")
     return lines
 
 
-def _result_words(result: dict[str, Any], now: Any) -> list[str]:
-    when = _when(result.get("at"), now)
-    label = result.get("label") or {}
-    size = result.get("output_bytes")
-    if result.get("status") == "ok":
-        line = f"ran {when}: ok, {size} bytes of output, labelled {label.get('taint')}"
-        if label.get("untrusted"):
+_DECIDED_AGAIN: Final = {ApprovalOutcome.ASK, ApprovalOutcome.ALLOWED, ApprovalOutcome.DENIED}
+_RAN: Final = {ApprovalOutcome.ASK, ApprovalOutcome.ALLOWED}
+
+
+def _result_words(record: Record[Result], now: dt.datetime) -> list[str]:
+    result = record.body
+    when = _when(record.at, now)
+    if result.status is ResultStatus.OK:
+        line = f"ran {when}: ok, {result.output_bytes} bytes of output, labelled "
+        line += result.label.taint.value
+        if result.label.untrusted:
             line += " and untrusted"
         lines = [line]
-    elif result.get("reason") == "requester_gone" and result.get("stopped"):
+    elif result.reason is Reason.REQUESTER_GONE and result.stopped:
         lines = [f"began {when} and was stopped: requester_gone (its requester left while it ran)"]
-    elif result.get("reason") == "requester_gone":
+    elif result.reason is Reason.REQUESTER_GONE:
         lines = [f"did not run {when}: requester_gone (the requester left before it began)"]
     else:
-        lines = [f"ran {when} and failed: {_because(result.get('reason'))}"]
-    after = f"{result.get('taint_after')}, {_trust(result.get('untrusted_after'))}"
+        reason = None if result.reason is None else result.reason.value
+        lines = [f"ran {when} and failed: {_because(reason)}"]
+    after = f"{result.taint_after.value}, {_trust(result.untrusted_after)}"
     lines.append(f"  the session is now taint {after}")
     return lines
 
 
-def describe_life(life: dict[str, Any], now: Any, waiting: ApprovalView | None = None) -> list[str]:
+def describe_life(life: Life, now: dt.datetime, waiting: ApprovalView | None = None) -> list[str]:
     """The sentences of one life of a call; ``waiting``: its entry when it waits now."""
-    lines = [f"call {life['call']}: ", *_decision_words(life["decision"], now)]
+    lines = [f"call {life.call}: ", *_decision_words(life, now)]
     lines[0] += lines.pop(1)
-    if life["approval"] is not None:
-        lines += _approval_words(life["approval"], now)
+    verdict = life.decision.body.verdict
+    if life.approval is not None:
+        lines += _approval_words(life.approval, now)
     elif waiting is not None:
         lines.append(
             f"waits for you now: approval {waiting.approval}, expires "
             f"{local_time(waiting.expires_at, now)}; bxctl approve {waiting.approval}"
         )
-    elif life["decision"].get("verdict") == "ask":
+    elif verdict is VerdictCode.ASK:
         lines.append("no answer recorded yet: it waits, or brokerd stopped first")
-    if life["result"] is not None:
-        lines += _result_words(life["result"], now)
-    elif life["decision"].get("verdict") == "run" or (
-        life["approval"] is not None and life["approval"].get("outcome") in ("ask", "allowed")
+    if life.result is not None:
+        lines += _result_words(life.result, now)
+    elif verdict is VerdictCode.RUN or (
+        life.approval is not None and life.approval.body.outcome in _RAN
     ):
         lines.append("no result recorded yet: it runs, or brokerd stopped first")
     return lines
@@ -234,10 +270,10 @@ async def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
         return fail(f"no call {call} in the ledger ({home.audit_log})", Exit.FAILED)
     if common.json:
         # The latest life; an id used again in a later boot keeps the earlier ones.
-        print_json({**lives[-1], "earlier": lives[:-1]})
+        print_json({**life_json(lives[-1]), "earlier": [life_json(life) for life in lives[:-1]]})
         return Exit.DONE
     last = lives[-1]
-    pending = last["approval"] is None and last["decision"].get("verdict") == "ask"
+    pending = last.approval is None and last.decision.body.verdict is VerdictCode.ASK
     waiting = await _waiting(home, call) if pending else None
     now = utc_now()
     stories = [describe_life(life, now) for life in lives[:-1]]

@@ -1,9 +1,12 @@
 """Reason codes (docs/protocol.md lists them). The strings are the contract: records, answers
-and docs use them."""
+and docs use them. :data:`REASON_WORDS` says each in words, for the owner (``bxctl why``,
+an approve's answer): one table, every code in it (tests/core/test_reasons.py)."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Final
 
 
 class Reason(enum.StrEnum):
@@ -32,6 +35,48 @@ class Reason(enum.StrEnum):
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     REQUESTER_GONE = "requester_gone"
     RESULT_UNRECORDED = "result_unrecorded"
+
+
+REASON_WORDS: Final[Mapping[Reason, str]] = {
+    Reason.UNKNOWN_TOOL: "the model asked for a tool that does not exist",
+    Reason.BAD_ARGUMENTS: "its arguments did not fit the tool",
+    Reason.GRANTS_INVALID: "grants.toml was invalid",
+    Reason.STATE_UNREADABLE: "the session's state could not be read",
+    Reason.NO_GRANT: "no grant allows it",
+    Reason.DENIED_BY_GRANT: "a deny grant matches it",
+    Reason.TAINT_EXCEEDED: "the session's taint was above the grant's max_taint",
+    Reason.UNTRUSTED: "the session was untrusted and the grant says if_untrusted = deny",
+    Reason.REFUSED: "the owner refused it",
+    Reason.EXPIRED: "nobody answered in time",
+    Reason.WITHDRAWN: "it was withdrawn before it ran",
+    Reason.AUDIT_UNAVAILABLE: "the ledger could not be written",
+    Reason.BROKER_STOPPING: "brokerd was stopping",
+    Reason.TOO_MANY_PENDING: "too many calls already waited for the owner",
+    Reason.TOOL_ERROR: "the tool failed",
+    Reason.TIMEOUT: "it ran past its time limit",
+    Reason.NOT_FOUND: "the file or directory does not exist",
+    Reason.TOO_LARGE: "it was over the size limit",
+    Reason.PATH_ESCAPE: "the path leads outside the workspace or the grant",
+    Reason.SANDBOX_UNAVAILABLE: "the sandbox could not be set up",
+    Reason.REQUESTER_GONE: "the requester left (its chat or turn ended)",
+    Reason.RESULT_UNRECORDED: "its result could not be recorded",
+}
+"""Each reason code in words, for the owner."""
+
+
+def reason_words(code: object) -> str | None:
+    """The words of ``code`` when it is a reason code (a record's reason may also be the
+    owner's own text: an approval's ``refused``), else None.
+
+    >>> reason_words("no_grant"), reason_words("not today")
+    ('no grant allows it', None)
+    """
+    if not isinstance(code, str):
+        return None
+    try:
+        return REASON_WORDS[Reason(code)]
+    except ValueError:
+        return None
 
 
 RUNBOOK_TOO_MANY_PENDING = "docs/runbook.md#too-many-pending"

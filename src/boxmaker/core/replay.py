@@ -1,5 +1,7 @@
 """What-if: recorded decisions decided again against candidate grants (``bxctl grants
-what-if``, README.md). Pure: recorded decisions and a parsed grant set in, flips out.
+what-if``, README.md). Pure: the ledger's decision records (:class:`~boxmaker.core.
+vocabulary.Record` of a :class:`~boxmaker.core.vocabulary.Decision`, as the ledger's
+reader yields them) and a parsed grant set in, flips out.
 
 A recorded decision is replayed as brokerd decided it: the same :func:`~boxmaker.core.
 decide.decide`, on the recorded (checked) arguments, the session's taint and trust as
@@ -30,7 +32,7 @@ import bisect
 import collections
 import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Final, NamedTuple, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -42,9 +44,9 @@ from boxmaker.core.catalogue import (
 )
 from boxmaker.core.decide import CheckedRequest, Verdict, decide
 from boxmaker.core.grants import Grant, GrantSet
-from boxmaker.core.labels import Label
+from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
-from boxmaker.core.vocabulary import VerdictCode
+from boxmaker.core.vocabulary import Decision, Record, VerdictCode, record_time
 
 GRANT_REASONS: Final[frozenset[Reason | None]] = frozenset(
     {None, Reason.NO_GRANT, Reason.DENIED_BY_GRANT, Reason.TAINT_EXCEEDED, Reason.UNTRUSTED}
@@ -55,22 +57,10 @@ CACHE_ENTRIES: Final = 65536
 """Entries each cache holds before it is cleared (a few tens of MiB at most)."""
 
 
-class RecordedDecision(NamedTuple):
-    """A ``decision`` record as replay needs it: ``at`` is the record's time (aware),
-    ``arguments`` the checked arguments brokerd recorded, ``state`` the session's taint
-    and trust it decided on. (A NamedTuple, not attrs: one is made per record, and a
-    frozen attrs class takes three times as long to make.)"""
-
-    seq: int
-    at: dt.datetime
-    call: str
-    session: str
-    tool: str
-    arguments: Mapping[str, Any]
-    verdict: VerdictCode
-    reason: Reason | None
-    grant: str | None
-    state: Label
+_STATES: Final = {
+    (taint, untrusted): Label(taint, untrusted) for taint in Taint for untrusted in (False, True)
+}
+"""The session's state a decision record says, made once, not once a record."""
 
 
 @attrs.frozen
@@ -87,7 +77,7 @@ class Outcome:
 class Flip:
     """A recorded call whose verdict the candidate grants would change."""
 
-    recorded: RecordedDecision
+    recorded: Record[Decision]
     now: Outcome
 
 
@@ -97,11 +87,10 @@ class Replay:
     (:meth:`replay`, or :meth:`run` over many), and keeps the tally.
 
     >>> from boxmaker.core.grant_parse import parse_grants
-    >>> from boxmaker.core.labels import FRESH
     >>> grants = parse_grants('[[grant]]\\nid = "ask-read"\\ntool = "read_file"\\nmode = "ask"')
-    >>> at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    >>> ran = RecordedDecision(1, at, "c-1", "s-1", "read_file", {"path": "a"},
-    ...                        VerdictCode.RUN, None, "read", FRESH)
+    >>> body = Decision("c-1", "s-1", "read_file", {"path": "a"}, VerdictCode.RUN, None,
+    ...                 "read", Taint.PUBLIC, False, "b-1")
+    >>> ran = Record(1, "2026-01-01T00:00:00.000Z", "ab", body)
     >>> replay = Replay(grants)
     >>> flip = replay.replay(ran)
     >>> flip.now.verdict, flip.now.grant
@@ -141,7 +130,7 @@ class Replay:
             unmatched.setdefault(grant.tool, []).append(grant)
         return unmatched
 
-    def run(self, decisions: Iterable[RecordedDecision]) -> Iterator[Flip]:
+    def run(self, decisions: Iterable[Record[Decision]]) -> Iterator[Flip]:
         """Every flip among ``decisions``, in their order."""
         replay = self.replay
         for recorded in decisions:
@@ -149,17 +138,18 @@ class Replay:
             if flip is not None:
                 yield flip
 
-    def replay(self, recorded: RecordedDecision) -> Flip | None:
+    def replay(self, recorded: Record[Decision]) -> Flip | None:
         """Decide ``recorded`` again; the flip when its verdict changes, else None."""
-        if recorded.reason not in GRANT_REASONS:
-            self.not_by_grants[str(recorded.reason)] += 1
+        decision = recorded.body
+        if decision.reason not in GRANT_REASONS:
+            self.not_by_grants[str(decision.reason)] += 1
             return None
-        outcome = self._outcome(recorded)
+        outcome = self._outcome(decision, record_time(recorded.at))
         if outcome is None:
             self.unreplayable += 1
             return None
         self.replayed += 1
-        if outcome.verdict == recorded.verdict:
+        if outcome.verdict == decision.verdict:
             self.unchanged += 1
             return None
         self.flips += 1
@@ -176,15 +166,15 @@ class Replay:
             g for g in self.grants.grants if g.id in self.matched and g.id not in self.decided
         )
 
-    def _outcome(self, recorded: RecordedDecision) -> Outcome | None:
-        """The candidate's outcome for ``recorded``; None when its arguments do not check."""
-        now, state = recorded.at, recorded.state
+    def _outcome(self, decision: Decision, now: dt.datetime) -> Outcome | None:
+        """The candidate's outcome for ``decision``, recorded at ``now``; None when its
+        arguments do not check."""
         epoch = bisect.bisect_right(self._expiries, now)
-        arguments_key = _arguments_key(recorded.tool, recorded.arguments)
+        arguments_key = _arguments_key(decision.tool, decision.arguments)
         if arguments_key is None:  # not cacheable: decided afresh, every time
-            first = self._first_look(recorded, now)
+            first = self._first_look(decision, now)
             return None if first is None else first[1]
-        key = (arguments_key, epoch, state.taint, state.untrusted)
+        key = (arguments_key, epoch, decision.taint, decision.untrusted)
         outcome = self._outcomes.get(key)
         if outcome is not None:
             return outcome
@@ -193,9 +183,9 @@ class Replay:
             call = self._calls[call_key]
             if call is None:
                 return None
-            outcome = self._decide(recorded, call, state, now)
+            outcome = self._decide(decision, call, now)
         else:
-            first = self._first_look(recorded, now)
+            first = self._first_look(decision, now)
             _bounded(self._calls)[call_key] = None if first is None else first[0]
             if first is None:
                 return None
@@ -203,33 +193,31 @@ class Replay:
         _bounded(self._outcomes)[key] = outcome
         return outcome
 
-    def _first_look(
-        self, recorded: RecordedDecision, now: dt.datetime
-    ) -> tuple[_Call, Outcome] | None:
+    def _first_look(self, decision: Decision, now: dt.datetime) -> tuple[_Call, Outcome] | None:
         """Arguments not seen before (in this epoch): check them, note which grants
         cover them, and decide with the whole grant set. Also the grant that precedence
         picks for them, which does not depend on the session's state: later states
         are decided on it alone (:meth:`_decide`)."""
-        checked = check_arguments(recorded.tool, recorded.arguments)
+        checked = check_arguments(decision.tool, decision.arguments)
         if isinstance(checked, ArgumentProblem):
             return None
         self._note_matches(checked, now)
-        request = CheckedRequest(recorded.call, recorded.session, checked)
-        outcome = self._outcome_of(decide(request, self.grants, recorded.state, now))
+        request = CheckedRequest(decision.call, decision.session, checked)
+        state = _STATES[decision.taint, decision.untrusted]
+        outcome = self._outcome_of(decide(request, self.grants, state, now))
         alone = self._alone.get(outcome.grant)
         if alone is None:
             found = tuple(g for g in self.grants.grants if g.id == outcome.grant)
             alone = self._alone[outcome.grant] = GrantSet(found)
         return _Call(checked, alone), outcome
 
-    def _decide(
-        self, recorded: RecordedDecision, call: _Call, state: Label, now: dt.datetime
-    ) -> Outcome:
+    def _decide(self, decision: Decision, call: _Call, now: dt.datetime) -> Outcome:
         # Only the picked grant is offered: decide() picks it again (it covers the
         # call, in this epoch) or, with none, says no_grant; the rest of its answer
         # depends on that grant and the state alone, so it is the answer the whole
         # grant set gives, at a fraction of the cost.
-        request = CheckedRequest(recorded.call, recorded.session, call.checked)
+        request = CheckedRequest(decision.call, decision.session, call.checked)
+        state = _STATES[decision.taint, decision.untrusted]
         return self._outcome_of(decide(request, call.grants, state, now))
 
     def _outcome_of(self, verdict: Verdict) -> Outcome:

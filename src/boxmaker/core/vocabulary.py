@@ -23,7 +23,17 @@ import enum
 import hashlib
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Final,
+    Generic,
+    Literal,
+    TypeAlias,
+    TypeGuard,
+    TypeVar,
+)
 
 import attrs
 
@@ -285,6 +295,56 @@ class ErrorFrame:
 
 # ---------------------------------------------------------------------------------------
 # Records of a call (the ledger)
+
+BodyT = TypeVar("BodyT", covariant=True)
+
+
+def record_time(at: str) -> dt.datetime:
+    """A record's ``at`` read back, aware (UTC for every record brokerd writes).
+    ValueError for text that is not ISO 8601 with an offset.
+
+    ``fromisoformat`` itself, not :func:`boxmaker.clock.parse_utc`: the conversion to
+    UTC costs more than the parse (what-if reads one a decision), and an aware time
+    compares and orders alike in any zone.
+
+    >>> record_time("2026-01-02T03:04:05.678Z").isoformat()
+    '2026-01-02T03:04:05.678000+00:00'
+    >>> record_time("2026-01-02T03:04:05")
+    Traceback (most recent call last):
+    ...
+    ValueError: a time without a zone: '2026-01-02T03:04:05'
+    """
+    moment = dt.datetime.fromisoformat(at)
+    if moment.tzinfo is None:
+        raise ValueError(f"a time without a zone: {at!r}")
+    return moment
+
+
+@attrs.frozen
+class Record(Generic[BodyT]):
+    """A ledger line read back: its common fields and its body (a :class:`Decision`,
+    :class:`Approval`, :class:`Result`, or a record of brokerd's own life,
+    :data:`boxmaker.ledger.records.Body`). ``at`` is the time as the line has it (UTC,
+    ISO 8601: :func:`boxmaker.clock.format_utc`), ``prev`` the SHA-256 of the line
+    before. The ledger's readers make these (:mod:`boxmaker.ledger.reader`); the core
+    takes them as they are (what-if's replay, a grant's usage)."""
+
+    seq: int
+    at: str
+    prev: str
+    body: BodyT
+
+
+_B = TypeVar("_B")
+
+
+def holds(record: Record[object], body_type: type[_B]) -> TypeGuard[Record[_B]]:
+    """Whether ``record``'s body is a ``body_type``: a record narrowed by its body.
+
+    >>> holds(Record(1, "2026-01-01T00:00:00.000Z", "ab", "a body"), str)
+    True
+    """
+    return isinstance(record.body, body_type)
 
 
 @attrs.frozen

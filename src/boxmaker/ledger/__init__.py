@@ -3,12 +3,15 @@ writer, verification.
 
 - :mod:`boxmaker.ledger.records`: record bodies and their canonical bytes (pure);
 - :mod:`boxmaker.ledger.writer`: open/repair, and the trio writer task (group commit);
+- :mod:`boxmaker.ledger.reader`: the one reader, lines in, typed records out (a typed
+  path, and a fast path for decisions);
 - :mod:`boxmaker.ledger.verify`: streaming verification (pure core, file wrapper).
 """
 
 from __future__ import annotations
 
 from boxmaker.core.vocabulary import ApprovalBy, ApprovalOutcome, VerdictCode
+from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
 from boxmaker.ledger.records import (
     Approval,
     BadRecord,
@@ -34,7 +37,6 @@ from boxmaker.ledger.verify import (
     CallCounts,
     Problem,
     Report,
-    iter_lines,
     verify_file,
     verify_lines,
 )
@@ -62,9 +64,11 @@ __all__ = [
     "Genesis",
     "Kind",
     "LedgerFile",
+    "LedgerReader",
     "LedgerStopped",
     "LedgerTorn",
     "LedgerWriter",
+    "NotARecord",
     "OsLedgerFile",
     "Policy",
     "Problem",

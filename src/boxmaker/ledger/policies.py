@@ -21,15 +21,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
 from boxmaker.core.grant_text import grant_text
+from boxmaker.core.vocabulary import Record
 from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
 from boxmaker.grants_file import MAX_GRANTS_BYTES
+from boxmaker.ledger.records import Policy
 from boxmaker.regular_file import NotRegularFile, read_regular_file
 
 POLICIES_DIR: Final = "policies"
@@ -163,18 +164,15 @@ class GrantThen:
     missing: str | None = None
 
 
-def grant_then(directory: Path, policy: Mapping[str, Any] | None, grant_id: str) -> GrantThen:
+def grant_then(directory: Path, policy: Record[Policy] | None, grant_id: str) -> GrantThen:
     """Read grant ``grant_id`` from the kept version ``policy`` (a ``policy`` record, the
     last before the decision; None when there is none) names. Blocking."""
     if policy is None:
         return GrantThen(None, None, missing="no policy record of its boot before the decision")
-    seq = policy.get("seq") if type(policy.get("seq")) is int else None
-    sha = policy.get("sha256")
-    if not is_sha256(sha):
-        return GrantThen(
-            None, seq, missing=f"grants.toml could not be read: {policy.get('problem')}"
-        )
-    assert isinstance(sha, str)
+    seq, sha = policy.seq, policy.body.sha256
+    # Typed is not enough: the name becomes a path, so it must be a SHA-256's hex.
+    if sha is None or not is_sha256(sha):
+        return GrantThen(None, seq, missing=f"grants.toml could not be read: {policy.body.problem}")
     try:
         data = read_kept(directory, sha)
     except KeptProblem as problem:

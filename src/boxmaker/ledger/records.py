@@ -16,6 +16,10 @@ b'{"at":"2026-01-02T03:04:05.678Z","kind":"genesis","ledger":"l-1","prev":"000..
 Genesis(ledger='l-1')
 >>> format_head(0, line_hash(line)) == "0:" + line_hash(line)
 True
+
+Lines are read back by :mod:`boxmaker.ledger.reader`, the one reader: :func:`decode_line`
+is its typed path, a line decoded whole by the one converter (:func:`line_fields` then
+:func:`decode_fields`, which the writer's start and verify share where they decode).
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from boxmaker.core.vocabulary import (
     ApprovalOutcome,
     Decision,
     Kind,
+    Record,
     Result,
     ResultStatus,
     VerdictCode,
+    record_time,
 )
 
 __all__ = [
@@ -53,6 +59,7 @@ __all__ = [
     "Decision",
     "Genesis",
     "Kind",
+    "NotJson",
     "Policy",
     "Record",
     "Repair",
@@ -61,9 +68,12 @@ __all__ = [
     "Start",
     "Stop",
     "VerdictCode",
+    "body_fields",
+    "decode_fields",
     "decode_line",
     "encode_line",
     "format_head",
+    "line_fields",
     "line_hash",
     "new_boot_id",
     "new_ledger_id",
@@ -152,18 +162,12 @@ BODY_TYPES: dict[Kind, type[Body]] = {
 }
 
 
-@attrs.frozen
-class Record:
-    """A decoded line: the common fields and the body."""
-
-    seq: int
-    at: str
-    prev: str
-    body: Body
-
-
 class BadRecord(ValueError):
     """A line that is not a record of a known kind with the right fields."""
+
+
+class NotJson(BadRecord):
+    """A line that is not JSON at all (a torn write, or not a ledger's line)."""
 
 
 def new_ledger_id() -> str:
@@ -184,13 +188,24 @@ def new_boot_id() -> str:
     return "b-" + secrets.token_hex(8)
 
 
+def body_fields(body: Body) -> dict[str, Any]:
+    """A body's fields as its line holds them (JSON's values, by the one converter),
+    without the common ones: what a reader shows of a record.
+
+    >>> body_fields(Stop(boot="b-1"))
+    {'boot': 'b-1'}
+    """
+    fields: dict[str, Any] = converter.unstructure(body, type(body))
+    return fields
+
+
 def encode_line(seq: int, at: str, prev: str, body: Body) -> bytes:
     """The canonical bytes of a record, without the newline: keys sorted, no spaces.
 
     >>> encode_line(3, "2026-01-02T03:04:05.678Z", "ab", Stop(boot="b-1"))
     b'{"at":"2026-01-02T03:04:05.678Z","boot":"b-1","kind":"stop","prev":"ab","seq":3}'
     """
-    fields: dict[str, Any] = converter.unstructure(body, type(body))
+    fields = body_fields(body)
     fields["seq"] = seq
     fields["at"] = at
     fields["kind"] = body.kind.value
@@ -198,27 +213,43 @@ def encode_line(seq: int, at: str, prev: str, body: Body) -> bytes:
     return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
 
 
-def decode_line(line: bytes) -> Record:
-    """Read a line back into a :class:`Record` (for readers; verify works on raw dicts).
+def line_fields(line: bytes) -> dict[str, Any]:
+    """The JSON object a line holds. Raises :class:`NotJson`, or :class:`BadRecord`
+    for JSON that is not an object.
 
-    >>> decode_line(b'{"seq": 1}')
+    >>> line_fields(b'{"seq": 1}')
+    {'seq': 1}
+    >>> line_fields(b"[1]")
     Traceback (most recent call last):
     ...
-    boxmaker.ledger.records.BadRecord: missing common field 'at'
+    boxmaker.ledger.records.BadRecord: not a JSON object
     """
     try:
         fields = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise BadRecord(f"not JSON: {exc}") from None
-    if not isinstance(fields, dict):
+        raise NotJson(f"not JSON: {exc}") from None
+    if type(fields) is not dict:
         raise BadRecord("not a JSON object")
+    return fields
+
+
+def decode_fields(fields: dict[str, Any]) -> Record[Body]:
+    """The record a line's JSON object says (it is consumed): the common fields, then
+    the body by the one converter, then ``at``, which must be a time with an offset.
+    Raises :class:`BadRecord`.
+
+    >>> decode_fields({"seq": 1})
+    Traceback (most recent call last):
+    ...
+    boxmaker.ledger.records.BadRecord: missing common field 'at'
+    """
     common = {}
     for name in ("seq", "at", "kind", "prev"):
         if name not in fields:
             raise BadRecord(f"missing common field {name!r}")
         common[name] = fields.pop(name)
     seq, at, kind, prev = common["seq"], common["at"], common["kind"], common["prev"]
-    if type(seq) is not int or not isinstance(at, str) or not isinstance(prev, str):
+    if type(seq) is not int or type(at) is not str or type(prev) is not str:
         raise BadRecord("common field of the wrong type")
     try:
         body_type = BODY_TYPES[Kind(kind)]
@@ -228,7 +259,27 @@ def decode_line(line: bytes) -> Record:
         body = converter.structure(fields, body_type)
     except Exception as exc:  # cattrs raises validation groups of many kinds; one answer
         raise BadRecord(f"bad {kind} record: " + "; ".join(cattrs.transform_error(exc))) from None
+    try:
+        record_time(at)
+    except ValueError:
+        raise BadRecord(f"at {at!r} is not a UTC time") from None
     return Record(seq=seq, at=at, prev=prev, body=body)
+
+
+def decode_line(line: bytes) -> Record[Body]:
+    """Read a line back into a :class:`~boxmaker.core.vocabulary.Record` (the reader's
+    typed path: :mod:`boxmaker.ledger.reader`). Raises :class:`BadRecord`.
+
+    >>> decode_line(b'{"seq": 1}')
+    Traceback (most recent call last):
+    ...
+    boxmaker.ledger.records.BadRecord: missing common field 'at'
+    >>> decode_line(b'{"at":"now","boot":"b-1","kind":"stop","prev":"ab","seq":3}')
+    Traceback (most recent call last):
+    ...
+    boxmaker.ledger.records.BadRecord: at 'now' is not a UTC time
+    """
+    return decode_fields(line_fields(line))
 
 
 def line_hash(line: bytes) -> str:

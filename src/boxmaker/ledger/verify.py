@@ -47,8 +47,17 @@ that reuses the id of a call that already ended starts a new call and is not rep
 id ever seen would catch that reuse, but it costs ~100 bytes a call and, measured, a
 third of the speed. Problems are capped at ``max_problems`` (the rest are counted).
 
+What it shares with the one reader (:mod:`boxmaker.ledger.reader`): the lines, as
+iterating the file opened with :data:`~boxmaker.ledger.reader.READ_BUFFER` yields them
+(:func:`~boxmaker.ledger.reader.iter_lines`' convention: newline kept, the last perhaps
+without), and the first line's decoding (:func:`~boxmaker.ledger.records.line_fields`).
+It keeps its own loop over the rest: each line's exact bytes must be hashed, and a
+record that is not well formed is a problem to report where it stands in the chain, not
+a line to pass over.
+
 Performance: the loop works on ``orjson.loads``' dict and ``hashlib`` directly, with no
-attrs/cattrs per record; tools/bench_ledger.py compares it with a bare hash+parse loop.
+attrs/cattrs per record (and no call to the shared decoding per line, which would cost
+one each); tools/bench_ledger.py compares it with a bare hash+parse loop.
 """
 
 from __future__ import annotations
@@ -56,16 +65,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
 import orjson
 
 from boxmaker.ledger.policies import RUNBOOK_KEPT, is_sha256, kept_problem, policies_dir
-from boxmaker.ledger.records import GENESIS_PREV, format_head, parse_head
+from boxmaker.ledger.reader import READ_BUFFER
+from boxmaker.ledger.records import GENESIS_PREV, BadRecord, format_head, line_fields, parse_head
 
-READ_BUFFER = 1 << 20
 MAX_PROBLEMS = 1000
 
 # Phases of an open call.
@@ -120,12 +129,6 @@ class Report:
     @property
     def sound(self) -> bool:
         return not self.problems
-
-
-def iter_lines(path: Path) -> Iterator[bytes]:
-    """The file's lines, newline kept, through a large buffer (one pass, streaming)."""
-    with path.open("rb", buffering=READ_BUFFER) as file:
-        yield from file
 
 
 def verify_file(path: Path, expect_head: str | None = None) -> Report:
@@ -213,8 +216,8 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         return Report(problems=(), records=0, head=None, calls=CallCounts())
     # Checked here, once, rather than by a test on every line of the loop.
     try:
-        first_kind = loads(first)["kind"]
-    except (decode_error, KeyError, TypeError):
+        first_kind = line_fields(first).get("kind")
+    except BadRecord:
         first_kind = None
     if first_kind != "genesis":
         problem(0, f"the first record is {first_kind!r}, not genesis")

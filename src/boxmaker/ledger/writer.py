@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Protocol
 
 import attrs
-import orjson
 import trio
 
 from boxmaker.clock import format_utc, utc_now
@@ -40,11 +39,14 @@ from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
 from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
 from boxmaker.ledger.records import (
     GENESIS_PREV,
+    BadRecord,
     Body,
     Genesis,
+    NotJson,
     Repair,
     encode_line,
     format_head,
+    line_fields,
     line_hash,
     new_ledger_id,
 )
@@ -126,11 +128,14 @@ def _inspect_tail(fd: int) -> Tail | _Torn:
     if not last.endswith(b"\n"):
         return _Torn(start, last, "no newline")
     line = last[:-1]
+    # The shared decoding (the one reader's: boxmaker.ledger.reader), not the whole
+    # record: only the seq and the line's hash are needed to go on from here.
     try:
-        fields = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        seq = line_fields(line).get("seq")
+    except NotJson:
         return _Torn(start, last, "not valid JSON")
-    seq = fields.get("seq") if isinstance(fields, dict) else None
+    except BadRecord:
+        seq = None
     if type(seq) is not int or seq < 0:
         return _Torn(start, last, "not a record with a seq")
     return Tail(next_seq=seq + 1, prev=line_hash(line))
