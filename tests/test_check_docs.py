@@ -132,18 +132,18 @@ def test_a_module_missing_from_the_code_map_fails() -> None:
 
 
 def test_a_module_named_in_the_wrong_folder_fails() -> None:
-    moved = ARCHITECTURE.replace("  threads.py      how brokerd", "    threads.py    how brokerd")
+    moved = ARCHITECTURE.replace("    threads.py    how brokerd", "      threads.py  how brokerd")
     assert check_docs.code_map_problems(moved) == [
-        "docs/architecture.md: the code map does not name src/boxmaker/threads.py",
-        "docs/architecture.md: the code map names src/boxmaker/oneshot.py/threads.py, "
+        "docs/architecture.md: the code map does not name src/boxmaker/runtime/threads.py",
+        "docs/architecture.md: the code map names src/boxmaker/runtime/oneshot.py/threads.py, "
         "which is not there",
     ]
 
 
 def test_a_module_named_only_in_a_description_is_not_named() -> None:
     text = ARCHITECTURE.replace(
-        "  oneshot.py      one value", "                  oneshot.py one value"
+        "    oneshot.py    one value", "                  oneshot.py one value"
     )
     assert check_docs.code_map_problems(text) == [
-        "docs/architecture.md: the code map does not name src/boxmaker/oneshot.py"
+        "docs/architecture.md: the code map does not name src/boxmaker/runtime/oneshot.py"
     ]

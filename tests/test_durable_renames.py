@@ -10,9 +10,9 @@ from pathlib import Path
 import attrs
 
 from boxmaker.core.labels import Label, Taint
-from boxmaker.file_ops import OsFileOps
+from boxmaker.home.file_ops import OsFileOps
+from boxmaker.home.state_files import raise_state, read_state
 from boxmaker.ledger.writer import open_ledger
-from boxmaker.state_files import raise_state, read_state
 
 SESSION = "s-0123456789ab"
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

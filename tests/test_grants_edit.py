@@ -17,8 +17,8 @@ from tests.harness.grants import checked, exact_always
 from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grant_scope import ScopeProblem, grant_of
 from boxmaker.core.grants import Grant, GrantSet, Mode
-from boxmaker.grants_edit import GrantsEditError, add_grant, locked, remove_grant
-from boxmaker.grants_file import load_grants
+from boxmaker.home.grants_edit import GrantsEditError, add_grant, locked, remove_grant
+from boxmaker.home.grants_file import load_grants
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -171,7 +171,7 @@ WRITER = """
 import sys
 from pathlib import Path
 from boxmaker.core.grant_scope import grant_of
-from boxmaker.grants_edit import add_grant
+from boxmaker.home.grants_edit import add_grant
 path, prefix, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for n in range(count):
     fields = {{"id": f"{{prefix}}-{{n}}", "tool": "shell", "mode": "auto",

@@ -10,7 +10,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxmaker.ndjson import (
+from boxmaker.runtime.ndjson import (
     MAX_FRAME,
     BufferBudget,
     FrameError,

@@ -1,11 +1,11 @@
-"""OneShot: one value from one task to another, once (src/boxmaker/oneshot.py)."""
+"""OneShot: one value from one task to another, once (src/boxmaker/runtime/oneshot.py)."""
 
 from __future__ import annotations
 
 import trio
 import trio.testing
 
-from boxmaker.oneshot import OneShot
+from boxmaker.runtime.oneshot import OneShot
 
 
 async def test_a_value_given_first_is_got_at_once() -> None:

@@ -12,7 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxmaker.printable import PrintableFormatter, PrintableStream, printable, printable_exactly
+from boxmaker.formats.printable import (
+    PrintableFormatter,
+    PrintableStream,
+    printable,
+    printable_exactly,
+)
 
 UNSAFE = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 # One of each kind the escaping is for, and one above U+FFFF (a tag character).

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxmaker import convert
-from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID, converter
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.core.vocabulary import APPROVE_OUTCOMES, ApprovalOutcome
+from boxmaker.formats import convert
+from boxmaker.formats.convert import APPROVAL_ID, CALL_ID, SESSION_ID, converter
 from boxmaker.wire import (
     Answer,
     ApprovalsAnswer,

@@ -49,10 +49,10 @@ import attrs
 import orjson
 import trio
 
-from boxmaker.convert import new_call_id, new_session_id
+from boxmaker.formats.convert import new_call_id, new_session_id
 from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
-from boxmaker.ndjson import FrameReader
+from boxmaker.runtime.ndjson import FrameReader
 
 LATENCY_TARGET: Final = 2.0
 THROUGHPUT_TARGET: Final = 1500.0

@@ -23,9 +23,9 @@ from pathlib import Path
 import orjson
 
 from boxmaker import __version__
-from boxmaker.clock import format_utc
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.formats.clock import format_utc
 from boxmaker.ledger.policies import keep, policies_dir
 from boxmaker.ledger.reader import READ_BUFFER
 from boxmaker.ledger.records import (

@@ -48,7 +48,7 @@ from tests.harness.model import MISSING, call_text, tokens_of  # noqa: E402
 from boxmaker.home.paths import Home  # noqa: E402
 from boxmaker.loop.model_client import ModelClient, ModelFailure  # noqa: E402
 from boxmaker.loop.turn import model_tools, request_payload  # noqa: E402
-from boxmaker.ndjson import FrameReader  # noqa: E402
+from boxmaker.runtime.ndjson import FrameReader  # noqa: E402
 
 TOKEN_MARGIN: Final = 16
 DEMO_TARGET_S: Final = 15.0

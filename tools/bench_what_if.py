@@ -34,13 +34,13 @@ from bench_decide import grants_text
 
 from boxmaker.cli.common import Common
 from boxmaker.cli.what_if import what_if
-from boxmaker.clock import format_utc
 from boxmaker.core.catalogue import CheckedArguments, check_arguments
 from boxmaker.core.decide import CheckedRequest, decide
 from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.formats.clock import format_utc
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import (
     GENESIS_PREV,

@@ -14,13 +14,13 @@ from tests.harness.homes import grant, write_grants, write_state
 from boxmaker import __version__
 from boxmaker.broker.cgroup_plan import NoCgroups
 from boxmaker.broker.state import Broker
-from boxmaker.clock import utc_now
-from boxmaker.convert import new_call_id
 from boxmaker.core.approvals import GrantRef, PendingEntry
 from boxmaker.core.labels import Taint
+from boxmaker.formats.clock import utc_now
+from boxmaker.formats.convert import new_call_id
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import format_head, line_hash
-from boxmaker.ndjson import MAX_FRAME
+from boxmaker.runtime.ndjson import MAX_FRAME
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

@@ -26,8 +26,8 @@ from tests.harness.cli import bxctl_in_process as bxctl
 from tests.harness.homes import grant, write_grants
 
 from boxmaker.core import call_events as ev
-from boxmaker.grants_edit import add_grant
-from boxmaker.grants_file import load_grants
+from boxmaker.home.grants_edit import add_grant
+from boxmaker.home.grants_file import load_grants
 from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")

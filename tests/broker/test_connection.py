@@ -38,12 +38,12 @@ from boxmaker.broker.connection import (
     RESULT_UNRECORDED_DETAIL,
 )
 from boxmaker.broker.state import Broker
-from boxmaker.convert import new_call_id
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
 from boxmaker.core.state import StateUnreadable
+from boxmaker.formats.convert import new_call_id
 from boxmaker.home.paths import Home
-from boxmaker.ndjson import MAX_FRAME
-from boxmaker.regular_file import read_regular_file
+from boxmaker.home.regular_file import read_regular_file
+from boxmaker.runtime.ndjson import MAX_FRAME
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

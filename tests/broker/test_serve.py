@@ -39,8 +39,8 @@ from boxmaker.home.config import ConfigError
 from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerTorn
-from boxmaker.threads import ToThread
-from boxmaker.unix_sockets import ListenerError
+from boxmaker.runtime.threads import ToThread
+from boxmaker.runtime.unix_sockets import ListenerError
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 

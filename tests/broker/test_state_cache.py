@@ -20,7 +20,7 @@ from boxmaker.broker.session_states import SessionStates
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
 from boxmaker.home.paths import Home
-from boxmaker.state_files import RACY_NS, read_state, read_state_keyed, state_key, state_path
+from boxmaker.home.state_files import RACY_NS, read_state, read_state_keyed, state_key, state_path
 
 T = TypeVar("T")
 

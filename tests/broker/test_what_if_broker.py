@@ -33,7 +33,7 @@ from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.cli.common import Common
 from boxmaker.cli.what_if import what_if
 from boxmaker.home.paths import Home
-from boxmaker.threads import ToThread
+from boxmaker.runtime.threads import ToThread
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ import trio
 
 from boxmaker.cli import why as why_module
 from boxmaker.cli.app import app
-from boxmaker.clock import parse_utc
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.formats.clock import parse_utc
 from boxmaker.ledger.records import (
     Approval,
     ApprovalBy,

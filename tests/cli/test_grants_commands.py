@@ -30,7 +30,7 @@ from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, short_home, write_grants, write_state
 
 from boxmaker.cli.app import app
-from boxmaker.clock import local_time, parse_utc, utc_now
+from boxmaker.formats.clock import local_time, parse_utc, utc_now
 from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxmaker.convert import converter
 from boxmaker.core.labels import (
     FRESH,
     UNKNOWN,
@@ -20,6 +19,7 @@ from boxmaker.core.labels import (
     shell_label,
 )
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
+from boxmaker.formats.convert import converter
 
 labels = st.builds(Label, st.sampled_from(list(Taint)), st.booleans())
 

@@ -11,8 +11,8 @@ import pytest
 
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
-from boxmaker.file_ops import OsFileOps
-from boxmaker.state_files import raise_state, read_state, state_path
+from boxmaker.home.file_ops import OsFileOps
+from boxmaker.home.state_files import raise_state, read_state, state_path
 
 SESSION = "s-0123456789ab"
 INTERNAL = Label(Taint.INTERNAL, False)

@@ -11,7 +11,6 @@ from typing import Final
 
 import pytest
 
-from boxmaker.convert import InvalidField
 from boxmaker.core.approvals import GrantRef, PendingEntry
 from boxmaker.core.decide import Ask, Ruling, evaluate
 from boxmaker.core.grant_parse import parse_grants
@@ -32,6 +31,7 @@ from boxmaker.core.vocabulary import (
     VerdictCode,
     to_ms,
 )
+from boxmaker.formats.convert import InvalidField
 
 CALL: Final = "c-0000000000000001"
 SESSION: Final = "s-0000000000a1"

@@ -26,12 +26,12 @@ import trio
 
 from boxmaker.broker.serve import serve_broker
 from boxmaker.broker.state import Broker
-from boxmaker.convert import new_call_id
+from boxmaker.formats.convert import new_call_id
 from boxmaker.home.paths import Home
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import LedgerFile, OsLedgerFile
-from boxmaker.ndjson import FrameReader
-from boxmaker.threads import ToThread
+from boxmaker.runtime.ndjson import FrameReader
+from boxmaker.runtime.threads import ToThread
 
 SESSION: Final = "s-0000000000a1"
 GUARD: Final = 600.0
@@ -42,7 +42,7 @@ Ts = TypeVarTuple("Ts")
 
 
 async def inline(sync_fn: Callable[[*Ts], T], *args: *Ts, abandon_on_cancel: bool = False) -> T:
-    """A :class:`~boxmaker.threads.ToThread` without the thread: ``sync_fn`` runs inline,
+    """A :class:`~boxmaker.runtime.threads.ToThread` without the thread: ``sync_fn`` runs inline,
     after a checkpoint (see the module docstring; the ``inline_threads`` fixture)."""
     await trio.lowlevel.checkpoint()
     return sync_fn(*args)

@@ -11,7 +11,7 @@ import trio
 
 from boxmaker.broker.state import Broker
 from boxmaker.home.paths import Home
-from boxmaker.threads import ToThread
+from boxmaker.runtime.threads import ToThread
 
 from .broker import GUARD, PENDING_TIMEOUT, Brokerd, inline
 from .homes import short_home, write_config, write_grants

@@ -12,8 +12,8 @@ import orjson
 import trio
 
 from boxmaker.home.paths import Home
-from boxmaker.ndjson import FrameReader
-from boxmaker.unix_sockets import open_unix_listener
+from boxmaker.runtime.ndjson import FrameReader
+from boxmaker.runtime.unix_sockets import open_unix_listener
 
 
 @asynccontextmanager

@@ -17,8 +17,8 @@ from tests.fakes.llama_server import FakeLlama
 from boxmaker.home.paths import Home
 from boxmaker.loop.model_client import ModelClient
 from boxmaker.loop.serve import Loop, serve_loop
-from boxmaker.ndjson import FrameReader
 from boxmaker.proxy.serve import ProxyHandle, serve_proxy
+from boxmaker.runtime.ndjson import FrameReader
 
 from .broker import running
 

@@ -28,9 +28,9 @@ from tests.harness.homes import grant, write_grants
 from boxmaker.core.catalogue import CheckedArguments, HttpGetArgs, check_arguments
 from boxmaker.core.grant_scope import ScopeProblem, grant_of
 from boxmaker.core.grants import Grant, GrantSet, Mode
-from boxmaker.file_ops import OsFileOps
-from boxmaker.grants_edit import GrantsEditError, add_grant, lock_path, locked
-from boxmaker.grants_file import load_grants
+from boxmaker.home.file_ops import OsFileOps
+from boxmaker.home.grants_edit import GrantsEditError, add_grant, lock_path, locked
+from boxmaker.home.grants_file import load_grants
 from boxmaker.home.paths import Home
 
 NOW_TEXT = "# the owner's\n"

@@ -24,7 +24,7 @@ from tests.harness.broker import records, tool_request
 from tests.harness.homes import grant, write_grants
 from tests.harness.process import Daemon, connect, read_frame, send, start
 
-from boxmaker.grants_file import MAX_GRANTS_BYTES
+from boxmaker.home.grants_file import MAX_GRANTS_BYTES
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import kept_path, policies_dir
 

@@ -28,7 +28,7 @@ from tests.harness.process import START_S, Daemon, connect, read_frame, send, st
 from tests.harness.stack import say, stack
 
 from boxmaker.home.paths import Home
-from boxmaker.regular_file import read_regular_file
+from boxmaker.home.regular_file import read_regular_file
 
 pytestmark = pytest.mark.slow
 

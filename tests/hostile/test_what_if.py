@@ -24,9 +24,9 @@ import pytest
 
 from boxmaker.cli.app import app
 from boxmaker.cli.what_if import MAX_CANDIDATE_BYTES
-from boxmaker.clock import format_utc
 from boxmaker.core.labels import Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.formats.clock import format_utc
 from boxmaker.ledger.records import GENESIS_PREV, Decision, Genesis, encode_line, line_hash
 
 AT = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

@@ -12,9 +12,9 @@ import orjson
 import pytest
 import trio
 
-from boxmaker.clock import format_utc
 from boxmaker.core.labels import Taint
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
+from boxmaker.formats.clock import format_utc
 from boxmaker.ledger.records import (
     Body,
     Decision,

@@ -14,12 +14,12 @@ import trio
 from tests.harness.broker import SESSION, Brokerd, admin
 from tests.harness.homes import grant, write_config, write_grants
 
-from boxmaker.clock import utc_now
-from boxmaker.convert import new_call_id
 from boxmaker.core.vocabulary import AnswerOutcome
+from boxmaker.formats.clock import utc_now
+from boxmaker.formats.convert import new_call_id
 from boxmaker.home.paths import Home
 from boxmaker.loop.broker_port import BROKER_TIMEOUT, BROKER_UNREACHABLE, BrokerPort, PortAnswer
-from boxmaker.unix_sockets import open_unix_listener
+from boxmaker.runtime.unix_sockets import open_unix_listener
 from boxmaker.wire import Pending, ToolRequest, encode_frame
 
 GUARD = 20.0

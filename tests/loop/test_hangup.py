@@ -20,7 +20,7 @@ from boxmaker.loop.conversations import load_history
 from boxmaker.loop.model_client import ModelFailure, OnProgress
 from boxmaker.loop.serve import Loop, handle_loop_connection
 from boxmaker.loop.turn import PROGRESS_S
-from boxmaker.ndjson import FrameReader
+from boxmaker.runtime.ndjson import FrameReader
 
 SESSION = "s-0123456789ab"
 

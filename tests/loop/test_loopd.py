@@ -15,7 +15,7 @@ from tests.harness.stack import GUARD, READ_NOTES, say, stack
 
 from boxmaker.home.paths import Home
 from boxmaker.loop.model_client import ModelFailure
-from boxmaker.ndjson import FrameReader
+from boxmaker.runtime.ndjson import FrameReader
 from boxmaker.wire import ErrorCode
 
 STREAMED: Final = {"reply_delta", "progress"}

@@ -61,8 +61,8 @@ from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
 from boxmaker.home.paths import Home
+from boxmaker.home.state_files import read_state
 from boxmaker.ledger.verify import Report, verify_file
-from boxmaker.state_files import read_state
 
 pytestmark = pytest.mark.slow
 

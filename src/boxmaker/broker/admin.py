@@ -16,7 +16,7 @@ because it owns the connection the last look peeks at, and so one task writes ev
 record of a call, in order.
 
 An approve with ``always`` first writes the grant (:mod:`boxmaker.core.grant_scope`
-builds it, :mod:`boxmaker.grants_edit` writes it, in a worker thread) while the entry
+builds it, :mod:`boxmaker.home.grants_edit` writes it, in a worker thread) while the entry
 still waits, and re-reads the grants, so the re-decision and every later call decide
 with it. A grant that cannot be written fails the approve (``error
 grant_not_written``) and the call still waits; a grant written for an entry that ended
@@ -37,7 +37,6 @@ import trio
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand
 from boxmaker.broker.preview import preview_write
 from boxmaker.broker.state import Broker
-from boxmaker.clock import utc_now
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call_events import AdminReply, ApprovedReply
 from boxmaker.core.grant_parse import GrantsProblem
@@ -53,10 +52,11 @@ from boxmaker.core.owner_answer import (
     unanswered,
 )
 from boxmaker.core.state import StateUnreadable
-from boxmaker.grants_edit import GrantsEditError, add_grant, owner_name, remove_grant
-from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
-from boxmaker.state_files import read_state
-from boxmaker.unix_sockets import DISCONNECTS, check_peer
+from boxmaker.formats.clock import utc_now
+from boxmaker.home.grants_edit import GrantsEditError, add_grant, owner_name, remove_grant
+from boxmaker.home.state_files import read_state
+from boxmaker.runtime.ndjson import FrameError, FrameReader, receive_frame_within
+from boxmaker.runtime.unix_sockets import DISCONNECTS, check_peer
 from boxmaker.wire import (
     AdminAnswer,
     AdminRequest,

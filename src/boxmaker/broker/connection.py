@@ -44,8 +44,6 @@ from boxmaker.broker.pending import ApproveCommand, RefuseCommand, report
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.runner import STOPPABLE_TOOLS
 from boxmaker.broker.state import Broker
-from boxmaker.clock import utc_now
-from boxmaker.convert import converter
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
     APPROVAL_UNRECORDED,
@@ -90,8 +88,10 @@ from boxmaker.core.vocabulary import (
     Result,
     ToolRequest,
 )
-from boxmaker.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
-from boxmaker.unix_sockets import DISCONNECTS, check_peer
+from boxmaker.formats.clock import utc_now
+from boxmaker.formats.convert import converter
+from boxmaker.runtime.ndjson import BufferBudget, FrameError, FrameReader, receive_frame_within
+from boxmaker.runtime.unix_sockets import DISCONNECTS, check_peer
 from boxmaker.wire import (
     ApprovalView,
     BadFrame,

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from boxmaker.broker.workspace_paths import missing_directory
-from boxmaker.clock import utc_now
 from boxmaker.core.before_asking import before_asking, path_to_look
 from boxmaker.core.decide import Verdict, evaluate
 from boxmaker.core.grant_parse import GrantsProblem
@@ -29,6 +28,7 @@ from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
 from boxmaker.core.vocabulary import ToolRequest
+from boxmaker.formats.clock import utc_now
 
 if TYPE_CHECKING:
     from boxmaker.broker.state import Broker

@@ -13,9 +13,9 @@ from boxmaker.broker.home_guard import HomeGuard
 from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
-from boxmaker.file_ops import StatKey, stat_key
-from boxmaker.grants_file import GrantsRead, GrantsReader, read_grants, read_grants_bytes
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.home.file_ops import StatKey, stat_key
+from boxmaker.home.grants_file import GrantsRead, GrantsReader, read_grants, read_grants_bytes
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.brokerd")
 

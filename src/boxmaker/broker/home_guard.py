@@ -9,10 +9,10 @@ from pathlib import Path
 import trio
 
 from boxmaker.core.grant_parse import GrantsProblem
-from boxmaker.daemon import CONFIG_ANCHOR
 from boxmaker.home.config import workspace_problem
 from boxmaker.home.paths import Home
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.runtime.daemon import CONFIG_ANCHOR
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.brokerd")
 

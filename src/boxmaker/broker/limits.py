@@ -5,7 +5,7 @@ connections each sending 1 MiB without a newline) or spend every file descriptor
 pending asks, so that the owner could no longer reach admin.sock to see or refuse them.
 
 - **Buffered bytes**: every broker.sock reader shares one
-  :class:`boxmaker.ndjson.BufferBudget` of ``[broker] max_buffered_bytes``; a connection
+  :class:`boxmaker.runtime.ndjson.BufferBudget` of ``[broker] max_buffered_bytes``; a connection
   whose unfinished frame would take more is answered ``error bad_frame`` and closed.
 - **Connections**: at ``max_connections`` open broker.sock connections, or when the
   descriptor just accepted is within :data:`FD_RESERVE` of the open-file limit, a new
@@ -37,7 +37,7 @@ import attrs
 
 from boxmaker.core.reasons import RUNBOOK_TOO_MANY_PENDING
 from boxmaker.home.config import BrokerConfig
-from boxmaker.ndjson import BufferBudget
+from boxmaker.runtime.ndjson import BufferBudget
 
 log = logging.getLogger("boxmaker.brokerd")
 

@@ -27,10 +27,10 @@ from typing import Final, TypeAlias
 import attrs
 import trio
 
-from boxmaker.convert import new_approval_id
 from boxmaker.core.approvals import ApprovalsTable, Missing, PendingEntry, Taken
 from boxmaker.core.call_events import AdminReply, Expired, RequesterGone, Stopping
 from boxmaker.core.owner_answer import EarlierEnd
+from boxmaker.formats.convert import new_approval_id
 
 REMEMBER_ENDED: Final = 4096
 """How many expired or withdrawn approval ids are kept, so a late approve hears how the

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
-from boxmaker.grants_file import GrantsRead
+from boxmaker.home.grants_file import GrantsRead
 from boxmaker.ledger.policies import RUNBOOK_KEPT, KeptProblem, keep
 from boxmaker.ledger.records import Policy
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.brokerd")
 

@@ -22,7 +22,7 @@ from boxmaker.broker.tools.http_get import http_get
 from boxmaker.broker.tools.shell import run_shell
 from boxmaker.core.catalogue import ListDirArgs, ReadFileArgs, ShellArgs, ToolName, WriteFileArgs
 from boxmaker.core.reasons import Reason
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.brokerd.runner")
 

@@ -39,7 +39,7 @@ import attrs
 import trio
 from cyclopts import App, Parameter
 
-from boxmaker import __version__, state_files
+from boxmaker import __version__
 from boxmaker.broker import runner
 from boxmaker.broker.accept import serve_capped
 from boxmaker.broker.admin import handle_admin_connection
@@ -51,9 +51,9 @@ from boxmaker.broker.home_guard import HomeGuard
 from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
-from boxmaker.daemon import reread_config, run_daemon, setup_logging
-from boxmaker.grants_file import GrantsReader, read_grants_bytes
+from boxmaker.home import state_files
 from boxmaker.home.config import Config, ConfigError, load_config
+from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
 from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.ledger.policies import policies_dir
 from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
@@ -67,8 +67,9 @@ from boxmaker.ledger.writer import (
     open_ledger,
     repair,
 )
-from boxmaker.threads import WORKER_THREAD, ToThread
-from boxmaker.unix_sockets import ListenerError, UnixListener, open_unix_listener
+from boxmaker.runtime.daemon import reread_config, run_daemon, setup_logging
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
+from boxmaker.runtime.unix_sockets import ListenerError, UnixListener, open_unix_listener
 
 log = logging.getLogger("boxmaker.brokerd")
 
@@ -159,7 +160,7 @@ async def serve_broker(
     found to reach the home while serving stops brokerd, which then raises ConfigError.
     The seams tests pass their own of: ``grants_watcher`` (a slow one), ``execute`` (a
     slow run), ``raise_state`` (a state that cannot be raised) and ``to_thread`` (every
-    blocking step run inline, so the autojump clock stays exact; :mod:`boxmaker.threads`)
+    blocking step run inline, so the autojump clock stays exact; :mod:`boxmaker.runtime.threads`)
     and ``cgroups`` (what bounds each sandbox, made for the boot: cgroups.py).
     """
     prepared = await to_thread(

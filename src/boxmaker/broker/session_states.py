@@ -8,8 +8,8 @@ import trio
 
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
-from boxmaker.state_files import StateKey, read_state_keyed, state_key
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.home.state_files import StateKey, read_state_keyed, state_key
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 
 class SessionStates:
@@ -21,7 +21,7 @@ class SessionStates:
     key is an inline ``lstat`` (metadata, no data read); reads of the data still go
     through a worker thread, so a damaged file is still ``state_unreadable``.
     Only readable states are cached, and none read within a timestamp tick of its last
-    change (:data:`boxmaker.state_files.RACY_NS`).
+    change (:data:`boxmaker.home.state_files.RACY_NS`).
     """
 
     def __init__(self, sessions_dir: Path, *, to_thread: ToThread = WORKER_THREAD) -> None:

@@ -16,7 +16,6 @@ from typing import Protocol, TypeAlias
 import attrs
 import trio
 
-from boxmaker import state_files
 from boxmaker.broker import runner
 from boxmaker.broker.grants_watcher import GrantsWatcher
 from boxmaker.broker.home_guard import HomeGuard
@@ -29,11 +28,12 @@ from boxmaker.broker.session_states import SessionStates
 from boxmaker.core.approvals import ApprovalsTable
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
+from boxmaker.home import state_files
 from boxmaker.home.config import Config
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import Body
 from boxmaker.ledger.writer import LedgerStopped, LedgerWriter
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 
 class Executor(Protocol):
@@ -49,7 +49,7 @@ class Executor(Protocol):
 
 
 StateRaiser: TypeAlias = Callable[[Path, str, Label], Label | StateUnreadable]
-""":func:`boxmaker.state_files.raise_state`'s shape."""
+""":func:`boxmaker.home.state_files.raise_state`'s shape."""
 
 
 @attrs.define(eq=False)
@@ -74,7 +74,7 @@ class Broker:
     raise_state: StateRaiser = state_files.raise_state
     """Raises a session's state file (blocking: through ``to_thread``)."""
     to_thread: ToThread = WORKER_THREAD
-    """Where every blocking step of a call runs (:mod:`boxmaker.threads`)."""
+    """Where every blocking step of a call runs (:mod:`boxmaker.runtime.threads`)."""
     started_at: float = attrs.field(factory=trio.current_time)
     pending: PendingCalls = attrs.Factory(PendingCalls)
     """The calls waiting for the owner, and how each ends (pending.py)."""

@@ -6,7 +6,7 @@ import trio
 
 from boxmaker.home.config import ConfigError, RunnerConfig, load_config
 from boxmaker.home.paths import Home, HomeError
-from boxmaker.ndjson import FrameError, FrameReader
+from boxmaker.runtime.ndjson import FrameError, FrameReader
 from boxmaker.wire import (
     AdminAnswer,
     AdminRequest,

@@ -6,7 +6,7 @@ The grant shown is built by the code brokerd writes it with
 (:func:`boxmaker.core.grant_scope.always_grant`), from the inputs brokerd uses: brokerd's
 own view of the call (its ``approvals`` entry, whose arguments are the checked ones),
 the grant in grants.toml that asked, the workspace's real path; and it is shown as
-:func:`boxmaker.grants_edit.grant_text` writes it. Only its note is left out: it names
+:func:`boxmaker.home.grants_edit.grant_text` writes it. Only its note is left out: it names
 the time of writing. What the grant lets run is said in words from the same checked
 arguments.
 
@@ -27,15 +27,15 @@ import attrs
 import trio
 
 from boxmaker.cli.terminal import OwnerTerminal
-from boxmaker.clock import local_time, utc_now
 from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked
 from boxmaker.core.hosts import DEFAULT_PORTS
-from boxmaker.grants_edit import grant_text, owner_name
-from boxmaker.grants_file import read_grants
+from boxmaker.formats.clock import local_time, utc_now
+from boxmaker.formats.printable import printable
 from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.grants_edit import grant_text, owner_name
+from boxmaker.home.grants_file import read_grants
 from boxmaker.home.paths import Home, HomeError
-from boxmaker.printable import printable
 from boxmaker.wire import ApprovalView
 
 CONFIRM_WORD: Final = "always"

@@ -21,7 +21,7 @@ from boxmaker.cli.logs import logs
 from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
 from boxmaker.cli.runbook import runbook
 from boxmaker.cli.why import why
-from boxmaker.printable import PrintableStream
+from boxmaker.formats.printable import PrintableStream
 
 app = App(
     name="bxctl",

@@ -12,11 +12,11 @@ from cyclopts import App
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.vocabulary import Approval, Decision, Record, Result, holds
+from boxmaker.formats.printable import printable
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord, iter_lines
 from boxmaker.ledger.records import Body, Policy, body_fields, parse_head
 from boxmaker.ledger.verify import verify_file
-from boxmaker.printable import printable
 
 audit_app = App(name="audit", help="The hash-chained audit ledger.")
 

@@ -5,7 +5,7 @@ through :func:`boxmaker.cli.owner.approval_block`); ``--json`` carries the lines
 brokerd sent them.
 
 A diff hides what a terminal does not draw. On top of
-:func:`~boxmaker.printable.printable` (controls, ``\r`` and NUL among them, tabs,
+:func:`~boxmaker.formats.printable.printable` (controls, ``\r`` and NUL among them, tabs,
 format characters such as zero-width and bidi controls, separators), a line of the
 change shows escaped, as ``\u`` and four hex digits (``\u00a0``):
 
@@ -18,7 +18,7 @@ change shows escaped, as ``\u`` and four hex digits (``\u00a0``):
 Two changed lines that differ but would still be shown the same (an escape typed as
 text, ``\u00a0``, and the character it names) are both shown with every character but
 printable ASCII escaped and each backslash doubled
-(:func:`~boxmaker.printable.printable_exactly`), a form that is never the same for two
+(:func:`~boxmaker.formats.printable.printable_exactly`), a form that is never the same for two
 texts. A file's missing final newline is diff's own note, which brokerd adds. A
 look-alike letter of another script (Cyrillic U+0430 for Latin ``a``) is shown as it is:
 its line shows as changed, not how (docs/threat-model.md says so).
@@ -30,7 +30,7 @@ import re
 import unicodedata
 from typing import Final
 
-from boxmaker.printable import printable, printable_exactly
+from boxmaker.formats.printable import printable, printable_exactly
 
 HIDDEN_CATEGORIES: Final = frozenset({"Zs", "Co", "Cn"})
 """Space separators (U+0020 aside), private use, unassigned."""

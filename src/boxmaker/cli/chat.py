@@ -28,11 +28,11 @@ from boxmaker.cli.always import confirm_always
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive, until_interrupted
-from boxmaker.clock import local_time, utc_now
-from boxmaker.convert import SESSION_ID
+from boxmaker.formats.clock import local_time, utc_now
+from boxmaker.formats.convert import SESSION_ID
+from boxmaker.formats.printable import printable
 from boxmaker.home.paths import Home
-from boxmaker.ndjson import FrameError, FrameReader
-from boxmaker.printable import printable
+from boxmaker.runtime.ndjson import FrameError, FrameReader
 from boxmaker.wire import (
     MAX_REFUSE_REASON,
     Always,

@@ -10,8 +10,8 @@ import attrs
 import orjson
 from cyclopts import Parameter
 
+from boxmaker.formats.printable import printable
 from boxmaker.home.paths import Home, resolve_home
-from boxmaker.printable import printable
 
 
 class Exit(enum.IntEnum):

@@ -26,7 +26,7 @@ import attrs
 
 from boxmaker.cli.log_tail import read_tail
 from boxmaker.home.paths import Home
-from boxmaker.regular_file import open_regular_file
+from boxmaker.home.regular_file import open_regular_file
 
 START_S: Final = 30.0
 STOP_S: Final = 15.0

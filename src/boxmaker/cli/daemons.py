@@ -48,11 +48,11 @@ from boxmaker.cli.daemon_processes import (
 )
 from boxmaker.cli.log_tail import read_from
 from boxmaker.cli.preflight import Problem, preflight, sandbox_bounds_warning
-from boxmaker.daemon import NOT_RELOADED, RELOADED
+from boxmaker.formats.printable import printable
 from boxmaker.home.config import Config
 from boxmaker.home.paths import Home, HomeError
-from boxmaker.printable import printable
-from boxmaker.regular_file import open_regular_file
+from boxmaker.home.regular_file import open_regular_file
+from boxmaker.runtime.daemon import NOT_RELOADED, RELOADED
 
 RELOAD_S: Final = 10.0
 

@@ -32,7 +32,7 @@ from boxmaker.cli.daemon_processes import DAEMONS, daemon_states, stop
 from boxmaker.cli.daemons import up
 from boxmaker.cli.owner import approval_block
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive
-from boxmaker.clock import utc_now
+from boxmaker.formats.clock import utc_now
 from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.ledger.writer import open_ledger
 from boxmaker.wire import (

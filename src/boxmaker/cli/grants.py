@@ -24,13 +24,10 @@ import attrs
 import orjson
 from cyclopts import App, Parameter
 
-from boxmaker import state_files
 from boxmaker.broker.decide_now import decide_now
 from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.what_if import what_if
-from boxmaker.clock import format_utc, local_time, parse_utc, utc_now
-from boxmaker.convert import SESSION_ID
 from boxmaker.core.catalogue import ArgumentProblem, check_arguments
 from boxmaker.core.decide import Ruling
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
@@ -40,11 +37,14 @@ from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.core.vocabulary import ToolRequest
-from boxmaker.grants_file import GrantsRead, read_grants
+from boxmaker.formats.clock import format_utc, local_time, parse_utc, utc_now
+from boxmaker.formats.convert import SESSION_ID
+from boxmaker.formats.printable import printable
+from boxmaker.home import state_files
 from boxmaker.home.config import ConfigError, load_config
+from boxmaker.home.grants_file import GrantsRead, read_grants
 from boxmaker.home.paths import Home, HomeError
 from boxmaker.ledger.reader import READ_BUFFER, LedgerReader
-from boxmaker.printable import printable
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
 grants_app.command("boxmaker.cli.grants_change:revoke", name="revoke")

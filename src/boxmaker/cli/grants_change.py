@@ -1,5 +1,5 @@
 """``bxctl grants revoke``: remove one grant from grants.toml the careful way
-(:mod:`boxmaker.grants_edit`), then have a running brokerd decide without it at once."""
+(:mod:`boxmaker.home.grants_edit`), then have a running brokerd decide without it at once."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.grants_edit import GrantsEditError, remove_grant
-from boxmaker.printable import printable
+from boxmaker.formats.printable import printable
+from boxmaker.home.grants_edit import GrantsEditError, remove_grant
 from boxmaker.wire import ErrorFrame, GrantsReloaded, ReloadGrantsRequest
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from boxmaker.regular_file import open_regular_file
+from boxmaker.home.regular_file import open_regular_file
 
 
 def read_from(path: Path, offset: int) -> list[str]:

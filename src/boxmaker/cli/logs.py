@@ -20,8 +20,8 @@ from cyclopts import Parameter
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemon_processes import BY_NAME, DAEMONS, DaemonName
 from boxmaker.cli.log_tail import read_tail
-from boxmaker.printable import printable
-from boxmaker.regular_file import open_regular_file
+from boxmaker.formats.printable import printable
+from boxmaker.home.regular_file import open_regular_file
 
 FOLLOW_POLL_S: Final = 0.2
 

@@ -21,14 +21,14 @@ from boxmaker.cli.change import change_lines
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemon_processes import daemon_states
 from boxmaker.cli.terminal import is_interactive
-from boxmaker.clock import local_time, utc_now
-from boxmaker.convert import APPROVAL_ID, converter
 from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
 from boxmaker.core.reasons import reason_words
 from boxmaker.core.vocabulary import ApprovalOutcome
+from boxmaker.formats.clock import local_time, utc_now
+from boxmaker.formats.convert import APPROVAL_ID, converter
+from boxmaker.formats.printable import printable
 from boxmaker.home.config import ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
-from boxmaker.printable import printable
 from boxmaker.wire import (
     AdminAnswer,
     AdminRequest,
@@ -131,7 +131,7 @@ def _change_lines(entry: ApprovalView) -> list[str]:
 
 def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
     """What the owner sees of one pending entry: enough to decide on. Times in the
-    owner's local zone (:func:`~boxmaker.clock.local_time`)."""
+    owner's local zone (:func:`~boxmaker.formats.clock.local_time`)."""
     grant = f"{entry.grant.id} (mode {entry.grant.mode})"
     if entry.grant.note:
         grant += f": {entry.grant.note}"

@@ -19,8 +19,8 @@ from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import Exit
 from boxmaker.cli.daemon_processes import INFERPROXY, MODEL
 from boxmaker.core.grant_parse import GrantsProblem
-from boxmaker.grants_file import read_grants
 from boxmaker.home.config import Config, ConfigError, load_config
+from boxmaker.home.grants_file import read_grants
 from boxmaker.home.paths import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed
 from boxmaker.wire import StatusAnswer, StatusRequest

@@ -33,7 +33,7 @@ import trio
 from blessed.keyboard import Keystroke
 from blessed.line_editor import LineEditor
 
-from boxmaker.printable import PrintableStream, printable
+from boxmaker.formats.printable import PrintableStream, printable
 
 ESC_DELAY_S: Final = 0.05
 """How long a lone Escape waits for the rest of a key sequence (an arrow key's)."""

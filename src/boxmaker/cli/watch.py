@@ -25,9 +25,9 @@ from boxmaker.cli.chat import ALWAYS_KEY
 from boxmaker.cli.common import Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
 from boxmaker.cli.terminal import OwnerTerminal, until_interrupted
-from boxmaker.clock import utc_now
+from boxmaker.formats.clock import utc_now
+from boxmaker.formats.printable import printable
 from boxmaker.home.paths import Home
-from boxmaker.printable import printable
 from boxmaker.wire import (
     MAX_REFUSE_REASON,
     ApprovalsAnswer,

@@ -26,15 +26,15 @@ import attrs
 import orjson
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.clock import format_utc, utc_now
 from boxmaker.core.durations import parse_duration
 from boxmaker.core.grant_parse import GrantsProblem, all_problems, parse_grants, parse_toml
 from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.replay import Flip, Replay
 from boxmaker.core.vocabulary import record_time
+from boxmaker.formats.clock import format_utc, utc_now
+from boxmaker.formats.printable import printable
+from boxmaker.home.regular_file import read_regular_file
 from boxmaker.ledger.reader import LedgerReader, iter_lines
-from boxmaker.printable import printable
-from boxmaker.regular_file import read_regular_file
 
 MAX_CANDIDATE_BYTES: Final = 1024 * 1024
 """A grants file is a few KiB; a larger candidate is refused rather than parsed."""

@@ -7,7 +7,7 @@ select_with_policies`). A record holds a grant's id, not its mode or note: those
 read from grants.toml as it is now, and said so; and the grant's text as it was when it
 decided, from the version the last ``policy`` record before the decision names, kept
 beside the ledger (docs/protocol.md, "Policy records"). Times are the owner's local ones
-(:func:`~boxmaker.clock.local_time`). What the ledger says is outside text (the model
+(:func:`~boxmaker.formats.clock.local_time`). What the ledger says is outside text (the model
 chose the tool and arguments, the owner the reasons): it is printed through
 ``printable``.
 """
@@ -23,8 +23,6 @@ import orjson
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.audit import grant_of, grant_then_lines, select_with_policies
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
-from boxmaker.clock import local_time, parse_utc, utc_now
-from boxmaker.convert import CALL_ID
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.reasons import Reason, reason_words
 from boxmaker.core.vocabulary import (
@@ -37,12 +35,14 @@ from boxmaker.core.vocabulary import (
     VerdictCode,
     holds,
 )
-from boxmaker.grants_file import load_grants
+from boxmaker.formats.clock import local_time, parse_utc, utc_now
+from boxmaker.formats.convert import CALL_ID
+from boxmaker.formats.printable import printable
+from boxmaker.home.grants_file import load_grants
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import GrantThen
 from boxmaker.ledger.reader import NotARecord
 from boxmaker.ledger.records import body_fields
-from boxmaker.printable import printable
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
 

@@ -24,7 +24,6 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from boxmaker.convert import converter
 from boxmaker.core.hosts import Destination, url_host_problem
 from boxmaker.core.labels import (
     HTTP_GET_LABEL,
@@ -36,6 +35,7 @@ from boxmaker.core.labels import (
 )
 from boxmaker.core.paths import PathProblem, match_form, normalize_path
 from boxmaker.core.reasons import Reason
+from boxmaker.formats.convert import converter
 
 MAX_BYTES: Final = 1024 * 1024
 """The cap on ``read_file``'s ``max_bytes``, ``write_file``'s ``content`` and http_get."""

@@ -37,9 +37,9 @@ from typing import (
 
 import attrs
 
-from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID, InvalidField
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.formats.convert import APPROVAL_ID, CALL_ID, SESSION_ID, InvalidField
 
 if TYPE_CHECKING:
     from boxmaker.core.approvals import PendingEntry
@@ -49,12 +49,12 @@ if TYPE_CHECKING:
 # Fields: the validators and converters the values below (and the wire's frames) share
 
 FieldValidator: TypeAlias = "Callable[[Any, attrs.Attribute[Any], Any], None]"
-"""An attrs validator: raises :class:`~boxmaker.convert.InvalidField` naming the field."""
+"""An attrs validator: raises :class:`~boxmaker.formats.convert.InvalidField` naming the field."""
 
 
 def _check_id(pattern: re.Pattern[str], words: str, name: str, value: Any) -> None:
     """The value fully matches ``pattern`` (the ids of docs/protocol.md), else
-    :class:`~boxmaker.convert.InvalidField` naming the field and the form expected."""
+    :class:`~boxmaker.formats.convert.InvalidField` naming the field and the form expected."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidField(name, f"expected {words}")
 
@@ -303,7 +303,7 @@ def record_time(at: str) -> dt.datetime:
     """A record's ``at`` read back, aware (UTC for every record brokerd writes).
     ValueError for text that is not ISO 8601 with an offset.
 
-    ``fromisoformat`` itself, not :func:`boxmaker.clock.parse_utc`: the conversion to
+    ``fromisoformat`` itself, not :func:`boxmaker.formats.clock.parse_utc`: the conversion to
     UTC costs more than the parse (what-if reads one a decision), and an aware time
     compares and orders alike in any zone.
 
@@ -325,7 +325,7 @@ class Record(Generic[BodyT]):
     """A ledger line read back: its common fields and its body (a :class:`Decision`,
     :class:`Approval`, :class:`Result`, or a record of brokerd's own life,
     :data:`boxmaker.ledger.records.Body`). ``at`` is the time as the line has it (UTC,
-    ISO 8601: :func:`boxmaker.clock.format_utc`), ``prev`` the SHA-256 of the line
+    ISO 8601: :func:`boxmaker.formats.clock.format_utc`), ``prev`` the SHA-256 of the line
     before. The ledger's readers make these (:mod:`boxmaker.ledger.reader`); the core
     takes them as they are (what-if's replay, a grant's usage)."""
 

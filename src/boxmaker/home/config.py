@@ -14,10 +14,10 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from boxmaker.convert import InvalidField, converter, format_path, problems
 from boxmaker.core.labels import LabelRules
+from boxmaker.formats.convert import InvalidField, converter, format_path, problems
 from boxmaker.home.paths import Home
-from boxmaker.regular_file import NotRegularFile, read_regular_file
+from boxmaker.home.regular_file import NotRegularFile, read_regular_file
 
 
 class ConfigError(Exception):

@@ -22,7 +22,7 @@ from typing import Final
 
 import attrs
 
-from boxmaker.convert import SESSION_ID
+from boxmaker.formats.convert import SESSION_ID
 from boxmaker.home.defaults import DEFAULT_GRANTS_TEXT, initial_config_text
 
 HOME_ENV: Final = "BOXMAKER_HOME"

@@ -3,7 +3,7 @@
 the SHA-256 of its bytes, so a ``policy`` record's ``sha256`` says which file holds the
 grants it speaks of, and anyone can check that the file still holds exactly those bytes.
 
-A kept version is written once, atomically (:func:`boxmaker.file_ops.write_atomically`),
+A kept version is written once, atomically (:func:`boxmaker.home.file_ops.write_atomically`),
 before the record that names it, and never rewritten while it is sound. Whatever else
 is found under its name is not trusted: a symlink (never followed), a FIFO (never
 opened for long: the reads are non-blocking), a directory, a file whose bytes hash to
@@ -28,10 +28,10 @@ import attrs
 
 from boxmaker.core.grant_text import grant_text
 from boxmaker.core.vocabulary import Record
-from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
-from boxmaker.grants_file import MAX_GRANTS_BYTES
+from boxmaker.home.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
+from boxmaker.home.grants_file import MAX_GRANTS_BYTES
+from boxmaker.home.regular_file import NotRegularFile, read_regular_file
 from boxmaker.ledger.records import Policy
-from boxmaker.regular_file import NotRegularFile, read_regular_file
 
 POLICIES_DIR: Final = "policies"
 KEPT_MODE: Final = 0o600

@@ -33,7 +33,6 @@ import cattrs
 import orjson
 from cattrs.gen import make_dict_unstructure_fn, override
 
-from boxmaker.convert import converter
 from boxmaker.core.vocabulary import (
     Approval,
     ApprovalBy,
@@ -46,6 +45,7 @@ from boxmaker.core.vocabulary import (
     VerdictCode,
     record_time,
 )
+from boxmaker.formats.convert import converter
 
 __all__ = [
     "BODY_TYPES",

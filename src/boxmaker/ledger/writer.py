@@ -34,9 +34,9 @@ from typing import Protocol
 import attrs
 import trio
 
-from boxmaker.clock import format_utc, utc_now
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
-from boxmaker.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
+from boxmaker.formats.clock import format_utc, utc_now
+from boxmaker.home.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     BadRecord,
@@ -50,8 +50,8 @@ from boxmaker.ledger.records import (
     line_hash,
     new_ledger_id,
 )
-from boxmaker.oneshot import OneShot
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.runtime.oneshot import OneShot
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.ledger")
 

@@ -21,9 +21,9 @@ from typing import Any, Final
 import attrs
 import trio
 
-from boxmaker.clock import utc_now
 from boxmaker.core.vocabulary import AnswerOutcome
-from boxmaker.ndjson import FrameError, FrameReader
+from boxmaker.formats.clock import utc_now
+from boxmaker.runtime.ndjson import FrameError, FrameReader
 from boxmaker.wire import (
     Answer,
     BadFrame,

@@ -4,7 +4,7 @@ One chat message a line, appended as a turn adds them. A history holds no author
 (the broker decides from grants and the session's state, never from it), so a line that
 cannot be read is skipped with a warning rather than ending the session. The file is
 opened without blocking and without following a link, and only a regular file is used
-(boxmaker/regular_file.py): a FIFO planted there would otherwise hang the turn for good.
+(boxmaker/home/regular_file.py): a FIFO planted there would otherwise hang the turn for good.
 Blocking: call through ``trio.to_thread``.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from boxmaker.home.paths import Home
-from boxmaker.regular_file import NotRegularFile, read_regular_file
+from boxmaker.home.regular_file import NotRegularFile, read_regular_file
 
 log = logging.getLogger("boxmaker.loopd")
 

@@ -25,16 +25,16 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
-from boxmaker.convert import new_session_id
-from boxmaker.daemon import reread_config, run_daemon, stop_on_signals
+from boxmaker.formats.convert import new_session_id
 from boxmaker.home.config import Config, load_config
 from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.loop.conversations import append_history, load_history
 from boxmaker.loop.model_client import ModelClient
 from boxmaker.loop.turn import Model, ToolCaller, run_turn
-from boxmaker.ndjson import FrameError, FrameReader, receive_frame_within
-from boxmaker.unix_sockets import DISCONNECTS, ListenerError, check_peer, open_unix_listener
+from boxmaker.runtime.daemon import reread_config, run_daemon, stop_on_signals
+from boxmaker.runtime.ndjson import FrameError, FrameReader, receive_frame_within
+from boxmaker.runtime.unix_sockets import DISCONNECTS, ListenerError, check_peer, open_unix_listener
 from boxmaker.wire import (
     BadFrame,
     ErrorCode,

@@ -21,9 +21,9 @@ import attrs
 import orjson
 import trio
 
-from boxmaker.convert import new_call_id
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.core.vocabulary import AnswerOutcome
+from boxmaker.formats.convert import new_call_id
 from boxmaker.home.config import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
 from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress

@@ -41,11 +41,11 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
-from boxmaker.daemon import run_daemon, stop_on_signals
-from boxmaker.file_ops import write_atomically
 from boxmaker.home.config import load_config
+from boxmaker.home.file_ops import write_atomically
 from boxmaker.home.paths import Home, HomeError, resolve_home
-from boxmaker.unix_sockets import ListenerError, remove_stale_socket
+from boxmaker.runtime.daemon import run_daemon, stop_on_signals
+from boxmaker.runtime.unix_sockets import ListenerError, remove_stale_socket
 
 log = logging.getLogger("boxmaker.model")
 

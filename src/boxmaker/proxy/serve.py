@@ -37,11 +37,11 @@ import trio
 from cyclopts import App, Parameter
 
 from boxmaker import __version__
-from boxmaker.daemon import reread_config, run_daemon, stop_on_signals
 from boxmaker.home.config import Config, ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.proxy.app import InferProxy, ProxySettings, unix_socket_of
-from boxmaker.unix_sockets import ListenerError, bind_unix_socket, remove_socket_path
+from boxmaker.runtime.daemon import reread_config, run_daemon, stop_on_signals
+from boxmaker.runtime.unix_sockets import ListenerError, bind_unix_socket, remove_socket_path
 
 log = logging.getLogger("boxmaker.inferproxy")
 

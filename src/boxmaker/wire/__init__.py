@@ -1,5 +1,5 @@
 """Frames on the sockets (docs/protocol.md), built on the one converter of
-:mod:`boxmaker.convert` (which also holds the id formats; they are re-exported here).
+:mod:`boxmaker.formats.convert` (which also holds the id formats; they are re-exported here).
 
 A frame is a frozen attrs class; the unions (broker requests, broker answers, admin
 requests, admin answers, loop events) are tagged on ``"kind"``. One module a concern:
@@ -22,7 +22,6 @@ Traceback (most recent call last):
 boxmaker.wire.codec.ForbiddenKind: kind 'approve' is not accepted here
 """
 
-from boxmaker.convert import APPROVAL_ID, CALL_ID, SESSION_ID
 from boxmaker.core.vocabulary import (
     Answer,
     ErrorCode,
@@ -33,6 +32,7 @@ from boxmaker.core.vocabulary import (
     ToolRequest,
     to_ms,
 )
+from boxmaker.formats.convert import APPROVAL_ID, CALL_ID, SESSION_ID
 from boxmaker.wire.admin import (
     MAX_NOTE,
     MAX_REFUSE_REASON,

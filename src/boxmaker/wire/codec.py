@@ -1,5 +1,5 @@
 """Frames to bytes and back: the tagged unions (on ``"kind"``), the hooks registered on
-the one converter of :mod:`boxmaker.convert`, and the decoders of each socket and
+the one converter of :mod:`boxmaker.formats.convert`, and the decoders of each socket and
 direction, which tell a kind of another socket (:class:`ForbiddenKind`) from anything
 else that is wrong (:class:`BadFrame`).
 """
@@ -13,8 +13,8 @@ import orjson
 from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from boxmaker.convert import converter, format_path, problems
 from boxmaker.core.vocabulary import Answer, ErrorCode, GrantRef
+from boxmaker.formats.convert import converter, format_path, problems
 from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, Approved
 from boxmaker.wire.broker import BrokerAnswer, BrokerRequest
 from boxmaker.wire.loop import LoopEvent, LoopRequest, ModelDoneEvent, Say, ToolResultEvent

@@ -9,8 +9,8 @@ from typing import Any
 
 import attrs
 
-from boxmaker.convert import InvalidField
 from boxmaker.core.vocabulary import FieldValidator
+from boxmaker.formats.convert import InvalidField
 
 
 def text_between(low: int, high: int) -> FieldValidator:

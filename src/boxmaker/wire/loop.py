@@ -8,7 +8,6 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import attrs
 
-from boxmaker.convert import InvalidField
 from boxmaker.core.vocabulary import (
     AnswerOutcome,
     ErrorFrame,
@@ -17,6 +16,7 @@ from boxmaker.core.vocabulary import (
     valid_call_id,
     valid_session_id,
 )
+from boxmaker.formats.convert import InvalidField
 from boxmaker.wire.common import non_negative, text_between
 
 MAX_SAY: Final = 65536

@@ -13,7 +13,7 @@ import attrs
 
 from boxmaker.core.grant_parse import GrantsProblem, parse_grants
 from boxmaker.core.grants import GrantSet
-from boxmaker.regular_file import NotRegularFile, read_regular_file
+from boxmaker.home.regular_file import NotRegularFile, read_regular_file
 
 MAX_GRANTS_BYTES: Final = 1 << 20
 """grants.toml is read up to 1 MiB (thousands of grants); a larger file is a problem,
@@ -58,7 +58,7 @@ def read_grants(path: Path, read: GrantsReader = read_grants_bytes) -> GrantsRea
 
     A missing or unreadable file is a problem too: the owner meant some grants to be
     there, and with none known the only safe answer is to deny (``grants_invalid``). So is
-    anything but a regular file (a FIFO, a symlink: see boxmaker.regular_file).
+    anything but a regular file (a FIFO, a symlink: see boxmaker.home.regular_file).
     """
     try:
         data = read(path)

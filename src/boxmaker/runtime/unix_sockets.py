@@ -26,7 +26,7 @@ from typing import Final
 import attrs
 import trio
 
-from boxmaker.threads import WORKER_THREAD, ToThread
+from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 from boxmaker.wire import ErrorCode, ErrorFrame, encode_frame
 
 log = logging.getLogger("boxmaker.sockets")

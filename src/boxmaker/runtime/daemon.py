@@ -11,10 +11,10 @@ from typing import Final
 
 import trio
 
+from boxmaker.formats.printable import PrintableFormatter, printable
 from boxmaker.home.config import Config, ConfigError, load_config
 from boxmaker.home.paths import Home
 from boxmaker.home.reload import reload_config
-from boxmaker.printable import PrintableFormatter, printable
 
 CONFIG_ANCHOR: Final = "docs/runbook.md#config"
 RELOAD_ANCHOR: Final = "docs/runbook.md#reload"

@@ -3,11 +3,11 @@
 
 Every change is: take an exclusive ``flock`` on ``grants.toml.lock`` beside the file
 (0600, never through a link, waited for at most :data:`LOCK_WAIT_S`), read the file
-(a regular file, never through a link: boxmaker.regular_file), parse it with tomlkit so
+(a regular file, never through a link: boxmaker.home.regular_file), parse it with tomlkit so
 its comments and layout survive, add or remove one ``[[grant]]`` table, check the result
-with brokerd's own reading (:func:`boxmaker.grants_file.read_grants`) — it must be valid
+with brokerd's own reading (:func:`boxmaker.home.grants_file.read_grants`) — it must be valid
 and say exactly the grants before plus (or less) that one —, then write it atomically
-(:func:`boxmaker.file_ops.write_atomically`). A grants.toml that is already invalid is
+(:func:`boxmaker.home.file_ops.write_atomically`). A grants.toml that is already invalid is
 never rewritten. Just before the rename the file's stat must still be the one it was
 read under: an editor that saved meanwhile (without the lock) is not clobbered, the
 change fails and can be tried again.
@@ -33,9 +33,9 @@ from tomlkit.items import AoT, Comment, Table, Whitespace
 
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import Grant, GrantSet
-from boxmaker.file_ops import OS_FILES, FileOps, stat_key, write_atomically
-from boxmaker.grants_file import read_grants
-from boxmaker.regular_file import NotRegularFile, open_regular_file, read_regular_file
+from boxmaker.home.file_ops import OS_FILES, FileOps, stat_key, write_atomically
+from boxmaker.home.grants_file import read_grants
+from boxmaker.home.regular_file import NotRegularFile, open_regular_file, read_regular_file
 
 RUNBOOK_GRANTS_EDIT: Final = "docs/runbook.md#grants-edit"
 LOCK_WAIT_S: Final = 5.0

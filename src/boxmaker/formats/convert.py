@@ -7,7 +7,7 @@ frames, config.toml, grants.toml, state files, ledger records.
 
 The converter is strict where cattrs' defaults are lenient: ``"5"`` is not an int, ``1``
 is not ``true``, ``5`` is not a string, an enum takes only its own values, and times
-are aware UTC datetimes written the way :mod:`boxmaker.clock` writes them
+are aware UTC datetimes written the way :mod:`boxmaker.formats.clock` writes them
 (docs/decisions.md, "Wire").
 """
 
@@ -30,7 +30,7 @@ from cattrs.cols import homogenous_tuple_structure_factory, list_structure_facto
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 from cattrs.preconf.orjson import make_converter
 
-from boxmaker.clock import format_utc, parse_utc
+from boxmaker.formats.clock import format_utc, parse_utc
 
 converter = make_converter(forbid_extra_keys=True)
 """The one converter (cattrs' orjson preconf; extra keys are errors)."""

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Final, TypeAlias
 
-from boxmaker.convert import SESSION_ID
 from boxmaker.core.labels import FRESH, Label
 from boxmaker.core.state import StateUnreadable, encode_state, parse_state
-from boxmaker.file_ops import OS_FILES, FileOps, StatKey, stat_key, write_atomically
-from boxmaker.regular_file import read_regular_file
+from boxmaker.formats.convert import SESSION_ID
+from boxmaker.home.file_ops import OS_FILES, FileOps, StatKey, stat_key, write_atomically
+from boxmaker.home.regular_file import read_regular_file
 
 MAX_STATE_BYTES: Final = 4096
 """A real state file is about 50 bytes; anything far bigger is not one."""
@@ -31,7 +31,7 @@ within the same timestamp tick without its stat key moving (a coarse clock): suc
 is not cached (as git treats a "racily clean" index entry)."""
 
 StateKey: TypeAlias = StatKey
-"""What "the state file changed" means (:func:`boxmaker.file_ops.stat_key`)."""
+"""What "the state file changed" means (:func:`boxmaker.home.file_ops.stat_key`)."""
 
 
 def state_key(sessions_dir: Path, session: str) -> StateKey:
