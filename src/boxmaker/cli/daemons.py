@@ -47,7 +47,7 @@ from boxmaker.cli.daemon_processes import (
     stop,
 )
 from boxmaker.cli.log_tail import read_from
-from boxmaker.cli.preflight import Problem, preflight, sandbox_bounds_warning
+from boxmaker.cli.preflight import PreflightProblem, preflight, sandbox_bounds_warning
 from boxmaker.formats.printable import printable
 from boxmaker.home.config import Config
 from boxmaker.home.paths import Home, HomeError
@@ -127,7 +127,7 @@ def up(*, common: Common = DEFAULT) -> Exit:
     return _up(home, config, common)
 
 
-def _refuse(problems: Sequence[Problem], common: Common) -> Exit:
+def _refuse(problems: Sequence[PreflightProblem], common: Common) -> Exit:
     """Say every problem preflight found; the exit code of the worst."""
     for problem in problems:
         fail(problem.describe())

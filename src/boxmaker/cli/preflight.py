@@ -30,7 +30,7 @@ RUNBOOK_UP: Final = "docs/runbook.md#up"
 
 
 @attrs.frozen
-class Problem:
+class PreflightProblem:
     text: str
     anchor: str
     code: Exit = Exit.USAGE
@@ -45,12 +45,12 @@ def _initialised(home: Home) -> bool:
     )
 
 
-def _bwrap_problem() -> Problem | None:
+def _bwrap_problem() -> PreflightProblem | None:
     """bubblewrap is there, can make its namespaces, and is new enough for the sandbox
     (docs/runbook.md#sandbox)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return Problem(
+        return PreflightProblem(
             "bubblewrap (bwrap) is not installed: the shell tool runs only in its sandbox "
             "(Debian/Ubuntu: sudo apt-get install bubblewrap)",
             "docs/runbook.md#sandbox",
@@ -71,9 +71,9 @@ def _bwrap_problem() -> Problem | None:
             too_old = bwrap_version_problem(bwrap)
             if too_old is None:
                 return None
-            return Problem(too_old, "docs/runbook.md#sandbox", Exit.FAILED)
+            return PreflightProblem(too_old, "docs/runbook.md#sandbox", Exit.FAILED)
         said = done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}"
-    return Problem(
+    return PreflightProblem(
         f"bubblewrap ({bwrap}) cannot create its sandbox here: {said}",
         "docs/runbook.md#sandbox",
         Exit.FAILED,
@@ -98,14 +98,14 @@ def sandbox_bounds_warning(home: Home) -> str | None:
     )
 
 
-def _port_problem(port: int) -> Problem | None:
+def _port_problem(port: int) -> PreflightProblem | None:
     """Can inferproxy listen on 127.0.0.1:``port``, as it binds it?"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:
-            return Problem(
+            return PreflightProblem(
                 f"[proxy] tcp_port {port}: 127.0.0.1:{port} cannot be used ({exc.strerror})",
                 RUNBOOK_UP,
                 Exit.FAILED,
@@ -113,16 +113,16 @@ def _port_problem(port: int) -> Problem | None:
     return None
 
 
-def preflight(home: Home) -> tuple[Config | None, list[Problem]]:
+def preflight(home: Home) -> tuple[Config | None, list[PreflightProblem]]:
     """Everything ``up`` needs, checked before it starts anything: the config (when it
     is sound) and every problem found, not only the first."""
-    problems: list[Problem] = []
+    problems: list[PreflightProblem] = []
     bwrap = _bwrap_problem()
     if bwrap is not None:
         problems.append(bwrap)
     if not _initialised(home):
         problems.append(
-            Problem(
+            PreflightProblem(
                 f"{home.root}: not a boxmaker home yet; run `bxctl init --home {home.root}`",
                 RUNBOOK_UP,
             )
@@ -132,18 +132,22 @@ def preflight(home: Home) -> tuple[Config | None, list[Problem]]:
     try:
         config = load_config(home)
     except ConfigError as exc:
-        problems += [Problem(text, "docs/runbook.md#config") for text in exc.problems]
+        problems += [PreflightProblem(text, "docs/runbook.md#config") for text in exc.problems]
     grants = read_grants(home.grants_toml).value
     if isinstance(grants, GrantsProblem):
         problems.append(
-            Problem(f"grants.toml is invalid: {grants.describe()}", "docs/runbook.md#grants")
+            PreflightProblem(
+                f"grants.toml is invalid: {grants.describe()}", "docs/runbook.md#grants"
+            )
         )
     if config is not None:
         if config.model.url is None and not MODEL.ready(home):
             try:
                 check_installed()
             except ModelUnavailable as exc:
-                problems.append(Problem(f"no [model] url in config.toml, and {exc}", RUNBOOK_UP))
+                problems.append(
+                    PreflightProblem(f"no [model] url in config.toml, and {exc}", RUNBOOK_UP)
+                )
         port = config.proxy.tcp_port
         if port and not INFERPROXY.ready(home):
             found = _port_problem(port)
