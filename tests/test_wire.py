@@ -145,6 +145,8 @@ admin_answers = (
         sessions=counts,
         uptime_s=st.floats(0, 1e9),
         sandbox_bounds=text,
+        shell_ready=st.booleans(),
+        shell_problem=st.none() | text,
     )
     | st.builds(
         SessionsAnswer,

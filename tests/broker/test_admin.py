@@ -10,6 +10,7 @@ import trio
 import trio.testing
 from tests.harness.broker import SESSION, Brokerd, Client, admin, call, records, tool_request
 from tests.harness.homes import grant, write_grants, write_state
+from tests.harness.sandbox import AS_ROOT
 
 from boxmaker import __version__
 from boxmaker.broker.cgroup_plan import NoCgroups
@@ -45,6 +46,17 @@ async def test_status_reports_the_boot_head_and_counts(
         "sessions": 0,
         "uptime_s": pytest.approx(3.0),
         "sandbox_bounds": broker.sandboxes.bounds.describe(),
+        # As root, the home's own workspace is root's: the shell cannot run there
+        # (tests/broker/test_shell_before_asking.py has the cases).
+        "shell_ready": not AS_ROOT,
+        "shell_problem": (
+            f"brokerd runs as root and the workspace {home.default_workspace} belongs to "
+            "root; the sandbox never runs as host root (uid 0): set [runner] sandbox_uid "
+            "to an ordinary uid that owns the workspace (or run brokerd as an ordinary "
+            "user); see docs/runbook.md#sandbox-as-root"
+            if AS_ROOT
+            else None
+        ),
     }
     await call(home, tool_request("read_file", {"path": "x"}))
     assert (await admin(home, {"kind": "status"}))["sessions"] == 1

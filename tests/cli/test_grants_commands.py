@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import re
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -27,7 +28,8 @@ from tests.harness.broker import (
     tool_request,
 )
 from tests.harness.cli import bxctl_in_process
-from tests.harness.homes import grant, short_home, write_grants, write_state
+from tests.harness.homes import grant, short_home, write_config, write_grants, write_state
+from tests.harness.sandbox import sandbox_workspace
 
 from boxmaker.cli.app import app
 from boxmaker.formats.clock import local_time, parse_utc, utc_now
@@ -177,6 +179,18 @@ def test_list_of_an_invalid_file_points_at_check(
 # test
 
 
+@pytest.fixture
+def shell_workspace(home: Home) -> Iterator[None]:
+    """A workspace the shell's sandbox can use, whoever runs the tests: as root the
+    home's own is root's, and a shell ask there is denied before asking
+    (tests/broker/test_shell_before_asking.py)."""
+    with sandbox_workspace() as workspace:
+        config = home.config_toml.read_text()
+        write_config(home, f"workspace = {str(workspace)!r}\n{config}")
+        yield
+
+
+@pytest.mark.usefixtures("shell_workspace")
 def test_test_says_the_verdict_grant_reason_and_state(
     home: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:

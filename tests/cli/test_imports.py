@@ -1,5 +1,6 @@
 """What bxctl loads of brokerd: only what the two share (the decision now, the look
-before an ask, bubblewrap's version), none of brokerd's run machinery (the runner, the
+before an ask, whether the shell's sandbox can run: bubblewrap's version, the sandbox's
+user), none of brokerd's run machinery (the runner, the
 sandbox, its state). Checked in a fresh interpreter, on what is really loaded
 (docs/decisions.md, "Rules in core, one decision now")."""
 
@@ -40,6 +41,8 @@ def test_bxctl_loads_none_of_brokerds_run_machinery() -> None:
         "boxmaker.broker",
         "boxmaker.broker.bwrap_version",
         "boxmaker.broker.decide_now",
+        "boxmaker.broker.sandbox_check",
+        "boxmaker.broker.sandbox_plan",
         "boxmaker.broker.workspace_paths",
     ]
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tests.harness.grants import grant_set
 from tests.harness.homes import grant
 
-from boxmaker.core.before_asking import before_asking, path_to_look
+from boxmaker.core.before_asking import before_asking, needs_sandbox, path_to_look
 from boxmaker.core.decide import Ask, Deny, Ruling, Run, Verdict, evaluate
 from boxmaker.core.grants import Mode
 from boxmaker.core.labels import Label, Taint
@@ -140,3 +140,47 @@ def test_only_a_write_ask_with_a_missing_directory_changes(
         detail=f"{path_to_look(decided)}: the directory {missing} does not exist "
         "(write_file does not create directories)",
     )
+
+
+# --- a shell ask whose sandbox cannot run --------------------------------------------
+
+NO_SANDBOX = "bubblewrap (bwrap) is not available; see docs/runbook.md#sandbox"
+
+
+def test_only_a_shell_ask_needs_the_sandbox_looked_at() -> None:
+    shell_ask = verdict("shell", command="git status")
+    shell_deny = verdict("shell", command="rm -rf /")
+    assert (type(shell_ask), type(shell_deny)) == (Ask, Deny)
+    assert needs_sandbox(shell_ask)
+    assert not needs_sandbox(shell_deny)
+    others = [
+        write("drafts/plan.md"),
+        verdict("read_file", path="drafts/plan.md"),
+        verdict("http_get", url="https://docs.python.org/3/"),
+    ]
+    assert [needs_sandbox(each) for each in others] == [False] * 3
+
+
+def test_a_shell_ask_whose_sandbox_cannot_run_is_denied_with_the_finding() -> None:
+    ask = verdict("shell", command="git status")
+    assert isinstance(ask, Ask)
+    deny = before_asking(ask, None, NO_SANDBOX)
+    assert isinstance(deny, Deny)
+    # The same decision on the same grant and state, denied sandbox_unavailable with the
+    # finding's own words (they name the runbook entry).
+    assert deny.decision == attrs.evolve(
+        ask.decision, verdict="deny", reason=Reason.SANDBOX_UNAVAILABLE, detail=NO_SANDBOX
+    )
+    assert (deny.decision.grant, deny.decision.mode) == ("git", Mode.ASK)
+    assert before_asking(ask, None, None) is ask
+
+
+def test_a_sandbox_problem_changes_no_other_verdict() -> None:
+    for each in (
+        write("drafts/plan.md"),
+        write("out/a.txt"),
+        verdict("shell", command="rm -rf /"),
+        verdict("read_file", path="drafts/plan.md"),
+        verdict("http_get", url="https://docs.python.org/3/"),
+    ):
+        assert before_asking(each, None, NO_SANDBOX) is each

@@ -36,6 +36,7 @@ import trio
 
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand
 from boxmaker.broker.preview import preview_write
+from boxmaker.broker.sandbox_check import sandbox_problem
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call_events import AdminReply, ApprovedReply
@@ -302,6 +303,9 @@ async def reload_grants(broker: Broker) -> GrantsReloaded:
 async def _status(broker: Broker) -> StatusAnswer:
     grants = await broker.grants.current()
     problem = grants.describe() if isinstance(grants, GrantsProblem) else None
+    shell = await broker.to_thread(
+        sandbox_problem, broker.workspace, broker.config.runner.sandbox_uid
+    )
     return StatusAnswer(
         version=broker.version,
         boot=broker.boot,
@@ -313,6 +317,8 @@ async def _status(broker: Broker) -> StatusAnswer:
         sessions=len(broker.sessions),
         uptime_s=max(0.0, trio.current_time() - broker.started_at),
         sandbox_bounds=broker.sandboxes.bounds.describe(),
+        shell_ready=shell is None,
+        shell_problem=shell,
     )
 
 

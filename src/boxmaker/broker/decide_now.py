@@ -4,7 +4,8 @@
 decides cannot drift apart: with the grants as read now, read the session's state,
 evaluate (:func:`boxmaker.core.decide.evaluate`, the decision's steps 2-6 of
 docs/protocol.md), and before an ask goes to the owner, look at what it needs on disk
-(:mod:`boxmaker.core.before_asking`). What it reads comes through :class:`Sources`:
+(:mod:`boxmaker.core.before_asking`: a write's directory, a shell call's sandbox). What
+it reads comes through :class:`Sources`:
 brokerd's (:class:`BrokerSources`: its state cache, its ledger writer, a worker thread
 for the look) or bxctl's (the files as they are). The grants are an argument, read by
 the caller first, as the order demands (grants, then state): brokerd takes them for the
@@ -20,8 +21,9 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from boxmaker.broker.sandbox_check import sandbox_problem
 from boxmaker.broker.workspace_paths import missing_directory
-from boxmaker.core.before_asking import before_asking, path_to_look
+from boxmaker.core.before_asking import before_asking, needs_sandbox, path_to_look
 from boxmaker.core.decide import Verdict, evaluate
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
@@ -55,6 +57,11 @@ class Sources(Protocol):
         not exist (:func:`boxmaker.broker.workspace_paths.missing_directory`)."""
         ...
 
+    def sandbox_problem(self) -> Awaitable[str | None]:
+        """The look before a shell ask: why the shell's sandbox cannot run in the
+        workspace now, or None (:func:`boxmaker.broker.sandbox_check.sandbox_problem`)."""
+        ...
+
 
 async def decide_now(
     request: ToolRequest,
@@ -77,10 +84,14 @@ async def decide_now(
         now=utc_now(),
         workspace=str(sources.workspace),
     )
-    path = path_to_look(verdict) if look_before_asking else None
-    if path is None:
+    if not look_before_asking:
         return verdict
-    return before_asking(verdict, await sources.missing_directory(path))
+    path = path_to_look(verdict)
+    if path is not None:
+        return before_asking(verdict, await sources.missing_directory(path))
+    if needs_sandbox(verdict):
+        return before_asking(verdict, None, await sources.sandbox_problem())
+    return verdict
 
 
 class BrokerSources:
@@ -104,3 +115,7 @@ class BrokerSources:
 
     def missing_directory(self, path: str) -> Awaitable[str | None]:
         return self.broker.to_thread(missing_directory, self.broker.workspace, path)
+
+    def sandbox_problem(self) -> Awaitable[str | None]:
+        broker = self.broker
+        return broker.to_thread(sandbox_problem, broker.workspace, broker.config.runner.sandbox_uid)

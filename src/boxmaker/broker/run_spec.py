@@ -15,23 +15,15 @@ or too old bwrap, or a sandbox that may not run as things are, is a detail for
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import attrs
 
-from boxmaker.broker.bwrap_version import bwrap_version_problem
 from boxmaker.broker.sandbox import STDERR_TAIL
-from boxmaker.broker.sandbox_plan import (
-    SANDBOX_ENV,
-    Launch,
-    SandboxLimits,
-    SandboxRefused,
-    sandbox_argv,
-    sandbox_user,
-)
+from boxmaker.broker.sandbox_check import NO_BWRAP_DETAIL, RUNBOOK_SANDBOX, find_sandbox
+from boxmaker.broker.sandbox_plan import SANDBOX_ENV, Launch, SandboxLimits, sandbox_argv
 from boxmaker.core.catalogue import (
     MAX_BYTES,
     CheckedArguments,
@@ -46,11 +38,7 @@ from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.reasons import Reason
 from boxmaker.home.config import RunnerConfig
 
-RUNBOOK_SANDBOX: Final = "docs/runbook.md#sandbox"
-NO_BWRAP_DETAIL: Final = (
-    "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
-    "see docs/runbook.md#sandbox"
-)
+__all__ = ["NO_BWRAP_DETAIL", "RUNBOOK_SANDBOX", "RunResult", "RunSpec", "ToolFailed"]
 HTTP_TIMEOUT: Final = 10.0
 """Seconds for a whole http_get: connect, headers and body."""
 
@@ -106,19 +94,13 @@ def _sandbox_limits(runner: RunnerConfig) -> SandboxLimits:
 
 
 def _launch(workspace: Path, runner: RunnerConfig) -> Launch | str:
-    """The sandbox of a shell call in ``workspace``, or why there can be none."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return NO_BWRAP_DETAIL
-    too_old = bwrap_version_problem(bwrap)
-    if too_old is not None:
-        return f"{too_old}; see {RUNBOOK_SANDBOX}"
-    try:
-        user = sandbox_user(workspace, runner.sandbox_uid)
-    except SandboxRefused as refused:
-        return str(refused)
+    """The sandbox of a shell call in ``workspace``, or why there can be none (the
+    same finding as the look before a shell ask: sandbox_check.py)."""
+    found = find_sandbox(workspace, runner.sandbox_uid)
+    if isinstance(found, str):
+        return found
     limits = _sandbox_limits(runner)
-    return Launch(sandbox_argv(bwrap, workspace, limits), user, limits)
+    return Launch(sandbox_argv(found.bwrap, workspace, limits), found.user, limits)
 
 
 _FOR_VERDICT: Final = object()

@@ -47,7 +47,7 @@ from boxmaker.cli.daemon_processes import (
     stop,
 )
 from boxmaker.cli.log_tail import read_from
-from boxmaker.cli.preflight import PreflightProblem, preflight, sandbox_bounds_warning
+from boxmaker.cli.preflight import PreflightProblem, preflight, sandbox_warnings
 from boxmaker.formats.printable import printable
 from boxmaker.home.config import Config
 from boxmaker.home.paths import Home, HomeError
@@ -152,8 +152,7 @@ def _up(home: Home, config: Config, common: Common) -> Exit:
     result = start_all(home, config)
     found = where(home, config)
     if result.failed is None:
-        warning = sandbox_bounds_warning(home)
-        if warning is not None:
+        for warning in sandbox_warnings(home):
             fail(warning)
     if common.json:
         data: dict[str, object] = {"daemons": result.report}

@@ -25,6 +25,7 @@ import orjson
 from cyclopts import App, Parameter
 
 from boxmaker.broker.decide_now import decide_now
+from boxmaker.broker.sandbox_check import sandbox_problem
 from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.what_if import what_if
@@ -301,6 +302,8 @@ class _AsRead:
 
     workspace: Path
     read_state: Label | StateUnreadable
+    sandbox_uid: int | None
+    """config.toml's ``[runner] sandbox_uid``, as brokerd reads it."""
 
     def ledger_usable(self) -> bool:
         return True
@@ -311,6 +314,9 @@ class _AsRead:
 
     async def missing_directory(self, path: str) -> str | None:
         return missing_directory(self.workspace, path)
+
+    async def sandbox_problem(self) -> str | None:
+        return sandbox_problem(self.workspace, self.sandbox_uid)
 
 
 @attrs.frozen
@@ -385,7 +391,8 @@ def _test_call(tool: str, arguments: str, session: str | None, home: Home) -> _T
     request = ToolRequest(
         call=TEST_CALL, session=session or "s-000000000000", tool=tool, arguments=raw
     )
-    return _TestCall(home, request, session, grants, _AsRead(workspace, state))
+    sources = _AsRead(workspace, state, config.runner.sandbox_uid)
+    return _TestCall(home, request, session, grants, sources)
 
 
 def _grant_source(call: _TestCall, decision: Ruling) -> tuple[int, str] | None:

@@ -80,22 +80,53 @@ def _bwrap_problem() -> PreflightProblem | None:
     )
 
 
-def sandbox_bounds_warning(home: Home) -> str | None:
-    """A warning when brokerd (running) says nothing bounds each shell sandbox as a
-    whole: no cgroup could be had, and only the per-process limits hold
-    (docs/runbook.md#sandbox-limits). Not a problem: the shell still runs."""
+def _broker_status(home: Home) -> StatusAnswer | None:
+    """brokerd's status, or None when it does not answer."""
     # up is a plain function, never called on a trio thread (`bxctl demo` runs it in a
     # worker thread): one trio run of its own for one question.
     try:
         answer = trio.run(ask_broker, home, StatusRequest())
     except DaemonUnreachable:
         return None
-    if not isinstance(answer, StatusAnswer) or answer.sandbox_bounds.startswith("cgroup"):
+    return answer if isinstance(answer, StatusAnswer) else None
+
+
+def _bounds_warning(status: StatusAnswer) -> str | None:
+    if status.sandbox_bounds.startswith("cgroup"):
         return None
     return (
         "warning: no cgroup bounds the shell sandbox's memory and processes as a whole: "
-        f"{answer.sandbox_bounds}"
+        f"{status.sandbox_bounds}"
     )
+
+
+def _shell_warning(status: StatusAnswer) -> str | None:
+    if status.shell_ready:
+        return None
+    return (
+        "warning: the shell tool cannot run here, so brokerd denies every shell call "
+        f"sandbox_unavailable before anyone is asked: {status.shell_problem}"
+    )
+
+
+def sandbox_bounds_warning(home: Home) -> str | None:
+    """A warning when brokerd (running) says nothing bounds each shell sandbox as a
+    whole: no cgroup could be had, and only the per-process limits hold
+    (docs/runbook.md#sandbox-limits). Not a problem: the shell still runs."""
+    status = _broker_status(home)
+    return None if status is None else _bounds_warning(status)
+
+
+def sandbox_warnings(home: Home) -> list[str]:
+    """What ``up`` warns of once brokerd runs, as brokerd finds it (its status): a
+    shell that cannot run here, and why (docs/runbook.md#sandbox; brokerd's own look,
+    the one that denies a shell ask before the owner is asked), and a sandbox no cgroup
+    bounds. Neither stops ``up``: the file tools and http_get work without the shell."""
+    status = _broker_status(home)
+    if status is None:
+        return []
+    found = (_shell_warning(status), _bounds_warning(status))
+    return [warning for warning in found if warning is not None]
 
 
 def _port_problem(port: int) -> PreflightProblem | None:

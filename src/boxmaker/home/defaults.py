@@ -21,14 +21,20 @@ FIRST_STEP_HELP: Final = """\
 """
 
 
-def initial_config_text() -> str:
+def initial_config_text(workspace: str | None = None) -> str:
     """What ``bxctl init`` writes: :func:`default_config_text`, with the one key the
-    built-in model needs set (``[loop] first_step = "named"``).
+    built-in model needs set (``[loop] first_step = "named"``), and ``workspace`` (a
+    TOML string) when given (``bxctl init --workspace``).
 
     >>> 'first_step = "named"' in initial_config_text().splitlines()
     True
+    >>> 'workspace = "/srv/work"' in initial_config_text('"/srv/work"').splitlines()
+    True
     """
-    return default_config_text().replace('# first_step = "auto"', 'first_step = "named"')
+    text = default_config_text().replace('# first_step = "auto"', 'first_step = "named"')
+    if workspace is None:
+        return text
+    return text.replace('# workspace = "workspace"', f"workspace = {workspace}", 1)
 
 
 def default_config_text() -> str:

@@ -179,12 +179,13 @@ class Home:
         _ensure_private_dir(self.run_dir, follow_symlinks=False, uid=me)
         return self.run_dir
 
-    def write_defaults(self) -> list[Path]:
+    def write_defaults(self, *, workspace: str | None = None) -> list[Path]:
         """Write config.toml and grants.toml, mode 0600, where they do not exist yet
-        (``bxctl init``). Returns the files written; an existing file is never touched."""
+        (``bxctl init``); ``workspace``, a TOML string, is config.toml's workspace.
+        Returns the files written; an existing file is never touched."""
         written = []
         for path, text in (
-            (self.config_toml, initial_config_text()),
+            (self.config_toml, initial_config_text(workspace)),
             (self.grants_toml, DEFAULT_GRANTS_TEXT),
         ):
             try:

@@ -189,6 +189,11 @@ class StatusAnswer:
     sandbox_bounds: str
     """What bounds the shell's sandbox as a whole: "cgroup v1: memory+swap, pids",
     "cgroup v2: …", or "none: why" (docs/runbook.md#sandbox-limits)."""
+    shell_ready: bool
+    """Whether the shell's sandbox can run in the workspace now; when not, every shell
+    call is denied ``sandbox_unavailable`` (an ask before the owner is asked)."""
+    shell_problem: str | None
+    """Why it cannot (its runbook entry named), or None (docs/runbook.md#sandbox)."""
 
 
 @attrs.frozen(kw_only=True)
