@@ -8,7 +8,6 @@ import contextlib
 import datetime as dt
 import re
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -28,8 +27,7 @@ from tests.harness.broker import (
     tool_request,
 )
 from tests.harness.cli import bxctl_in_process
-from tests.harness.homes import grant, short_home, write_config, write_grants, write_state
-from tests.harness.sandbox import sandbox_workspace
+from tests.harness.homes import grant, short_home, write_grants, write_state
 
 from boxmaker.cli.app import app
 from boxmaker.formats.clock import local_time, parse_utc, utc_now
@@ -177,17 +175,6 @@ def test_list_of_an_invalid_file_points_at_check(
 
 # ---------------------------------------------------------------------------------------
 # test
-
-
-@pytest.fixture
-def shell_workspace(home: Home) -> Iterator[None]:
-    """A workspace the shell's sandbox can use, whoever runs the tests: as root the
-    home's own is root's, and a shell ask there is denied before asking
-    (tests/broker/test_shell_before_asking.py)."""
-    with sandbox_workspace() as workspace:
-        config = home.config_toml.read_text()
-        write_config(home, f"workspace = {str(workspace)!r}\n{config}")
-        yield
 
 
 @pytest.mark.usefixtures("shell_workspace")

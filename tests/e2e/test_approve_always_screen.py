@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from tests.e2e.test_chat_terminal import chat_argv
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.broker import records, waiting_approvals
@@ -96,6 +97,7 @@ async def test_a_at_the_chats_prompt_writes_the_grant_and_the_next_call_runs(hom
     assert decisions == [("ask", "notes"), ("run", written)]
 
 
+@pytest.mark.usefixtures("shell_workspace")
 async def test_a_wrong_confirmation_writes_nothing_and_asks_again(home: Home) -> None:
     write_grants(home, grant("sh", "shell", "ask"))
     grants = home.grants_toml.read_bytes()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -16,6 +17,7 @@ from boxmaker.runtime.threads import ToThread
 from .broker import GUARD, PENDING_TIMEOUT, Brokerd, inline
 from .homes import short_home, write_config, write_grants
 from .process import Daemon
+from .sandbox import sandbox_workspace, use_sandbox_workspace
 
 
 @pytest.fixture
@@ -25,6 +27,16 @@ def home() -> Iterator[Home]:
         write_config(fresh, f"[broker]\npending_timeout = {PENDING_TIMEOUT}\n")
         write_grants(fresh, "")
         yield fresh
+
+
+@pytest.fixture
+def shell_workspace(home: Home) -> Iterator[Path]:
+    """``home`` with a workspace the shell's sandbox can use, whoever runs the tests
+    (sandbox.py): as root a shell ask on the home's own workspace, root's, is denied
+    before anyone is asked (tests/broker/test_shell_before_asking.py)."""
+    with sandbox_workspace() as workspace:
+        use_sandbox_workspace(home, workspace)
+        yield workspace
 
 
 @pytest.fixture

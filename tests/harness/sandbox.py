@@ -19,6 +19,7 @@ from typing import Final
 import trio
 
 from boxmaker.broker.cgroup_plan import CgroupPlan, HostProbe, plan_cgroups
+from boxmaker.home.paths import Home
 
 SANDBOX_UID: Final = 65534
 """The ordinary uid (and gid) that owns a test workspace when the tests run as root."""
@@ -39,6 +40,15 @@ def sandbox_workspace() -> Iterator[Path]:
         yield workspace
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def use_sandbox_workspace(home: Home, workspace: Path) -> None:
+    """Name ``workspace`` (from :func:`sandbox_workspace`) in ``home``'s config.toml,
+    above its tables. As root the home's own workspace is root's, and a shell call there
+    is denied ``sandbox_unavailable`` before anyone is asked
+    (docs/runbook.md#sandbox-as-root): a test that asks about a shell call needs this."""
+    config = home.config_toml.read_text()
+    home.config_toml.write_text(f"workspace = {str(workspace)!r}\n{config}")
 
 
 def processes_with(marker: str) -> list[int]:

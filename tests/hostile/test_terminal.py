@@ -25,6 +25,7 @@ from typing import Final
 import orjson
 import pytest
 from tests.harness.cli import WAIT_S, bxctl, listed_approvals, scripted_home, start_bxctl
+from tests.harness.sandbox import sandbox_workspace, use_sandbox_workspace
 from tests.harness.screen import shell_pane
 
 from boxmaker.home.paths import Home
@@ -86,7 +87,9 @@ def unsafe_in(where: str, text: str) -> list[str]:
 @pytest.fixture
 def home() -> Iterator[Home]:
     """A home with the scripted model and the three daemons up (bxctl up)."""
-    with scripted_home(SCRIPT, GRANTS, prefix="bx-tty-") as (home, _, _):
+    with scripted_home(SCRIPT, GRANTS, prefix="bx-tty-") as (home, _, _), sandbox_workspace() as ws:
+        # The shell call must be asked about (as root, not on the home's own workspace).
+        use_sandbox_workspace(home, ws)
         bxctl(home, "up")
         yield home
 
