@@ -29,8 +29,9 @@ from tests.harness.runner import (
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace, wait_gone
 
 from boxmaker.broker import sandbox, sandbox_plan
-from boxmaker.broker.run_spec import NO_BWRAP_DETAIL, RunResult, RunSpec, ToolFailed
+from boxmaker.broker.run_spec import RunResult, RunSpec, ToolFailed
 from boxmaker.broker.runner import execute
+from boxmaker.broker.sandbox_check import NO_BWRAP_DETAIL
 from boxmaker.broker.tools.file_walk import real_relative_inside, walk_directory
 from boxmaker.broker.tools.host import REAL_HOST, Host, resolve_addresses
 from boxmaker.core.catalogue import MAX_BYTES, CheckedArguments, ReadFileArgs

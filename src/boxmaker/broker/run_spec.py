@@ -7,9 +7,10 @@ that the owner approved: it carries the grant that matched and the arguments cor
 checked. A RunSpec's private token stops accidental construction, not a determined
 caller (``attrs.evolve`` copies it): Python has no private constructors.
 
-A shell call's sandbox is chosen here, from ``[runner]`` (:func:`_launch`): a missing
-or too old bwrap, or a sandbox that may not run as things are, is a detail for
-``sandbox_unavailable`` (docs/decisions.md, "The runner and the sandbox").
+A shell call's sandbox is chosen here, from ``[runner]`` (:func:`_launch`) and the
+finding of :mod:`boxmaker.broker.sandbox_check` (the one the look before a shell ask
+takes): a missing or too old bwrap, or a sandbox that may not run as things are, is a
+detail for ``sandbox_unavailable`` (docs/decisions.md, "The runner and the sandbox").
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Final
 import attrs
 
 from boxmaker.broker.sandbox import STDERR_TAIL
-from boxmaker.broker.sandbox_check import NO_BWRAP_DETAIL, RUNBOOK_SANDBOX, find_sandbox
+from boxmaker.broker.sandbox_check import find_sandbox
 from boxmaker.broker.sandbox_plan import SANDBOX_ENV, Launch, SandboxLimits, sandbox_argv
 from boxmaker.core.catalogue import (
     MAX_BYTES,
@@ -38,7 +39,6 @@ from boxmaker.core.labels import Label, LabelRules
 from boxmaker.core.reasons import Reason
 from boxmaker.home.config import RunnerConfig
 
-__all__ = ["NO_BWRAP_DETAIL", "RUNBOOK_SANDBOX", "RunResult", "RunSpec", "ToolFailed"]
 HTTP_TIMEOUT: Final = 10.0
 """Seconds for a whole http_get: connect, headers and body."""
 

@@ -30,13 +30,8 @@ import signal
 from typing import Final
 
 from boxmaker.broker.cgroups import Usage
-from boxmaker.broker.run_spec import (
-    NO_BWRAP_DETAIL,
-    RUNBOOK_SANDBOX,
-    RunResult,
-    RunSpec,
-    describe_error,
-)
+from boxmaker.broker.run_spec import RunResult, RunSpec, describe_error
+from boxmaker.broker.sandbox_check import NO_BWRAP_DETAIL, RUNBOOK_SANDBOX
 from boxmaker.broker.sandbox_plan import (
     LIMITS_FAILED,
     LIMITS_FAILED_WORDS,
