@@ -32,6 +32,7 @@ from boxmaker.cli.terminal import OwnerTerminal
 from boxmaker.formats.printable import printable
 from boxmaker.home.chat_history import MAX_ENTRIES, add_chat_line, read_chat_history
 from boxmaker.home.paths import Home
+from boxmaker.home.regular_file import NotRegularFile
 from boxmaker.wire import MAX_SAY
 
 log = logging.getLogger("boxmaker.bxctl")
@@ -43,6 +44,7 @@ KEYS_HELP: Final = (
     "prompt leaves; Up recalls what you typed before"
 )
 NO_HISTORY: Final = "  chat history not kept: {path}: {reason}"
+REPLACED_HISTORY: Final = "  chat history not read: {path}: {reason}; this chat's lines replace it"
 
 
 class Leave(enum.Enum):
@@ -74,6 +76,9 @@ class ChatPrompt:
         prompt = cls(terminal, home, LineHistory(max_entries=MAX_ENTRIES))
         try:
             entries = await trio.to_thread.run_sync(read_chat_history, home.chat_history)
+        except NotRegularFile as exc:
+            # A link or a FIFO there is no history of the owner's: replaced, never used.
+            print(printable(REPLACED_HISTORY.format(path=home.chat_history, reason=exc.strerror)))
         except OSError as exc:
             prompt._not_kept(exc)
         else:
