@@ -12,6 +12,7 @@ from tests.harness.homes import grant, write_grants
 from tests.harness.screen import bxctl_argv, terminal
 from tests.harness.stack import READ_NOTES, say, stack
 
+from boxmaker.cli.terminal import REFUSED_WITHOUT_REASON
 from boxmaker.cli.watch import KEYS_HELP, NONE_PENDING, REASON_PROMPT
 from boxmaker.home.paths import Home
 
@@ -83,3 +84,24 @@ async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
             assert await screen.exit_code() == 0
     assert f"refused {entry['call']}: the model is told: private" in after
     assert "denied: refused — private" in fake.requests[1]["messages"][-1]["content"]
+
+
+async def test_enter_alone_at_the_reason_refuses_with_the_hints_reason(home: Home) -> None:
+    write_grants(home, grant("files", "read_file", "ask"))
+    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
+    fake = FakeLlama(script=[READ_NOTES, {"content": "OK."}])
+    async with stack(home, fake), trio.open_nursery() as nursery:
+        nursery.start_soon(say, home, "read my notes")
+        [entry] = await waiting_approvals(home, 1, within=20)
+        argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
+        async with terminal(argv) as screen:
+            await screen.wait_for(f"▶ {entry['approval']}")
+            await screen.send("n")
+            await screen.wait_for(REASON_PROMPT)
+            await screen.send("Enter")
+            after = await screen.wait_for(NONE_PENDING)
+            await screen.send("q")
+            assert await screen.exit_code() == 0
+    assert f"refused {entry['call']}: the model is told: {REFUSED_WITHOUT_REASON}" in after
+    told = fake.requests[1]["messages"][-1]["content"]
+    assert f"denied: refused — {REFUSED_WITHOUT_REASON}" in told

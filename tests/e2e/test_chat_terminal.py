@@ -17,6 +17,8 @@ from tests.harness.scripted_loopd import scripted_loopd
 from tests.harness.stack import ADD_BREAD, ADD_BREAD_SHOWN, NOTES_AFTER_BREAD, READ_NOTES, stack
 
 from boxmaker.cli.chat import APPROVE_PROMPT, REASON_PROMPT
+from boxmaker.cli.chat_prompt import HOW_TO_LEAVE
+from boxmaker.cli.terminal import REFUSED_WITHOUT_REASON
 from boxmaker.home.paths import Home
 
 
@@ -214,6 +216,26 @@ async def test_in_the_prompt_loop_ctrl_c_ends_the_turn_and_asks_again(home: Home
         await screen.send("Enter")
         await screen.wait_for("Hello again.")
         await screen.send("C-c")
+        await screen.wait_for(HOW_TO_LEAVE)
+        await screen.send("C-c")
         code = await screen.exit_code()
     assert "bxctl: interrupted: the turn is ended" in again
     assert code == 130
+
+
+async def test_enter_alone_at_the_reason_refuses_with_the_hints_reason(home: Home) -> None:
+    async with chat_asked_to_read_notes(home, "Understood.", "--say", "read my notes") as (
+        screen,
+        fake,
+    ):
+        await screen.wait_for(APPROVE_PROMPT)
+        await screen.send("n")
+        asked = await screen.wait_for(REASON_PROMPT)
+        await screen.send("Enter")
+        code = await screen.exit_code()
+        shown = await screen.text()
+    assert f"Enter alone refuses: {REFUSED_WITHOUT_REASON};" in asked
+    assert code == 0
+    told = rf"^  refused c-[0-9a-f]{{16}}: the model is told: {REFUSED_WITHOUT_REASON}$"
+    assert re.search(told, shown, re.M)
+    assert REFUSED_WITHOUT_REASON in fake.requests[1]["messages"][-1]["content"]

@@ -21,6 +21,7 @@ from tests.harness.homes import grant
 from tests.harness.sandbox import processes_with, sandbox_workspace
 from tests.harness.screen import EXITED, bxctl_argv, shell_pane
 
+from boxmaker.cli.chat_prompt import PROMPT
 from boxmaker.home.paths import Home
 
 pytestmark = [
@@ -96,6 +97,30 @@ def test_ctrl_c_in_the_chat_stops_a_running_shell_within_a_second() -> None:
     assert gone - pressed < STOPPED_WITHIN
     assert f"{EXITED}130]" in shown
     assert "bxctl: interrupted: the turn is ended" in shown
+    assert_stopped(record)
+
+
+def test_ctrl_c_at_the_chats_prompt_loop_stops_a_running_shell_and_the_chat_stays() -> None:
+    with long_shell_home() as home:
+        chat = shlex.join(bxctl_argv("chat", "--home", str(home.root)))
+        with shell_pane(
+            f'trap : INT; {chat}; echo "{EXITED}$?]"; sleep 600', width=120, height=40
+        ) as pane:
+            pane.wait_for(PROMPT)
+            pane.send("-l", "wait for it")
+            pane.send("Enter")
+            wait_until(lambda: processes_with(MARKER), "the sandboxed command running")
+            pane.send("C-c")
+            wait_until(lambda: not processes_with(MARKER), "the command gone", within=10)
+            shown = pane.wait_for("bxctl: interrupted: the turn is ended")
+            wait_until(lambda: pane.visible().rstrip("\n").endswith(PROMPT), "the prompt back")
+            still = EXITED not in pane.visible()
+            pane.send("C-d")
+            left = pane.wait_for(EXITED)
+        record = the_stopped_call(home)
+    assert still
+    assert "  -> shell" in shown
+    assert f"{EXITED}130]" in left  # the turn Ctrl-C ended was the chat's last
     assert_stopped(record)
 
 

@@ -48,6 +48,10 @@ class Screen:
         """What the pane shows now, with the lines scrolled off it."""
         return await self._tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "owner")
 
+    async def visible(self) -> str:
+        """What the pane shows now, without the lines scrolled off it."""
+        return await self._tmux("capture-pane", "-p", "-J", "-t", "owner")
+
     async def raw(self) -> str:
         """The pane's content with its escape sequences, as tmux holds them."""
         return await self._tmux("capture-pane", "-p", "-e", "-S", "-200", "-t", "owner")

@@ -18,8 +18,9 @@ from boxmaker.cli.demo import demo
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
 from boxmaker.cli.logs import logs
-from boxmaker.cli.owner import approvals, approve, refuse, sessions, status
+from boxmaker.cli.owner import approvals, approve, refuse, status
 from boxmaker.cli.runbook import runbook
+from boxmaker.cli.sessions import sessions
 from boxmaker.cli.why import why
 from boxmaker.formats.printable import PrintableStream
 

@@ -1,6 +1,6 @@
 """``bxctl chat``: talk to the agent through loopd's loop.sock (docs/protocol.md).
 
-One turn with ``--say``, else a prompt loop (an empty line or Ctrl-D ends it). Each event
+One turn with ``--say``, else a prompt loop (on a terminal: cli/chat_prompt.py). Each event
 of the turn is shown as it comes: the model's tool calls, each call's outcome with its
 detail and the head of its output, how long each step took, and the reply as the model
 writes it. On a terminal, the model's progress (step, seconds, tokens) stays on one
@@ -10,11 +10,14 @@ refuse it. ``--json`` prints the events as they come, one JSON object a line.
 
 Ctrl-C ends the turn for real: chat closes its loop.sock connection, so loopd drops the
 model request and brokerd withdraws a call waiting for the owner. ``--say`` then exits
-130; the prompt loop comes back to its prompt (Ctrl-C there ends chat, exit 130).
+130; the prompt loop comes back to its prompt (where Ctrl-C clears the line, and a
+second one at an empty prompt ends chat, exit 130).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Final, assert_never
@@ -25,16 +28,16 @@ import trio
 
 from boxmaker.cli.admin_client import DaemonUnreachable, answer_waiting_call, ask_broker
 from boxmaker.cli.always import confirm_always
+from boxmaker.cli.chat_prompt import KEYS_HELP, PROMPT, ChatPrompt, Leave
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
-from boxmaker.cli.terminal import OwnerTerminal, is_interactive, until_interrupted
+from boxmaker.cli.terminal import REFUSE_HINT, OwnerTerminal, is_interactive, until_interrupted
 from boxmaker.formats.clock import local_time, utc_now
-from boxmaker.formats.convert import SESSION_ID
+from boxmaker.formats.convert import SESSION_ID, new_session_id
 from boxmaker.formats.printable import printable
 from boxmaker.home.paths import Home
 from boxmaker.runtime.ndjson import FrameError, FrameReader
 from boxmaker.wire import (
-    MAX_REFUSE_REASON,
     Always,
     ApprovalsAnswer,
     ApprovalsRequest,
@@ -59,9 +62,8 @@ from boxmaker.wire import (
     encode_frame,
 )
 
-PROMPT: Final = "you> "
 APPROVE_PROMPT: Final = "approve? [y]es / [a]lways (exact, no expiry) / [n]o (with a reason) "
-REASON_PROMPT: Final = "reason (Enter refuses, Esc goes back): "
+REASON_PROMPT: Final = f"reason ({REFUSE_HINT}): "
 ALWAYS_KEY: Final = Always()
 """What ``a`` at an approval prompt asks for, once confirmed (cli/always.py): a grant for
 exactly this call, no expiry of its own."""
@@ -300,8 +302,8 @@ class ApprovalPrompt:
                         self._decided = True
                         return Approve(approval=approval, always=ALWAYS_KEY)
                     if key == "n":
-                        reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
-                        if reason is not None and reason.strip():
+                        reason = await self.terminal.refuse_reason(REASON_PROMPT)
+                        if reason is not None:
                             self._decided = True
                             return Refuse(approval=approval, reason=reason)
         except EOFError:
@@ -388,8 +390,8 @@ async def show_turn(
 
 
 async def _read_line() -> str:
-    """The owner's next line at the prompt ("" at Ctrl-D, which ends chat as an empty
-    line does)."""
+    """The next line of a chat whose input is no terminal ("" at its end, which ends
+    chat as an empty line does)."""
     try:
         return await trio.to_thread.run_sync(input, PROMPT, abandon_on_cancel=True)
     except EOFError:
@@ -397,32 +399,8 @@ async def _read_line() -> str:
         return ""
 
 
-async def chat(
-    *, say: str | None = None, session: str | None = None, common: Common = DEFAULT
-) -> Exit:
-    """Talk to the agent: one turn with --say, else a prompt loop (an empty line or
-    Ctrl-D ends it). Shows each tool call, its outcome (the detail, the head of the
-    output, the time taken) and the reply as it is written. On a terminal a call waiting
-    for your approval rings the bell and asks you right there (y; a, then the word
-    always to confirm the grant it writes; or n and a reason); keys typed before the
-    question appears are dropped. `bxctl approve` from another terminal works as well.
-    Ctrl-C ends the turn (the waiting call is withdrawn): --say exits 130, the prompt
-    loop asks again.
-
-    Parameters
-    ----------
-    say
-        Say this, show the turn, and exit (0 once the model replied).
-    session
-        Go on with this session (s- and 12 hex digits); default: a new one.
-    """
-    if session is not None and not SESSION_ID.fullmatch(session):
-        return fail(f"not a session id: {session!r} (s- and 12 hex digits)", Exit.USAGE)
-    if say is not None:
-        if not say.strip():
-            return fail("--say needs some text", Exit.USAGE)
-        return (await show_turn(common.resolve(), say, session, as_json=common.json)).code
-    home = common.resolve()
+async def _piped_chat(home: Home, session: str | None, *, as_json: bool) -> Exit:
+    """The prompt loop without a terminal: a line a turn, until an empty line or the end."""
     code = Exit.DONE
     while True:
         text = await until_interrupted(_read_line)
@@ -431,7 +409,91 @@ async def chat(
             return Exit.INTERRUPTED
         if not text.strip():
             return code
-        end = await show_turn(home, text, session, as_json=common.json)
+        end = await show_turn(home, text, session, as_json=as_json)
         session, code = end.session, end.code
         if code is Exit.UNREACHABLE:
             return code
+
+
+def _session_line(home: Home, session: str) -> str:
+    """The session at the chat's start: new, or when it was last used."""
+    try:
+        used = home.conversation(session).stat().st_mtime
+    except OSError:
+        return f"session {session} (new)"
+    last = dt.datetime.fromtimestamp(used, dt.UTC)
+    return f"session {session} (going on; last used {local_time(last, utc_now())})"
+
+
+def resume_line(session: str) -> str:
+    """
+    >>> resume_line("s-0123456789ab")
+    'session s-0123456789ab: go on with it: bxctl chat --session s-0123456789ab'
+    """
+    return f"session {session}: go on with it: bxctl chat --session {session}"
+
+
+async def _terminal_chat(home: Home, session: str | None) -> Exit:
+    """The prompt loop on a terminal (cli/chat_prompt.py): the session named at the start
+    and at the end, each line a turn, until the owner leaves."""
+    session = session or new_session_id()
+    print(printable(_session_line(home, session)))
+    print(KEYS_HELP)
+    prompt = await ChatPrompt.open(OwnerTerminal(), home)
+    code = Exit.DONE
+    # A Ctrl-C between the prompt and the turn (neither is listening) is dropped here,
+    # not turned into KeyboardInterrupt.
+    with trio.open_signal_receiver(signal.SIGINT):
+        while True:
+            entered = await prompt.read()
+            if entered is Leave.INTERRUPTED:
+                code = Exit.INTERRUPTED
+            if isinstance(entered, Leave):
+                break
+            if not entered.strip():
+                continue
+            await prompt.keep(entered)
+            end = await show_turn(home, entered, session, as_json=False)
+            session, code = end.session or session, end.code
+            if code is Exit.UNREACHABLE:
+                break
+    if home.conversation(session).exists():
+        print(printable(resume_line(session)))
+    return code
+
+
+async def chat(
+    *, say: str | None = None, session: str | None = None, common: Common = DEFAULT
+) -> Exit:
+    """Talk to the agent: one turn with --say, else a prompt loop. Shows each tool call,
+    its outcome (the detail, the head of the output, the time taken) and the reply as it
+    is written. On a terminal a call waiting for your approval rings the bell and asks
+    you right there (y; a, then the word always to confirm the grant it writes; or n and
+    a reason); keys typed before the question appears are dropped. `bxctl approve` from
+    another terminal works as well. Ctrl-C ends the turn (the waiting call is
+    withdrawn): --say exits 130, the prompt loop asks again.
+
+    The prompt on a terminal edits the line (arrows, Home/End, Ctrl-A/E/K/U/W), recalls
+    what you typed in earlier chats (Up/Down), clears the screen (Ctrl-L); Ctrl-C clears
+    the line, and Ctrl-D, or Ctrl-C twice, at an empty prompt leaves. The session is
+    named at the start and at the end; `bxctl sessions` lists past ones. Without a
+    terminal, a line a turn until an empty line or the end of input.
+
+    Parameters
+    ----------
+    say
+        Say this, show the turn, and exit (0 once the model replied).
+    session
+        Go on with this session (s- and 12 hex digits; `bxctl sessions` lists them);
+        default: a new one.
+    """
+    if session is not None and not SESSION_ID.fullmatch(session):
+        return fail(f"not a session id: {session!r} (s- and 12 hex digits)", Exit.USAGE)
+    if say is not None:
+        if not say.strip():
+            return fail("--say needs some text", Exit.USAGE)
+        return (await show_turn(common.resolve(), say, session, as_json=common.json)).code
+    home = common.resolve()
+    if common.json or not is_interactive():
+        return await _piped_chat(home, session, as_json=common.json)
+    return await _terminal_chat(home, session)

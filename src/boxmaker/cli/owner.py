@@ -1,5 +1,5 @@
 """The bxctl commands that talk to brokerd's admin.sock (docs/protocol.md):
-approvals, approve, refuse, status, sessions."""
+approvals, approve, refuse, status (cli/sessions.py has sessions)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,6 @@ from boxmaker.wire import (
     ErrorFrame,
     Refuse,
     Refused,
-    SessionsAnswer,
-    SessionsRequest,
     StatusAnswer,
     StatusRequest,
 )
@@ -371,20 +369,3 @@ async def status(*, common: Common = DEFAULT) -> Exit:
 def _daemons_line(running: dict[str, bool]) -> str:
     states = ", ".join(f"{name} {'up' if up else 'down'}" for name, up in running.items())
     return f"{'daemons':14} {states}"
-
-
-async def sessions(*, common: Common = DEFAULT) -> Exit:
-    """The sessions brokerd has seen: taint, trust, calls."""
-    try:
-        answer = await _request(common, SessionsRequest(), SessionsAnswer)
-    except _Failed as exc:
-        return fail(str(exc), exc.code)
-    if common.json:
-        print_json(converter.unstructure(answer.sessions, list[Any]))
-    elif not answer.sessions:
-        print("no sessions")
-    else:
-        for view in answer.sessions:
-            trust = "untrusted" if view.untrusted else "trusted"
-            print(printable(f"{view.session}  taint {view.taint}, {trust}, {view.calls} call(s)"))
-    return Exit.DONE

@@ -34,6 +34,7 @@ from blessed.keyboard import Keystroke
 from blessed.line_editor import LineEditor
 
 from boxmaker.formats.printable import PrintableStream, printable
+from boxmaker.wire import MAX_REFUSE_REASON
 
 ESC_DELAY_S: Final = 0.05
 """How long a lone Escape waits for the rest of a key sequence (an arrow key's)."""
@@ -44,6 +45,9 @@ ANSWER_DELAY_S: Final = 0.5
 drawn, and every key until then is dropped unread: nobody reads a call and decides on it
 faster, so such a key was typed before its question could be read (docs/decisions.md)."""
 STILL_TYPING: Final = "  .. keys typed before the question are dropped; it comes once they stop"
+REFUSED_WITHOUT_REASON: Final = "the owner refused this call"
+"""The reason of a refusal whose reason line was left empty: what the model is told."""
+REFUSE_HINT: Final = f"Enter alone refuses: {REFUSED_WITHOUT_REASON}; Esc goes back"
 
 T = TypeVar("T")
 
@@ -166,6 +170,28 @@ class OwnerTerminal:
         self.status(question)
         return await self.key()
 
+    def draw_line(self, prompt: str, editor: LineEditor) -> None:
+        """``prompt`` and ``editor``'s line on the current line, the cursor where the
+        editor has it."""
+        shown = editor.display
+        self.clear_line()
+        sys.stdout.write(printable(prompt + shown.text))
+        sys.stdout.flush()
+        # blessed types move_x as taking a str; it takes the column.
+        self.control(self.term.move_x(len(prompt) + shown.cursor))  # type: ignore[arg-type]
+
+    def clear_screen(self) -> None:
+        """The screen emptied, the cursor at its top left (Ctrl-L)."""
+        self.control(self.term.home + self.term.clear)
+
+    @contextlib.contextmanager
+    def typing(self) -> Iterator[None]:
+        """raw mode: every key comes as typed, Ctrl-C and Ctrl-D among them (no signal,
+        no end of input), unechoed; output is not translated either, so a line written
+        inside ends with ``\r\n``."""
+        with self.term.raw():
+            yield
+
     async def line(self, prompt: str, *, limit: int) -> str | None:
         """A line the owner types after ``prompt`` (inside :meth:`keys`), with readline's
         usual editing keys; None when they press Escape. Only printable characters
@@ -176,12 +202,7 @@ class OwnerTerminal:
         width = max(self.term.width - len(prompt) - 1, 10)
         editor = LineEditor(limit=limit, max_width=width, text_sgr="", suggestion_sgr="")
         while True:
-            shown = editor.display
-            self.clear_line()
-            sys.stdout.write(printable(prompt + shown.text))
-            sys.stdout.flush()
-            # blessed types move_x as taking a str; it takes the column.
-            self.control(self.term.move_x(len(prompt) + shown.cursor))  # type: ignore[arg-type]
+            self.draw_line(prompt, editor)
             key = await self.key()
             if key.name == "KEY_ESCAPE":
                 return None
@@ -191,3 +212,12 @@ class OwnerTerminal:
             if result.line is not None:
                 self.control("\r\n")
                 return result.line
+
+    async def refuse_reason(self, prompt: str) -> str | None:
+        """The reason the owner refuses with (inside :meth:`keys`), asked with ``prompt``
+        (:data:`REFUSE_HINT` at its end): Enter alone is :data:`REFUSED_WITHOUT_REASON`;
+        None when they press Escape (back to the question)."""
+        reason = await self.line(prompt, limit=MAX_REFUSE_REASON)
+        if reason is None:
+            return None
+        return reason if reason.strip() else REFUSED_WITHOUT_REASON

@@ -24,12 +24,11 @@ from boxmaker.cli.always import confirm_always
 from boxmaker.cli.chat import ALWAYS_KEY
 from boxmaker.cli.common import Exit, fail
 from boxmaker.cli.owner import approval_block, describe_answer
-from boxmaker.cli.terminal import OwnerTerminal, until_interrupted
+from boxmaker.cli.terminal import REFUSE_HINT, OwnerTerminal, until_interrupted
 from boxmaker.formats.clock import utc_now
 from boxmaker.formats.printable import printable
 from boxmaker.home.paths import Home
 from boxmaker.wire import (
-    MAX_REFUSE_REASON,
     ApprovalsAnswer,
     ApprovalsRequest,
     ApprovalView,
@@ -40,7 +39,7 @@ from boxmaker.wire import (
 
 REFRESH_S: Final = 1.0
 KEYS_HELP: Final = "↑/↓ or k/j choose · y approve · a always (exact, no expiry) · n refuse · q quit"
-REASON_PROMPT: Final = "refuse, reason (Enter refuses, Esc goes back): "
+REASON_PROMPT: Final = f"refuse, reason ({REFUSE_HINT}): "
 NONE_PENDING: Final = "no pending approvals"
 CHOSEN: Final = "▶ "
 """The chosen approval's mark once keys act on it."""
@@ -114,8 +113,8 @@ class ApprovalsWatch:
                 return
             request = Approve(approval=entry.approval, always=ALWAYS_KEY)
         else:
-            reason = await self.terminal.line(REASON_PROMPT, limit=MAX_REFUSE_REASON)
-            if reason is None or not reason.strip():
+            reason = await self.terminal.refuse_reason(REASON_PROMPT)
+            if reason is None:
                 return
             request = Refuse(approval=entry.approval, reason=reason)
         try:

@@ -112,6 +112,11 @@ class Home:
         return self.state_dir / "conversations"
 
     @property
+    def chat_history(self) -> Path:
+        """``state/chat_history``: the lines the owner typed at ``bxctl chat``'s prompt."""
+        return self.state_dir / "chat_history"
+
+    @property
     def logs_dir(self) -> Path:
         return self.root / "logs"
 
