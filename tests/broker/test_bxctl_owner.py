@@ -173,7 +173,9 @@ async def test_status_and_sessions(
         "loopd": False,
     }
     assert await bxctl_in_process(home, "sessions") == 0
-    assert capsys.readouterr().out.strip() == f"{SESSION}  taint public, trusted, 1 call(s)"
+    assert capsys.readouterr().out.strip() == (
+        f"{SESSION}  no conversation kept; taint public, trusted, 1 call(s)"
+    )
     write_grants(home, "[[grant]]\nid = 'x'\n")
     assert await bxctl_in_process(home, "status") == 1
     out = capsys.readouterr().out
