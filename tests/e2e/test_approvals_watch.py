@@ -82,4 +82,5 @@ async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
             await screen.send("q")
             assert await screen.exit_code() == 0
     assert f"refused {entry['call']}: the model is told: private" in after
-    assert "denied: refused — private" in fake.requests[1]["messages"][-1]["content"]
+    told = fake.requests[1]["messages"][-1]["content"]
+    assert "denied (refused: the owner refused it). private." in told

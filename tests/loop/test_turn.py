@@ -197,7 +197,8 @@ async def test_a_denied_call_tells_the_model_why() -> None:
     model = ScriptedModel([calls(("read_file", {"path": "x"})), text("I may not.")])
     events, _ = await turn(model, ScriptedBroker({"read_file": denied}))
     assert model.payloads[1]["messages"][-1]["content"] == (
-        "denied: no_grant — no grant for read_file"
+        "Not done: this call was denied (no_grant: no grant allows it). no grant for read_file."
+        "\nTell the owner this in one short sentence."
     )
     result = next(e for e in events if isinstance(e, ToolResultEvent))
     assert (result.outcome, result.reason) == (AnswerOutcome.DENIED, "no_grant")
@@ -251,7 +252,8 @@ async def test_a_call_with_unreadable_arguments_is_answered_and_never_sent() -> 
     assert model.payloads[1]["messages"][-1] == {
         "role": "tool",
         "tool_call_id": "id-0",
-        "content": "denied: invalid_arguments — the arguments are not a JSON object",
+        "content": "Not done: this call was denied (invalid_arguments)."
+        " the arguments are not a JSON object.\nTell the owner this in one short sentence.",
     }
 
 
@@ -367,14 +369,15 @@ def test_the_kept_assistant_message_is_in_openais_shape() -> None:
     assert assistant_message({}, []) == {"role": "assistant", "content": ""}
 
 
-def test_an_ok_answer_without_content_is_an_empty_tool_message() -> None:
+def test_an_ok_answer_without_content_says_the_tool_returned_nothing() -> None:
     assert tool_message("t", PortAnswer(AnswerOutcome.OK)) == {
         "role": "tool",
         "tool_call_id": "t",
-        "content": "",
+        "content": "The tool ran and returned nothing.",
     }
     assert tool_message("t", PortAnswer(AnswerOutcome.DENIED, reason="expired"))["content"] == (
-        "denied: expired"
+        "Not done: this call was denied (expired: nobody answered in time).\n"
+        "Tell the owner this in one short sentence."
     )
 
 
