@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from boxmaker.core.reasons import REASON_WORDS, Reason
 from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.home.config import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
@@ -458,3 +459,50 @@ async def test_a_shell_result_carries_its_exit_status_output_and_time() -> None:
     assert result.detail == "exit status 2: ls: cannot access"
     assert (result.output, result.stderr) == (None, None)
     assert result.elapsed_ms is not None
+
+
+# --- a turn always ends (docs/decisions.md, "A turn always ends") -------------------
+async def test_each_step_stops_at_the_templates_own_tags_and_asks_for_its_token_limit() -> None:
+    model = ScriptedModel([text("Done.")])
+    await turn(model, ScriptedBroker({}), config=LoopConfig(max_step_tokens=200))
+    sent = model.payloads[0]
+    assert sent["stop"] == [
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tools>",
+        "</tools>",
+    ]
+    assert sent["max_tokens"] == 200
+    assert LoopConfig().max_step_tokens == 512
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "cut"), [("repeated", "repeated"), ("length", "max_tokens"), ("stop", None)]
+)
+async def test_a_step_cut_short_says_why_and_its_text_is_the_reply(
+    finish_reason: str, cut: str | None
+) -> None:
+    reply = {**text("I could not read it.\n<error>"), "finish_reason": finish_reason}
+    events, _ = await turn(ScriptedModel([reply]), ScriptedBroker({}))
+    [done] = [event for event in events if isinstance(event, ModelDoneEvent)]
+    assert done.cut == cut
+    assert events[-1] == ReplyEvent(text="I could not read it.\n<error>")
+
+
+@pytest.mark.parametrize("reason", list(Reason))
+def test_every_denial_and_failure_reads_as_plain_sentences_without_tags(reason: Reason) -> None:
+    failures = list(Reason)[list(Reason).index(Reason.TOOL_ERROR) :]
+    outcome = AnswerOutcome.FAILED if reason in failures else AnswerOutcome.DENIED
+    detail = "grants.toml line 3: <error> near <|im_end|>"
+    content = tool_message("t", PortAnswer(outcome, reason=reason, detail=detail))["content"]
+    lead = "failed" if outcome is AnswerOutcome.FAILED else "was denied"
+    assert content == (
+        f"Not done: this call {lead} ({reason}: {REASON_WORDS[reason]})."
+        " grants.toml line 3: error near im_end.\n"
+        "Tell the owner this in one short sentence."
+    )
+    assert "<" not in content
+    assert ">" not in content
