@@ -468,11 +468,9 @@ async def test_each_step_stops_at_the_templates_own_tags_and_asks_for_its_token_
     sent = model.payloads[0]
     assert sent["stop"] == [
         "</tool_call>",
-        "<tool_response>",
         "</tool_response>",
         "<|im_start|>",
         "<|im_end|>",
-        "<tools>",
         "</tools>",
     ]
     assert sent["max_tokens"] == 200
@@ -506,3 +504,12 @@ def test_every_denial_and_failure_reads_as_plain_sentences_without_tags(reason: 
     )
     assert "<" not in content
     assert ">" not in content
+
+
+async def test_a_reply_is_kept_without_the_templates_tags_the_model_wrote() -> None:
+    reply = text("<tool_response>\nThe call was denied: no grant allows it.\n")
+    model = ScriptedModel([calls(("read_file", {"path": "x"})), reply, text("Hello.")])
+    denied = PortAnswer(AnswerOutcome.DENIED, reason="no_grant")
+    events, added = await turn(model, ScriptedBroker({"read_file": denied}))
+    assert events[-1] == ReplyEvent(text="The call was denied: no grant allows it.")
+    assert added[-1] == {"role": "assistant", "content": "The call was denied: no grant allows it."}

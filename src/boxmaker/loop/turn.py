@@ -77,19 +77,16 @@ for a ``<tool_call>`` template allows one call after another whatever
 ``parallel_tool_calls`` says, so the model wrote its call again and again until
 ``max_tokens`` (1,024 tokens, 34 s on two cores); stopped here it writes the call's own
 few dozen tokens, and llama-server still parses the call (docs/performance.md)."""
-TEMPLATE_TAGS: Final = (
-    "<tool_response>",
-    "</tool_response>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<tools>",
-    "</tools>",
-)
-"""The chat template's own tags (model/chatml_tools.jinja) but the call's opening: the
-request's ``stop`` holds them too. A reply that writes one has left its own turn — it
-goes on as the tool's answer or the next message, and a small model then repeats it
-until ``max_tokens`` — so the step ends before it."""
-STOP: Final = (TOOL_CALL_END, *TEMPLATE_TAGS)
+TEMPLATE_ENDS: Final = ("</tool_response>", "<|im_start|>", "<|im_end|>", "</tools>")
+"""The chat template's own tags (model/chatml_tools.jinja) that end a part of it or
+start the next message: the request's ``stop`` holds them too. A reply that writes one
+has left its own message, and a small model then repeats it until ``max_tokens``; so
+the step ends before it. The opening ``<tool_response>`` is no stop: after a tool's
+answer the built-in model starts its reply with one, then answers in a sentence, then
+closes it (docs/performance.md); its reply is read without the tag
+(:func:`reply_text`)."""
+TEMPLATE_TAGS: Final = ("<tool_response>", "<tools>", *TEMPLATE_ENDS)
+STOP: Final = (TOOL_CALL_END, *TEMPLATE_ENDS)
 INVALID_ARGUMENTS: Final = "invalid_arguments"
 PROGRESS_S: Final = 0.5
 """At most one ``progress`` event this often while the model works."""
@@ -173,7 +170,7 @@ def request_payload(
     >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"]
     ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True)
     >>> p["stop"][:3], "max_tokens" in p
-    (['</tool_call>', '<tool_response>', '</tool_response>'], False)
+    (['</tool_call>', '</tool_response>', '<|im_start|>'], False)
     >>> request_payload([], [], force_tool=False, max_tokens=256)["max_tokens"]
     256
     """
@@ -241,10 +238,15 @@ def parse_tool_calls(message: dict[str, Any]) -> list[ToolCall | BadToolCall]:
 def assistant_message(
     message: dict[str, Any], calls: list[ToolCall | BadToolCall]
 ) -> dict[str, Any]:
-    """The model's message as the history keeps it: its text, and its calls as loopd
+    """The model's message as the history keeps it: its text (a reply's without the
+    template's tags: :func:`reply_text`), and its calls as loopd
     read them (``call_tool`` unwrapped; an unreadable call with empty arguments), under
     the ids their tool messages answer."""
-    kept: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    content = message.get("content") or ""
+    kept: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if calls else reply_text(content),
+    }
     if calls:
         kept["tool_calls"] = [
             {
@@ -267,6 +269,22 @@ ANSWER_IT: Final = "Tell the owner this in one short sentence."
 NOTHING_RETURNED: Final = "The tool ran and returned nothing."
 NOT_RUN: Final = "Not done: this call was denied"
 DID_NOT_WORK: Final = "Not done: this call failed"
+
+
+def reply_text(content: str) -> str:
+    """The model's reply without the template's tags it wrote (:data:`TEMPLATE_TAGS`),
+    and then without the blank space around them; a reply without them as it is.
+
+    >>> reply_text("<tool_response>\\nThe call was denied.\\n")
+    'The call was denied.'
+    >>> reply_text("Use <b>bold</b>.")
+    'Use <b>bold</b>.'
+    """
+    if not any(tag in content for tag in TEMPLATE_TAGS):
+        return content
+    for tag in TEMPLATE_TAGS:
+        content = content.replace(tag, "")
+    return content.strip()
 
 
 def untagged(text: str) -> str:
