@@ -40,7 +40,7 @@ from boxmaker.core.vocabulary import AnswerOutcome  # noqa: E402
 from boxmaker.home.config import LoopConfig  # noqa: E402
 from boxmaker.home.paths import Home  # noqa: E402
 from boxmaker.loop.broker_port import PortAnswer  # noqa: E402
-from boxmaker.wire import ErrorFrame, ModelDoneEvent, ReplyEvent  # noqa: E402
+from boxmaker.wire import ErrorCode, ErrorFrame, ModelDoneEvent, ReplyEvent  # noqa: E402
 
 TEXT: Final = 'Read the file at path "notes.txt".'
 MEDIAN_TARGET: Final = 64
@@ -99,6 +99,12 @@ async def play(home: Home, reasons: list[Reason], config: LoopConfig) -> list[tu
         for reason in reasons:
             started = time.perf_counter()
             events = await turn_answered(client, answer_for(reason), text=TEXT, config=config)
+            end = events[-1]
+            if isinstance(end, ErrorFrame) and end.code == ErrorCode.MODEL_UNREACHABLE:
+                # Said, and the turn played again: the model's answer is what is measured.
+                print(f"  {reason:<20} error {end.code}: {end.detail}; once more")
+                started = time.perf_counter()
+                events = await turn_answered(client, answer_for(reason), text=TEXT, config=config)
             seconds = time.perf_counter() - started
             steps = [event for event in events if isinstance(event, ModelDoneEvent)]
             answered = [step.tokens or 0 for step in steps[1:]]
@@ -110,9 +116,9 @@ async def play(home: Home, reasons: list[Reason], config: LoopConfig) -> list[tu
             cuts = [f"step {step.step}: {step.cut}" for step in steps if step.cut]
             end = events[-1]
             ending = (
-                f"reply {end.text[:60]!r}"
+                f"reply {end.text[:100]!r}"
                 if isinstance(end, ReplyEvent)
-                else f"error {end.code}"
+                else f"error {end.code}: {end.detail}"
                 if isinstance(end, ErrorFrame)
                 else type(end).__name__
             )

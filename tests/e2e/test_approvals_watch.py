@@ -83,4 +83,4 @@ async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
             assert await screen.exit_code() == 0
     assert f"refused {entry['call']}: the model is told: private" in after
     told = fake.requests[1]["messages"][-1]["content"]
-    assert "denied (refused: the owner refused it). private." in told
+    assert "denied (refused: the owner refused it). Detail: private." in told

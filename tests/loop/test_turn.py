@@ -198,8 +198,8 @@ async def test_a_denied_call_tells_the_model_why() -> None:
     model = ScriptedModel([calls(("read_file", {"path": "x"})), text("I may not.")])
     events, _ = await turn(model, ScriptedBroker({"read_file": denied}))
     assert model.payloads[1]["messages"][-1]["content"] == (
-        "Not done: this call was denied (no_grant: no grant allows it). no grant for read_file."
-        "\nTell the owner this in one short sentence."
+        "I could not do that: the call was denied (no_grant: no grant allows it)."
+        " Detail: no grant for read_file."
     )
     result = next(e for e in events if isinstance(e, ToolResultEvent))
     assert (result.outcome, result.reason) == (AnswerOutcome.DENIED, "no_grant")
@@ -253,8 +253,8 @@ async def test_a_call_with_unreadable_arguments_is_answered_and_never_sent() -> 
     assert model.payloads[1]["messages"][-1] == {
         "role": "tool",
         "tool_call_id": "id-0",
-        "content": "Not done: this call was denied (invalid_arguments)."
-        " the arguments are not a JSON object.\nTell the owner this in one short sentence.",
+        "content": "I could not do that: the call was denied (invalid_arguments)."
+        " Detail: the arguments are not a JSON object.",
     }
 
 
@@ -377,8 +377,7 @@ def test_an_ok_answer_without_content_says_the_tool_returned_nothing() -> None:
         "content": "The tool ran and returned nothing.",
     }
     assert tool_message("t", PortAnswer(AnswerOutcome.DENIED, reason="expired"))["content"] == (
-        "Not done: this call was denied (expired: nobody answered in time).\n"
-        "Tell the owner this in one short sentence."
+        "I could not do that: the call was denied (expired: nobody answered in time)."
     )
 
 
@@ -498,9 +497,8 @@ def test_every_denial_and_failure_reads_as_plain_sentences_without_tags(reason: 
     content = tool_message("t", PortAnswer(outcome, reason=reason, detail=detail))["content"]
     lead = "failed" if outcome is AnswerOutcome.FAILED else "was denied"
     assert content == (
-        f"Not done: this call {lead} ({reason}: {REASON_WORDS[reason]})."
-        " grants.toml line 3: error near im_end.\n"
-        "Tell the owner this in one short sentence."
+        f"I could not do that: the call {lead} ({reason}: {REASON_WORDS[reason]})."
+        " Detail: grants.toml line 3: error near im_end."
     )
     assert "<" not in content
     assert ">" not in content

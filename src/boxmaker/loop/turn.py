@@ -265,10 +265,9 @@ def assistant_message(
 
 
 _TAG: Final = re.compile(r"<\|?(/?\w{1,40})\|?>")
-ANSWER_IT: Final = "Tell the owner this in one short sentence."
 NOTHING_RETURNED: Final = "The tool ran and returned nothing."
-NOT_RUN: Final = "Not done: this call was denied"
-DID_NOT_WORK: Final = "Not done: this call failed"
+NOT_RUN: Final = "I could not do that: the call was denied"
+DID_NOT_WORK: Final = "I could not do that: the call failed"
 
 
 def reply_text(content: str) -> str:
@@ -299,13 +298,14 @@ def untagged(text: str) -> str:
 
 def tool_message(call_id: str, answer: PortAnswer) -> dict[str, Any]:
     """The tool message for the model: the content, or what happened in plain
-    sentences (the reason code and its words, the detail) and what to do now: a small
-    model answers such a text, where it echoed ``denied: reason — detail``.
+    sentences, the reason code and its words, and the detail. A small model echoes
+    what it is told (``denied: reason — detail`` it echoed, and then repeated the tags
+    it made up), so the text is one the owner can read as the reply: an echo of it
+    answers them (docs/performance.md, "Turns that end").
 
     >>> answer = PortAnswer(AnswerOutcome.DENIED, reason="no_grant", detail="no grant for x")
     >>> print(tool_message("a", answer)["content"])
-    Not done: this call was denied (no_grant: no grant allows it). no grant for x.
-    Tell the owner this in one short sentence.
+    I could not do that: the call was denied (no_grant: no grant allows it). Detail: no grant for x.
     """
     if answer.outcome is AnswerOutcome.OK:
         content = answer.content or NOTHING_RETURNED
@@ -316,8 +316,7 @@ def tool_message(call_id: str, answer: PortAnswer) -> dict[str, Any]:
         content = f"{lead} ({reason}: {words})." if words else f"{lead} ({reason})."
         if answer.detail:
             detail = untagged(answer.detail).rstrip()
-            content += f" {detail}" + ("" if detail.endswith((".", "!", "?")) else ".")
-        content += f"\n{ANSWER_IT}"
+            content += f" Detail: {detail}" + ("" if detail.endswith((".", "!", "?")) else ".")
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
