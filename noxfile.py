@@ -127,6 +127,7 @@ def bench(session: nox.Session) -> None:
         "bench_broker",
         "bench_proxy",
         "bench_model",
+        "bench_turns",
     ):
         session.run("python", f"tools/{script}.py", success_codes=[0, 1])
 

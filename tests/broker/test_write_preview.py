@@ -182,8 +182,9 @@ async def test_the_model_is_told_which_directory_is_missing(home: Home) -> None:
         events = await say(home, "save my plan")
     assert events[-1]["text"] == "The folder is missing."
     assert fake.requests[1]["messages"][-1]["content"] == (
-        "denied: not_found — drafts/plan.md: the directory drafts does not exist "
-        "(write_file does not create directories)"
+        "I could not do that: the call was denied (not_found: the file or directory does not"
+        " exist). Detail: drafts/plan.md: the directory drafts does not exist "
+        "(write_file does not create directories)."
     )
 
 

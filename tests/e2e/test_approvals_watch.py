@@ -83,7 +83,8 @@ async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
             await screen.send("q")
             assert await screen.exit_code() == 0
     assert f"refused {entry['call']}: the model is told: private" in after
-    assert "denied: refused — private" in fake.requests[1]["messages"][-1]["content"]
+    told = fake.requests[1]["messages"][-1]["content"]
+    assert "denied (refused: the owner refused it). Detail: private." in told
 
 
 async def test_enter_alone_at_the_reason_refuses_with_the_hints_reason(home: Home) -> None:
@@ -104,4 +105,4 @@ async def test_enter_alone_at_the_reason_refuses_with_the_hints_reason(home: Hom
             assert await screen.exit_code() == 0
     assert f"refused {entry['call']}: the model is told: {REFUSED_WITHOUT_REASON}" in after
     told = fake.requests[1]["messages"][-1]["content"]
-    assert f"denied: refused — {REFUSED_WITHOUT_REASON}" in told
+    assert f"denied (refused: the owner refused it). Detail: {REFUSED_WITHOUT_REASON}" in told

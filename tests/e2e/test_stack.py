@@ -85,7 +85,9 @@ def test_without_a_grant_the_call_is_denied_and_the_model_told(stack: Stack) -> 
     assert code == 0
     result = next(e for e in events if e["kind"] == "tool_result")
     assert (result["outcome"], result["reason"]) == ("denied", "no_grant")
-    assert stack.model_requests()[1]["messages"][-1]["content"].startswith("denied: no_grant")
+    assert stack.model_requests()[1]["messages"][-1]["content"].startswith(
+        "I could not do that: the call was denied (no_grant: "
+    )
     assert events[-1]["text"] == "I may not read it."
     [decision] = [r for r in stack.records() if r.get("call") == result["call"]]
     assert (decision["kind"], decision["verdict"], decision["reason"]) == (
@@ -145,7 +147,7 @@ def test_a_refusal_reaches_the_model_with_the_owners_reason(stack: Stack) -> Non
     result = next(e for e in events if e["kind"] == "tool_result")
     assert (result["outcome"], result["reason"]) == ("denied", "refused")
     told = stack.model_requests()[1]["messages"][-1]["content"]
-    assert told.startswith("denied: refused")
+    assert told.startswith("I could not do that: the call was denied (refused: ")
     assert "not today, thanks" in told
     approval = [r for r in stack.records() if r.get("call") == entry["call"]][-1]
     assert (approval["kind"], approval["outcome"], approval["by"]) == (
@@ -164,7 +166,9 @@ def test_an_unanswered_ask_expires_and_the_model_is_told(stack: Stack) -> None:
     assert code == 0
     result = next(e for e in events if e["kind"] == "tool_result")
     assert (result["outcome"], result["reason"]) == ("denied", "expired")
-    assert stack.model_requests()[1]["messages"][-1]["content"].startswith("denied: expired")
+    assert stack.model_requests()[1]["messages"][-1]["content"].startswith(
+        "I could not do that: the call was denied (expired: "
+    )
     approval = [r for r in stack.records() if r.get("call") == result["call"]][-1]
     assert (approval["outcome"], approval["by"]) == ("expired", "expiry")
     assert bxctl(stack.home, "audit", "verify").returncode == 0

@@ -11,10 +11,16 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
+import attrs
 import httpx
 
+from boxmaker.home.config import LoopConfig
 from boxmaker.home.paths import Home
+from boxmaker.loop.broker_port import OnPending, PortAnswer
+from boxmaker.loop.model_client import ModelClient
+from boxmaker.loop.turn import run_turn
 from boxmaker.model.serve import ModelUnavailable, check_installed
+from boxmaker.wire import LoopEvent, ToolRequest
 
 START_S: Final = 60.0
 
@@ -73,3 +79,39 @@ def tokens_of(home: Home, text: str) -> int:
 def slot_busy(home: Home) -> bool:
     with model_client(home) as client:
         return bool(client.get("/slots").json()[0]["is_processing"])
+
+
+@attrs.define
+class AnsweringBroker:
+    """A broker that answers every call with one answer (a denial, a failure): the turn
+    the model then has to end (tools/bench_turns.py, tests/e2e)."""
+
+    answer: PortAnswer
+    requests: list[ToolRequest] = attrs.Factory(list)
+
+    async def call(self, request: ToolRequest, on_pending: OnPending | None = None) -> PortAnswer:
+        self.requests.append(request)
+        return self.answer
+
+
+async def turn_answered(
+    client: ModelClient, answer: PortAnswer, *, text: str, config: LoopConfig
+) -> list[LoopEvent]:
+    """One turn on the model behind ``client`` (loopd's own :func:`run_turn`), every
+    tool call answered ``answer``: its events."""
+    events: list[LoopEvent] = []
+
+    async def emit(event: LoopEvent) -> None:
+        events.append(event)
+
+    await run_turn(
+        session="s-0123456789ab",
+        text=text,
+        history=[],
+        broker=AnsweringBroker(answer),
+        model=client,
+        config=config,
+        emit=emit,
+        added=[],
+    )
+    return events

@@ -76,7 +76,7 @@ async def test_without_a_grant_the_model_is_told_it_was_denied(home: Home) -> No
     result = next(e for e in events if e["kind"] == "tool_result")
     assert (result["outcome"], result["reason"]) == ("denied", "no_grant")
     told = fake.requests[1]["messages"][-1]["content"]
-    assert told.startswith("denied: no_grant")
+    assert told.startswith("I could not do that: the call was denied (no_grant: ")
     assert events[-1]["text"] == "I am not allowed to."
 
 

@@ -20,7 +20,7 @@ from tests.harness.stack import cancel_once_generating, proxied_client, say, ser
 
 from boxmaker.home.paths import Home
 from boxmaker.loop.model_client import ModelClient, ModelFailure, ModelProgress
-from boxmaker.loop.turn import model_tools, request_payload
+from boxmaker.loop.turn import STOP, model_tools, request_payload
 from boxmaker.wire import ErrorCode
 
 GUARD = 20.0
@@ -146,7 +146,7 @@ async def test_a_tool_step_ends_at_the_end_of_its_call(home: Home) -> None:
         events = await say(home, 'Read the file at path "notes.txt".')
     assert [event["kind"] for event in events][-1] == "reply"
     first = fake.requests[0]
-    assert (first["tool_choice"], first["stop"]) == ("required", ["</tool_call>"])
+    assert (first["tool_choice"], first["stop"]) == ("required", list(STOP))
     assert fake.usage[0]["completion_tokens"] <= call_tokens(READ_NOTES) + 16
     assert fake.usage[0]["completion_tokens"] == call_tokens(READ_NOTES)
 

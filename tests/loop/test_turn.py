@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from boxmaker.core.reasons import REASON_WORDS, Reason
 from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.home.config import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
@@ -197,7 +198,8 @@ async def test_a_denied_call_tells_the_model_why() -> None:
     model = ScriptedModel([calls(("read_file", {"path": "x"})), text("I may not.")])
     events, _ = await turn(model, ScriptedBroker({"read_file": denied}))
     assert model.payloads[1]["messages"][-1]["content"] == (
-        "denied: no_grant — no grant for read_file"
+        "I could not do that: the call was denied (no_grant: no grant allows it)."
+        " Detail: no grant for read_file."
     )
     result = next(e for e in events if isinstance(e, ToolResultEvent))
     assert (result.outcome, result.reason) == (AnswerOutcome.DENIED, "no_grant")
@@ -251,7 +253,8 @@ async def test_a_call_with_unreadable_arguments_is_answered_and_never_sent() -> 
     assert model.payloads[1]["messages"][-1] == {
         "role": "tool",
         "tool_call_id": "id-0",
-        "content": "denied: invalid_arguments — the arguments are not a JSON object",
+        "content": "I could not do that: the call was denied (invalid_arguments)."
+        " Detail: the arguments are not a JSON object.",
     }
 
 
@@ -367,14 +370,14 @@ def test_the_kept_assistant_message_is_in_openais_shape() -> None:
     assert assistant_message({}, []) == {"role": "assistant", "content": ""}
 
 
-def test_an_ok_answer_without_content_is_an_empty_tool_message() -> None:
+def test_an_ok_answer_without_content_says_the_tool_returned_nothing() -> None:
     assert tool_message("t", PortAnswer(AnswerOutcome.OK)) == {
         "role": "tool",
         "tool_call_id": "t",
-        "content": "",
+        "content": "The tool ran and returned nothing.",
     }
     assert tool_message("t", PortAnswer(AnswerOutcome.DENIED, reason="expired"))["content"] == (
-        "denied: expired"
+        "I could not do that: the call was denied (expired: nobody answered in time)."
     )
 
 
@@ -455,3 +458,56 @@ async def test_a_shell_result_carries_its_exit_status_output_and_time() -> None:
     assert result.detail == "exit status 2: ls: cannot access"
     assert (result.output, result.stderr) == (None, None)
     assert result.elapsed_ms is not None
+
+
+# --- a turn always ends (docs/decisions.md, "A turn always ends") -------------------
+async def test_each_step_stops_at_the_templates_own_tags_and_asks_for_its_token_limit() -> None:
+    model = ScriptedModel([text("Done.")])
+    await turn(model, ScriptedBroker({}), config=LoopConfig(max_step_tokens=200))
+    sent = model.payloads[0]
+    assert sent["stop"] == [
+        "</tool_call>",
+        "</tool_response>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "</tools>",
+    ]
+    assert sent["max_tokens"] == 200
+    assert LoopConfig().max_step_tokens == 512
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "cut"), [("repeated", "repeated"), ("length", "max_tokens"), ("stop", None)]
+)
+async def test_a_step_cut_short_says_why_and_its_text_is_the_reply(
+    finish_reason: str, cut: str | None
+) -> None:
+    reply = {**text("I could not read it.\n<error>"), "finish_reason": finish_reason}
+    events, _ = await turn(ScriptedModel([reply]), ScriptedBroker({}))
+    [done] = [event for event in events if isinstance(event, ModelDoneEvent)]
+    assert done.cut == cut
+    assert events[-1] == ReplyEvent(text="I could not read it.\n<error>")
+
+
+@pytest.mark.parametrize("reason", list(Reason))
+def test_every_denial_and_failure_reads_as_plain_sentences_without_tags(reason: Reason) -> None:
+    failures = list(Reason)[list(Reason).index(Reason.TOOL_ERROR) :]
+    outcome = AnswerOutcome.FAILED if reason in failures else AnswerOutcome.DENIED
+    detail = "grants.toml line 3: <error> near <|im_end|>"
+    content = tool_message("t", PortAnswer(outcome, reason=reason, detail=detail))["content"]
+    lead = "failed" if outcome is AnswerOutcome.FAILED else "was denied"
+    assert content == (
+        f"I could not do that: the call {lead} ({reason}: {REASON_WORDS[reason]})."
+        " Detail: grants.toml line 3: error near im_end."
+    )
+    assert "<" not in content
+    assert ">" not in content
+
+
+async def test_a_reply_is_kept_without_the_templates_tags_the_model_wrote() -> None:
+    reply = text("<tool_response>\nThe call was denied: no grant allows it.\n")
+    model = ScriptedModel([calls(("read_file", {"path": "x"})), reply, text("Hello.")])
+    denied = PortAnswer(AnswerOutcome.DENIED, reason="no_grant")
+    events, added = await turn(model, ScriptedBroker({"read_file": denied}))
+    assert events[-1] == ReplyEvent(text="The call was denied: no grant allows it.")
+    assert added[-1] == {"role": "assistant", "content": "The call was denied: no grant allows it."}

@@ -137,7 +137,8 @@ def describe(event: LoopEvent) -> str | None:
             return None
         case ModelDoneEvent():
             tokens = "" if event.tokens is None else f", {event.tokens} tokens"
-            return f"  [step {event.step}: {_seconds(event.elapsed_ms)}{tokens}]"
+            done = f"  [step {event.step}: {_seconds(event.elapsed_ms)}{tokens}]"
+            return done if event.cut is None else f"{done}\n  [cut: {event.cut_words()}]"
         case ToolCallEvent():
             arguments = orjson.dumps(event.arguments, option=orjson.OPT_SORT_KEYS).decode()
             return printable(f"  -> {event.tool} {arguments}")

@@ -91,6 +91,11 @@ let it squat the owner's sockets. So the key is refused by name rather than igno
 class LoopConfig:
     max_steps: int = attrs.field(default=16, validator=_at_least(1))
     reply_timeout: float = attrs.field(default=10.0, validator=_positive)
+    max_step_tokens: int = attrs.field(default=512, validator=_at_least(1))
+    """The most tokens one model call of a turn may write (inferproxy's ``[model]
+    max_tokens`` caps it in turn). A reply that
+    reaches it is cut, and the owner is told (docs/decisions.md, "A turn always
+    ends")."""
     first_step: Literal["auto", "tool", "named"] = "auto"
     """The first model call of a turn: ``auto`` lets the model choose; ``tool`` asks it
     for a tool call; ``named`` asks so only when the owner's words name something a

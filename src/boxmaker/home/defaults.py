@@ -74,6 +74,8 @@ def default_config_text() -> str:
 
 [loop]
 # max_steps = 16
+# The most tokens one model call may write; a reply that repeats itself is cut sooner.
+# max_step_tokens = 512
 # reply_timeout = 10.0
 {FIRST_STEP_HELP}
 # first_step = "auto"

@@ -7,7 +7,9 @@ unreachable behind it, an error from the model, an answer without a message). It
 raises for those. While the model writes, each event is reported to ``on_progress``
 (:class:`ModelProgress`: the tokens so far, the text that came), so the owner can see
 the work and read a reply as it is written. Cancelling it closes the request at once:
-inferproxy then closes its own, and the model's slot is free again.
+inferproxy then closes its own, and the model's slot is free again. A reply whose tail
+repeats (loop/runaway.py) is closed so too, as soon as the repeat is seen: the message
+then holds the text up to the repeat, and ``finish_reason`` is :data:`REPEATED`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import orjson
 import trio
 from httpx_sse import SSEError, aconnect_sse
 
+from boxmaker.loop.runaway import RepetitionGuard, find_cut
 from boxmaker.wire import ErrorCode
 
 CONNECT_S: Final = 5.0
@@ -34,6 +37,9 @@ START_PROXY: Final = "start it with `inferproxy serve` (or `bxctl up`)"
 STREAM_OPTIONS: Final = {"include_usage": True}
 """Asks for the usage in a last event of its own (OpenAI's ``stream_options``)."""
 DONE: Final = "[DONE]"
+REPEATED: Final = "repeated"
+"""The ``finish_reason`` of a reply the repetition guard cut (beside the model's own
+``stop``, ``length``, ``tool_calls``)."""
 
 
 @attrs.frozen
@@ -82,6 +88,7 @@ class StreamedMessage:
     tokens: int = 0
     choices: int = 0
     """Chunks that carried a choice: none means the stream held no message."""
+    guard: RepetitionGuard = attrs.Factory(RepetitionGuard)
 
     def add(self, chunk: dict[str, Any]) -> ModelProgress | None:
         """Take one chunk; the progress it makes when it carries a token."""
@@ -104,6 +111,8 @@ class StreamedMessage:
         if not text and not pieces:
             return None
         self.content.append(text)
+        if text and self.guard.feed(text) is not None:
+            self.finish_reason = REPEATED
         for piece in pieces:
             if isinstance(piece, dict):
                 self._add_call_piece(piece)
@@ -125,9 +134,16 @@ class StreamedMessage:
             if isinstance(function.get("arguments"), str):
                 call["function"]["arguments"] += function["arguments"]
 
+    @property
+    def repeated(self) -> bool:
+        return self.guard.cut is not None
+
     def message(self) -> dict[str, Any]:
         """The message as a non-streamed answer has it, with ``finish_reason`` (and
-        ``usage`` when the stream gave it) added."""
+        ``usage`` when the stream gave it) added; a reply cut for repeating itself ends
+        at the repeat, without the calls it broke off."""
+        if self.guard.cut is not None:
+            return _repeated(self.guard.text, self.guard.cut.keep, self.usage)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
         if self.calls:
             message["tool_calls"] = [self.calls[index] for index in sorted(self.calls)]
@@ -135,6 +151,17 @@ class StreamedMessage:
         if self.usage is not None:
             message["usage"] = self.usage
         return message
+
+
+def _repeated(text: str, keep: int, usage: dict[str, Any] | None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text[:keep],
+        "finish_reason": REPEATED,
+    }
+    if usage is not None:
+        message["usage"] = usage
+    return message
 
 
 class ModelClient:
@@ -175,36 +202,43 @@ class ModelClient:
     ) -> dict[str, Any] | ModelFailure:
         streamed = StreamedMessage()
         failure: ModelFailure | None = None
-        try:
-            async with aconnect_sse(
-                self._client, "POST", "/v1/chat/completions", content=orjson.dumps(body)
-            ) as source:
-                response = source.response
-                if response.status_code != 200 or not _is_event_stream(response):
-                    return _whole_answer(response.status_code, await response.aread())
-                # Read to the end, awaiting nothing else (the end comes right after
-                # [DONE]): httpx's reading is async generators inside each other, and
-                # one left half-read is a leak trio warns about.
-                done = False
-                async for event in source.aiter_sse():
-                    if done or failure is not None:
-                        continue
-                    done = event.data == DONE
-                    chunk = _chunk(event.data) if not done else {}
-                    if isinstance(chunk, ModelFailure):
-                        failure = chunk
-                        continue
-                    step = streamed.add(chunk)
-                    if step is not None:
-                        progress.send_nowait(step)
-        except httpx.ConnectError as exc:
-            detail = f"inferproxy is not running on {self.infer_sock} ({exc}); {START_PROXY}"
-            return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
-        except httpx.TransportError as exc:
-            detail = f"the model call failed: {type(exc).__name__}: {exc}"
-            return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
-        except SSEError as exc:
-            return ModelFailure(ErrorCode.MODEL_ERROR, f"the model's stream is broken: {exc}")
+        done = False
+        # Cancelled when the reply repeats itself: the cancel finds the reader inside
+        # httpx's own read and closes the request, as an owner's cancel does.
+        with trio.CancelScope() as reading:
+            try:
+                async with aconnect_sse(
+                    self._client, "POST", "/v1/chat/completions", content=orjson.dumps(body)
+                ) as source:
+                    response = source.response
+                    if response.status_code != 200 or not _is_event_stream(response):
+                        return _whole_answer(response.status_code, await response.aread())
+                    # Read to the end, awaiting nothing else (the end comes right after
+                    # [DONE]): httpx's reading is async generators inside each other, and
+                    # one left half-read is a leak trio warns about.
+                    async for event in source.aiter_sse():
+                        if done or failure is not None or streamed.repeated:
+                            continue
+                        done = event.data == DONE
+                        chunk = _chunk(event.data) if not done else {}
+                        if isinstance(chunk, ModelFailure):
+                            failure = chunk
+                            continue
+                        step = streamed.add(chunk)
+                        if step is not None:
+                            progress.send_nowait(step)
+                        if streamed.repeated:
+                            reading.cancel()
+            except httpx.ConnectError as exc:
+                detail = f"inferproxy is not running on {self.infer_sock} ({exc}); {START_PROXY}"
+                return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
+            except httpx.TransportError as exc:
+                detail = f"the model call failed: {type(exc).__name__}: {exc}"
+                return ModelFailure(ErrorCode.MODEL_UNREACHABLE, detail)
+            except SSEError as exc:
+                return ModelFailure(ErrorCode.MODEL_ERROR, f"the model's stream is broken: {exc}")
+        if streamed.repeated:
+            return streamed.message()
         if failure is not None:
             return failure
         if not done:
@@ -263,7 +297,11 @@ def _whole_answer(status: int, data: bytes) -> dict[str, Any] | ModelFailure:
         message = dict(choice["message"])
     except (TypeError, KeyError, IndexError):
         return ModelFailure(ErrorCode.MODEL_ERROR, "the model's answer has no message")
+    usage = body["usage"] if isinstance(body.get("usage"), dict) else None
+    content = message.get("content")
+    if isinstance(content, str) and (cut := find_cut(content)) is not None:
+        return _repeated(content, cut.keep, usage)
     message["finish_reason"] = choice.get("finish_reason")
-    if isinstance(body.get("usage"), dict):
-        message["usage"] = body["usage"]
+    if usage is not None:
+        message["usage"] = usage
     return message

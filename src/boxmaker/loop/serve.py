@@ -51,7 +51,7 @@ FIRST_FRAME_S: Final = 5.0
 GRACE_S: Final = 5.0
 """Turns still running at a stop get this long before they are cancelled."""
 RUNBOOK_STATE: Final = "docs/runbook.md#state"
-LIVE_KEYS: Final = frozenset({"loop.max_steps", "loop.first_step"})
+LIVE_KEYS: Final = frozenset({"loop.max_steps", "loop.first_step", "loop.max_step_tokens"})
 """What SIGHUP applies (docs/runbook.md#reload): each turn reads them as it starts, so
 a turn under way keeps what it began with. ``reply_timeout`` is the broker client's,
 made once at start: it needs a restart."""

@@ -22,11 +22,12 @@ import orjson
 import trio
 
 from boxmaker.core.catalogue import catalogue_tools
+from boxmaker.core.reasons import reason_words
 from boxmaker.core.vocabulary import AnswerOutcome
 from boxmaker.formats.convert import new_call_id
 from boxmaker.home.config import LoopConfig
 from boxmaker.loop.broker_port import OnPending, PortAnswer
-from boxmaker.loop.model_client import ModelFailure, ModelProgress, OnProgress
+from boxmaker.loop.model_client import REPEATED, ModelFailure, ModelProgress, OnProgress
 from boxmaker.loop.results import result_event
 from boxmaker.wire import (
     ErrorCode,
@@ -42,7 +43,7 @@ from boxmaker.wire import (
     ToolRequest,
     WaitingEvent,
 )
-from boxmaker.wire.loop import MAX_DELTA
+from boxmaker.wire.loop import MAX_DELTA, StepCut
 
 SYSTEM_PROMPT: Final = (
     "You work on the owner's machine, in their workspace, only through the tools given. "
@@ -76,6 +77,16 @@ for a ``<tool_call>`` template allows one call after another whatever
 ``parallel_tool_calls`` says, so the model wrote its call again and again until
 ``max_tokens`` (1,024 tokens, 34 s on two cores); stopped here it writes the call's own
 few dozen tokens, and llama-server still parses the call (docs/performance.md)."""
+TEMPLATE_ENDS: Final = ("</tool_response>", "<|im_start|>", "<|im_end|>", "</tools>")
+"""The chat template's own tags (model/chatml_tools.jinja) that end a part of it or
+start the next message: the request's ``stop`` holds them too. A reply that writes one
+has left its own message, and a small model then repeats it until ``max_tokens``; so
+the step ends before it. The opening ``<tool_response>`` is no stop: after a tool's
+answer the built-in model starts its reply with one, then answers in a sentence, then
+closes it (docs/performance.md); its reply is read without the tag
+(:func:`reply_text`)."""
+TEMPLATE_TAGS: Final = ("<tool_response>", "<tools>", *TEMPLATE_ENDS)
+STOP: Final = (TOOL_CALL_END, *TEMPLATE_ENDS)
 INVALID_ARGUMENTS: Final = "invalid_arguments"
 PROGRESS_S: Final = 0.5
 """At most one ``progress`` event this often while the model works."""
@@ -146,14 +157,22 @@ def forces_tool_step(first_step: str, step: int, text: str) -> bool:
 
 
 def request_payload(
-    history: list[dict[str, Any]], tools: list[dict[str, Any]], *, force_tool: bool
+    history: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    *,
+    force_tool: bool,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The chat request of one step. The model and the length cap are
-    inferproxy's to set.
+    """The chat request of one step. The model is inferproxy's to set, and the length
+    cap too unless ``max_tokens`` (``[loop] max_step_tokens``) asks for less.
 
     >>> p = request_payload([{"role": "user", "content": "hi"}], [], force_tool=True)
-    >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"], p["stop"]
-    ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True, ['</tool_call>'])
+    >>> p["tool_choice"], p["messages"][-1], p["id_slot"], p["cache_prompt"]
+    ('required', {'role': 'assistant', 'content': '<tool_call>\\n'}, 0, True)
+    >>> p["stop"][:3], "max_tokens" in p
+    (['</tool_call>', '</tool_response>', '<|im_start|>'], False)
+    >>> request_payload([], [], force_tool=False, max_tokens=256)["max_tokens"]
+    256
     """
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, *history]
     payload: dict[str, Any] = {
@@ -162,8 +181,10 @@ def request_payload(
         "id_slot": 0,
         "cache_prompt": True,
         "parallel_tool_calls": False,
-        "stop": [TOOL_CALL_END],
+        "stop": list(STOP),
     }
+    if max_tokens is not None:
+        payload["max_tokens"] = max_tokens
     if force_tool:
         payload["tool_choice"] = "required"
         messages.append({"role": "assistant", "content": TOOL_CALL_PREFILL})
@@ -217,10 +238,15 @@ def parse_tool_calls(message: dict[str, Any]) -> list[ToolCall | BadToolCall]:
 def assistant_message(
     message: dict[str, Any], calls: list[ToolCall | BadToolCall]
 ) -> dict[str, Any]:
-    """The model's message as the history keeps it: its text, and its calls as loopd
+    """The model's message as the history keeps it: its text (a reply's without the
+    template's tags: :func:`reply_text`), and its calls as loopd
     read them (``call_tool`` unwrapped; an unreadable call with empty arguments), under
     the ids their tool messages answer."""
-    kept: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    content = message.get("content") or ""
+    kept: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if calls else reply_text(content),
+    }
     if calls:
         kept["tool_calls"] = [
             {
@@ -238,18 +264,59 @@ def assistant_message(
     return kept
 
 
-def tool_message(call_id: str, answer: PortAnswer) -> dict[str, Any]:
-    """The tool message for the model: the content, or ``<outcome>: reason — detail``.
+_TAG: Final = re.compile(r"<\|?(/?\w{1,40})\|?>")
+NOTHING_RETURNED: Final = "The tool ran and returned nothing."
+NOT_RUN: Final = "I could not do that: the call was denied"
+DID_NOT_WORK: Final = "I could not do that: the call failed"
 
-    >>> tool_message("a", PortAnswer(AnswerOutcome.DENIED, reason="no_grant", detail="none"))
-    {'role': 'tool', 'tool_call_id': 'a', 'content': 'denied: no_grant — none'}
+
+def reply_text(content: str) -> str:
+    """The model's reply without the template's tags it wrote (:data:`TEMPLATE_TAGS`),
+    and then without the blank space around them; a reply without them as it is.
+
+    >>> reply_text("<tool_response>\\nThe call was denied.\\n")
+    'The call was denied.'
+    >>> reply_text("Use <b>bold</b>.")
+    'Use <b>bold</b>.'
+    """
+    if not any(tag in content for tag in TEMPLATE_TAGS):
+        return content
+    for tag in TEMPLATE_TAGS:
+        content = content.replace(tag, "")
+    return content.strip()
+
+
+def untagged(text: str) -> str:
+    """``text`` without tag-like marks (a small model echoes them, and may then repeat
+    them: docs/decisions.md, "A turn always ends").
+
+    >>> untagged("bad key <error> near <|im_end|>, a < b")
+    'bad key error near im_end, a < b'
+    """
+    return _TAG.sub(r"\1", text)
+
+
+def tool_message(call_id: str, answer: PortAnswer) -> dict[str, Any]:
+    """The tool message for the model: the content, or what happened in plain
+    sentences, the reason code and its words, and the detail. A small model echoes
+    what it is told (``denied: reason — detail`` it echoed, and then repeated the tags
+    it made up), so the text is one the owner can read as the reply: an echo of it
+    answers them (docs/performance.md, "Turns that end").
+
+    >>> answer = PortAnswer(AnswerOutcome.DENIED, reason="no_grant", detail="no grant for x")
+    >>> print(tool_message("a", answer)["content"])
+    I could not do that: the call was denied (no_grant: no grant allows it). Detail: no grant for x.
     """
     if answer.outcome is AnswerOutcome.OK:
-        content = answer.content or ""
+        content = answer.content or NOTHING_RETURNED
     else:
-        content = f"{answer.outcome}: {answer.reason}"
+        lead = NOT_RUN if answer.outcome is AnswerOutcome.DENIED else DID_NOT_WORK
+        reason = answer.reason or "no reason given"
+        words = reason_words(reason)
+        content = f"{lead} ({reason}: {words})." if words else f"{lead} ({reason})."
         if answer.detail:
-            content += f" — {answer.detail}"
+            detail = untagged(answer.detail).rstrip()
+            content += f" Detail: {detail}" + ("" if detail.endswith((".", "!", "?")) else ".")
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
@@ -321,6 +388,23 @@ class _StepReport:
             await trio.sleep(DELTA_S)
 
 
+def step_cut(message: dict[str, Any]) -> StepCut | None:
+    """Why the step's text was cut short, from its ``finish_reason`` (None: it was not).
+
+    >>> step_cut({"finish_reason": "repeated"}), step_cut({"finish_reason": "length"})
+    ('repeated', 'max_tokens')
+    >>> step_cut({"finish_reason": "stop"}) is None
+    True
+    """
+    match message.get("finish_reason"):
+        case "length":
+            return "max_tokens"
+        case reason if reason == REPEATED:
+            return "repeated"
+        case _:
+            return None
+
+
 async def _model_step(
     model: Model, payload: dict[str, Any], step: int, emit: Emit
 ) -> dict[str, Any] | ModelFailure:
@@ -335,7 +419,8 @@ async def _model_step(
         finally:
             report.finish()
     tokens = report.tokens or None
-    await emit(ModelDoneEvent(step=step, elapsed_ms=report.elapsed_ms(), tokens=tokens))
+    cut = None if isinstance(message, ModelFailure) else step_cut(message)
+    await emit(ModelDoneEvent(step=step, elapsed_ms=report.elapsed_ms(), tokens=tokens, cut=cut))
     return message
 
 
@@ -357,7 +442,9 @@ async def run_turn(
     tools = model_tools()
     for step in range(1, config.max_steps + 1):
         force_tool = forces_tool_step(config.first_step, step, text)
-        payload = request_payload([*history, *added], tools, force_tool=force_tool)
+        payload = request_payload(
+            [*history, *added], tools, force_tool=force_tool, max_tokens=config.max_step_tokens
+        )
         message = await _model_step(model, payload, step, emit)
         if isinstance(message, ModelFailure):
             await emit(ErrorFrame(code=message.code, detail=message.detail))

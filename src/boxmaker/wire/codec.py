@@ -44,7 +44,7 @@ _OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
     Answer: ("content", "label", "reason", "detail"),
     Say: ("session",),
     ToolResultEvent: ("reason", "detail", "output", "stderr", "exit_code", "elapsed_ms"),
-    ModelDoneEvent: ("tokens",),
+    ModelDoneEvent: ("tokens", "cut"),
     Approve: ("note", "always"),
     Approved: ("grant_written",),
     GrantRef: ("note",),

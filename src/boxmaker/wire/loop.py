@@ -79,15 +79,31 @@ class ReplyDeltaEvent:
     text: str = attrs.field(validator=text_between(0, MAX_DELTA))
 
 
+StepCut: TypeAlias = Literal["repeated", "max_tokens"]
+"""Why a step's text was cut: it repeated itself (loopd's repetition guard), or it
+reached the step's ``max_tokens``."""
+STEP_CUT_WORDS: Final[dict[StepCut, str]] = {
+    "repeated": "the model was repeating itself; its text ends before the repeats",
+    "max_tokens": "the model's text reached the step's limit ([loop] max_step_tokens)",
+}
+
+
 @attrs.frozen(kw_only=True)
 class ModelDoneEvent:
     """The model answered step ``step`` after ``elapsed_ms``, with ``tokens`` generated
-    (``None`` when the model did not say)."""
+    (``None`` when the model did not say). ``cut`` says why its text was cut short
+    (``None``: the model ended it): what streamed after a ``repeated`` cut is not kept,
+    and the ``reply`` has the text up to the repeat."""
 
     KIND: ClassVar[str] = "model_done"
     step: int = attrs.field(validator=non_negative)
     elapsed_ms: int = attrs.field(validator=non_negative)
     tokens: int | None = None
+    cut: StepCut | None = None
+
+    def cut_words(self) -> str | None:
+        """Why the text was cut, in words for the owner (None: it was not)."""
+        return None if self.cut is None else STEP_CUT_WORDS[self.cut]
 
 
 @attrs.frozen(kw_only=True)
