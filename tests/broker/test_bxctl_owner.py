@@ -201,7 +201,7 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
                 == "daemons        model down, brokerd down, inferproxy down, loopd down"
             )
         assert "brokerd is unreachable" in err
-        assert f"brokerd serve --home {home.root}" in err
+        assert f"start the daemons with `bxctl up --home {home.root}`" in err
 
 
 async def test_status_json_is_an_object_even_when_brokerd_is_down(
