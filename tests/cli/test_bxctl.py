@@ -213,8 +213,10 @@ async def test_verify_finds_a_flipped_byte_and_exits_1(
     capsys.readouterr()
     assert bxctl("audit", "verify", "--home", str(home)) == 1
     out = capsys.readouterr().out
-    # seq 3 itself still parses; the chain breaks at the next line, whose prev no longer matches.
-    assert out.splitlines()[0].startswith("seq 4:")
+    # seq 3 itself still parses; the next line's prev no longer names it: seq 3 is named.
+    assert out.splitlines()[0] == (
+        "seq 3: seq 3 was changed (its hash is not what seq 4 names as prev)"
+    )
     assert "problem(s) found" in out
 
 
