@@ -108,6 +108,18 @@ async def test_why_of_a_waiting_call_says_how_to_answer_it(
     await client.aclose()
 
 
+async def test_why_of_a_waiting_calls_approval_id_tells_the_call(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    client, pending = await pending_call(home)
+    assert await bxctl_in_process(home, "why", pending["approval"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"call {pending['call']}: read_file ")
+    assert lines[-1].startswith(f"waits for you now: approval {pending['approval']}, expires ")
+    await client.aclose()
+
+
 async def test_refuse_passes_the_reason_to_the_requester(
     asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:

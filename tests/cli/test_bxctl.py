@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import stat
@@ -387,6 +388,25 @@ async def test_why_tells_a_denial_and_json_has_the_records(
     }
     assert (story["approval"]["outcome"], story["approval"]["by"]) == ("ask", "owner")
     assert (story["result"]["status"], story["result"]["output_bytes"]) == ("ok", 5)
+
+
+async def test_why_of_an_approval_id_tells_its_call(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_calls(home)
+    assert await bxctl_in_trio("why", CALL_A, "--home", str(home)) == 0
+    by_call = capsys.readouterr().out
+    assert await bxctl_in_trio("why", "a-12345678", "--home", str(home)) == 0
+    by_approval = capsys.readouterr().out
+    assert by_approval.startswith(f"call {CALL_A}: ")
+    # Only the "ago" of each line may differ between the two runs.
+    strip = functools.partial(re.sub, r"\([^()]*ago\)", "")
+    assert strip(by_approval) == strip(by_call)
+    unknown = "a-" + "f" * 8
+    assert await bxctl_in_trio("why", unknown, "--home", str(home)) == 1
+    assert capsys.readouterr().err == (
+        f"bxctl: no approval {unknown} in the ledger ({home}/ledger/audit.jsonl) nor waiting now\n"
+    )
 
 
 def test_why_of_an_unknown_call_exits_1_and_a_bad_id_2(
