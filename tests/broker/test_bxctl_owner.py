@@ -149,6 +149,35 @@ async def test_approve_of_an_unknown_id_fails_with_the_code(
     assert await bxctl_in_process(home, "refuse", "a-00000000", "--reason", "") == 2
 
 
+def approval_records(home: Home) -> list[dict[str, Any]]:
+    lines = home.audit_log.read_bytes().splitlines()
+    return [record for record in map(orjson.loads, lines) if record["kind"] == "approval"]
+
+
+async def test_approve_notes_are_kept_in_the_approval_record_and_why_shows_them(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    client, pending = await pending_call(home)
+    assert (
+        await bxctl_in_process(home, "approve", pending["approval"], "--note", "for the demo") == 0
+    )
+    await client.final()
+    await client.aclose()
+    [record] = approval_records(home)
+    assert (record["approval"], record["note"]) == (pending["approval"], "for the demo")
+    capsys.readouterr()
+    assert await bxctl_in_process(home, "why", pending["call"]) == 0
+    assert '  the owner\'s note: "for the demo"' in capsys.readouterr().out.splitlines()
+    # Without a note (or an empty one) the record keeps the line it had before notes.
+    for note in ((), ("--note", "")):
+        client, pending = await pending_call(home)
+        assert await bxctl_in_process(home, "approve", pending["approval"], *note) == 0
+        await client.final()
+        await client.aclose()
+        assert "note" not in approval_records(home)[-1]
+
+
 async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
     asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:

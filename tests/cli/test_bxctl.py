@@ -89,6 +89,7 @@ async def write_calls(home: Path) -> None:
                 by=ApprovalBy.OWNER,
                 taint=Taint.PUBLIC,
                 untrusted=False,
+                note="ok for today",
             )
         )
         await writer.append(
@@ -278,6 +279,11 @@ async def test_show_by_call_session_and_tail(
     assert "taint_after=internal" in result_line
     assert "untrusted_after=false" in result_line  # JSON's words, not Python's False
     assert "False" not in result_line
+    assert bxctl("audit", "show", "--home", str(home), "--call", CALL_A, "--tail", "2") == 0
+    approval_line = capsys.readouterr().out.splitlines()[0]
+    assert "approval  c-" in approval_line
+    assert "by=owner  note=ok for today  taint=public" in approval_line
+    assert shown("--call", CALL_A)[1]["note"] == "ok for today"
 
 
 async def test_show_says_which_lines_are_not_records_and_a_call_skips_them(
@@ -343,6 +349,7 @@ async def test_why_tells_an_approved_call_in_sentences(
         "    its text then is not known: no policy record of its boot before the decision",
         "  the session was taint public, trusted",
         rf"approved by the owner; it ran on their word {ago} \(approval a-12345678, by owner\)",
+        '  the owner\'s note: "ok for today"',
         "  decided again on the session at taint public, trusted",
         rf"ran {when} \(2m 10s ago\): ok, 5 bytes of output, labelled internal",
         "  the session is now taint internal, trusted",

@@ -182,6 +182,8 @@ def _approval_words(record: Record[Approval], now: dt.datetime) -> list[str]:
         lines.append(f'  the reason the model was told: "{reason}"')
     elif reason is not None and outcome is not ApprovalOutcome.EXPIRED:
         lines.append(f"  because {_because(reason)}")
+    if approval.note is not None:
+        lines.append(f'  the owner\'s note: "{approval.note}"')
     written = approval.grant_written
     if written is not None:
         lines.append(f"  approved always: grant {written} was written to grants.toml first")
