@@ -335,6 +335,7 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
             "brokerd: needs a restart: [notify] command (the old value is kept); "
             "see docs/runbook.md#reload",
             "brokerd: config.toml re-read (1 applied, 2 need a restart)",
+            "brokerd: grants.toml valid: it decides with 1 grant(s)",
             "inferproxy: re-reading config.toml",
             "inferproxy: applied [model] name",
             "inferproxy: config.toml re-read (1 applied, 0 need a restart)",
@@ -360,6 +361,7 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
             "brokerd: re-reading grants.toml and config.toml",
             f"brokerd: {problem}",
             f"brokerd: {kept}",
+            "brokerd: grants.toml valid: it decides with 1 grant(s)",
             "inferproxy: re-reading config.toml",
             f"inferproxy: {problem}",
             f"inferproxy: {kept}",
@@ -374,6 +376,18 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
         assert bxctl(home, "status", check=False).returncode == 0
         outputs = [done.stdout, bxctl(home, "audit", "show").stdout]
         assert not any(PYTHON_WORDS.search(text) for text in outputs), outputs
+
+        # A typo in grants.toml: brokerd denies every call from now on, and reload says
+        # so (it once printed only the config lines and exited 0).
+        home.grants_toml.write_text(ASK.replace("mode =", "mdoe ="))
+        done = bxctl(home, "reload", check=False)
+        assert done.returncode == 1
+        [grants_line] = [line for line in done.stdout.splitlines() if "invalid" in line]
+        assert grants_line.startswith(
+            "brokerd: grants.toml is invalid, so every call is denied grants_invalid: "
+        )
+        assert "'mdoe'" in grants_line
+        assert grants_line.endswith("; see docs/runbook.md#grants")
 
 
 def test_reload_with_nothing_running_says_so() -> None:
