@@ -14,6 +14,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,9 +219,24 @@ def _await_line(lines: queue.Queue[str], pattern: str) -> str:
             return line
 
 
+STARTED_LINES: dict[str, re.Pattern[str]] = {
+    "brokerd": re.compile(r" brokerd INFO brokerd limits: "),
+    "inferproxy": re.compile(r" inferproxy INFO inferproxy \S+ serving "),
+    "loopd": re.compile(r" loopd INFO loopd \S+ serving "),
+}
+"""The last line each daemon logs as it starts. `up` returns once each socket accepts,
+which is a moment before: on a loaded machine a log's last lines were still to come."""
+
+
+def _started(home: Home) -> bool:
+    logs = {name: home.log_file(name).read_text() for name in STARTED_LINES}
+    return all(pattern.search(logs[name]) for name, pattern in STARTED_LINES.items())
+
+
 def test_logs_show_the_last_lines_escaped_and_follow_until_ctrl_c() -> None:
     with scripted_home([]) as (home, _url, _record):
         bxctl(home, "up")
+        wait_for(lambda: _started(home), "each daemon's last line of starting")
         brokerd_log = home.log_file("brokerd").read_text().splitlines()
         assert bxctl(home, "logs", "brokerd", "-n", "2").stdout.splitlines() == brokerd_log[-2:]
         with home.log_file("loopd").open("a") as log:
@@ -240,13 +256,19 @@ def test_logs_show_the_last_lines_escaped_and_follow_until_ctrl_c() -> None:
                 lines = _reader(follow)
 
                 # Written until seen: the follower may not be watching yet at the first.
+                # Each try reads every line that comes within its second, not only the
+                # first: a late line must not hide the marker behind it.
                 def marked() -> bool:
                     with home.log_file("loopd").open("a") as log:
                         log.write("marker\n")
-                    try:
-                        return lines.get(timeout=0.5) == "loopd      | marker"
-                    except queue.Empty:
-                        return False
+                    deadline = time.monotonic() + 1.0
+                    while (left := deadline - time.monotonic()) > 0:
+                        try:
+                            if lines.get(timeout=left) == "loopd      | marker":
+                                return True
+                        except queue.Empty:
+                            return False
+                    return False
 
                 wait_for(marked, "the follower to print a new line")
                 bxctl(home, "reload")
