@@ -196,6 +196,33 @@ def test_up_prints_the_sockets_the_logs_and_the_models_url() -> None:
         ]
 
 
+def test_an_external_model_that_does_not_answer_is_told_by_up_and_fails_status() -> None:
+    with scripted_home([]) as (home, url, _record):
+        live = home.config_toml.read_text()
+        # Port 9 (discard) on loopback: nothing listens there on a test machine.
+        home.config_toml.write_text('[model]\nurl = "http://127.0.0.1:9"\n')
+        up = bxctl(home, "up")  # the daemons run without it: inferproxy tries it each time
+        # inferproxy's words: it is the one process that connects to the model.
+        problem = "the model server at http://127.0.0.1:9 cannot be reached (ConnectError: "
+        assert up.stderr.startswith(f"bxctl: warning: {problem}"), up.stderr
+        assert up.stderr.rstrip().endswith("; see docs/runbook.md#model-unreachable")
+        status = bxctl(home, "status", check=False)
+        assert status.returncode == 1
+        assert status.stdout.splitlines()[0] == (
+            "daemons        model down, brokerd up, inferproxy up, loopd up"
+        )
+        assert status.stderr.startswith(f"bxctl: {problem}")
+        as_json = orjson.loads(bxctl(home, "status", "--json", check=False).stdout)
+        assert as_json["model_problem"].startswith(problem)
+        assert (as_json["daemons"]["model"], as_json["down"]) == (False, [])
+        # The server that answers, which inferproxy takes at its restart: up, exit 0.
+        home.config_toml.write_text(live)
+        assert bxctl(home, "restart", "inferproxy").stderr == ""
+        status = bxctl(home, "status")
+        assert status.stdout.splitlines()[0].startswith("daemons        model up, brokerd up")
+        assert url in live
+
+
 # ---------------------------------------------------------------------------------------
 # logs
 

@@ -49,7 +49,12 @@ from boxmaker.cli.daemon_processes import (
     stop,
 )
 from boxmaker.cli.log_tail import read_from
-from boxmaker.cli.preflight import PreflightProblem, preflight, sandbox_bounds_warning
+from boxmaker.cli.preflight import (
+    PreflightProblem,
+    model_warning,
+    preflight,
+    sandbox_bounds_warning,
+)
 from boxmaker.core.grant_parse import RUNBOOK_GRANTS
 from boxmaker.formats.printable import printable
 from boxmaker.home.config import Config
@@ -156,9 +161,9 @@ def _up(home: Home, config: Config, common: Common) -> Exit:
     result = start_all(home, config)
     found = where(home, config)
     if result.failed is None:
-        warning = sandbox_bounds_warning(home)
-        if warning is not None:
-            fail(warning)
+        for warning in (sandbox_bounds_warning(home), model_warning(home, config)):
+            if warning is not None:
+                fail(warning)
     if common.json:
         data: dict[str, object] = {"daemons": result.report}
         if result.failed is None:
