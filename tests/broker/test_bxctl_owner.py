@@ -14,7 +14,9 @@ import trio.testing
 from tests.harness.broker import SESSION, Brokerd, Client, tool_request
 from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
+from tests.harness.screen import bxctl_argv, terminal
 
+from boxmaker.cli.watch import LOST, NONE_PENDING, REGAINED
 from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
@@ -261,6 +263,59 @@ async def test_status_json_is_an_object_even_when_brokerd_is_down(
     assert (status["version"], status["head"], status["pending"]) == (None, None, None)
     assert status["problem"].startswith(f"brokerd is unreachable at {home.admin_sock}")
     assert err == ""
+
+
+async def test_watch_waits_for_a_restarted_brokerd_and_says_so(
+    asking_home: Home,
+    brokerd: Brokerd,
+    autojump_clock: Clock,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = asking_home
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bxctl_in_process, home, "approvals", "--watch")
+        await trio.sleep(1.5)
+        assert capsys.readouterr().out.strip() == "no pending approvals"
+        await brokerd.stop()
+        await trio.sleep(3.5)  # three refreshes: said once
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith(f"bxctl: lost brokerd: brokerd is unreachable at {home.admin_sock}")
+        assert err.endswith("; asking again every 1 s\n")
+        assert err.count("\n") == 1
+        await brokerd.start()
+        client, pending = await pending_call(home)
+        await trio.sleep(1.5)
+        out, err = capsys.readouterr()
+        assert err == "bxctl: brokerd answers again\n"
+        assert out.startswith("\n---\n")
+        assert pending["approval"] in out
+        nursery.cancel_scope.cancel()
+        await client.aclose()
+
+
+async def test_the_watch_screen_waits_for_a_restarted_brokerd(
+    asking_home: Home, brokerd: Brokerd
+) -> None:
+    home = asking_home
+    argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
+    async with terminal(argv) as screen:
+        await screen.wait_for(NONE_PENDING)
+        await brokerd.stop()
+        lost = await screen.wait_for(LOST)
+        await brokerd.start()
+        client, pending = await pending_call(home)
+        back = await screen.wait_for(
+            lambda text: REGAINED in text and f"▶ {pending['approval']}" in text
+        )
+        await screen.send("y")
+        approved = await screen.wait_for(f"approved {pending['call']}: read_file ran (ok)")
+        await screen.send("q")
+        assert await screen.exit_code() == 0
+        await client.aclose()
+    assert f"{LOST}: brokerd is unreachable at {home.admin_sock}" in lost
+    assert "pending approvals (1)" in back
+    assert NONE_PENDING in approved
 
 
 async def test_watch_prints_the_list_again_when_it_changes(

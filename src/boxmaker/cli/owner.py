@@ -186,10 +186,21 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
     try:
         answer = await _request(common, ApprovalsRequest(), ApprovalsAnswer)
         _show_approvals(common, answer)
-        shown = [entry.approval for entry in answer.entries]
+        shown: list[str] | None = [entry.approval for entry in answer.entries]
         while watch:
             await trio.sleep(WATCH_INTERVAL)
-            answer = await _request(common, ApprovalsRequest(), ApprovalsAnswer)
+            try:
+                answer = await _request(common, ApprovalsRequest(), ApprovalsAnswer)
+            except _Failed as exc:
+                if exc.code is not Exit.UNREACHABLE:
+                    raise
+                # Restarted or stopped: waited for, said once each way.
+                if shown is not None:
+                    fail(f"lost brokerd: {exc}; asking again every {WATCH_INTERVAL:g} s")
+                    shown = None
+                continue
+            if shown is None:
+                fail("brokerd answers again")
             current = [entry.approval for entry in answer.entries]
             if current != shown:
                 print("\n---")
