@@ -14,7 +14,9 @@ import trio.testing
 from tests.harness.broker import SESSION, Brokerd, Client, tool_request
 from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
+from tests.harness.screen import bxctl_argv, terminal
 
+from boxmaker.cli.watch import LOST, NONE_PENDING, REGAINED
 from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
@@ -108,6 +110,18 @@ async def test_why_of_a_waiting_call_says_how_to_answer_it(
     await client.aclose()
 
 
+async def test_why_of_a_waiting_calls_approval_id_tells_the_call(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    client, pending = await pending_call(home)
+    assert await bxctl_in_process(home, "why", pending["approval"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"call {pending['call']}: read_file ")
+    assert lines[-1].startswith(f"waits for you now: approval {pending['approval']}, expires ")
+    await client.aclose()
+
+
 async def test_refuse_passes_the_reason_to_the_requester(
     asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -135,6 +149,35 @@ async def test_approve_of_an_unknown_id_fails_with_the_code(
     assert "no_such_approval" in capsys.readouterr().err
     assert await bxctl_in_process(home, "approve", "a-123") == 2
     assert await bxctl_in_process(home, "refuse", "a-00000000", "--reason", "") == 2
+
+
+def approval_records(home: Home) -> list[dict[str, Any]]:
+    lines = home.audit_log.read_bytes().splitlines()
+    return [record for record in map(orjson.loads, lines) if record["kind"] == "approval"]
+
+
+async def test_approve_notes_are_kept_in_the_approval_record_and_why_shows_them(
+    asking_home: Home, autojump_clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = asking_home
+    client, pending = await pending_call(home)
+    assert (
+        await bxctl_in_process(home, "approve", pending["approval"], "--note", "for the demo") == 0
+    )
+    await client.final()
+    await client.aclose()
+    [record] = approval_records(home)
+    assert (record["approval"], record["note"]) == (pending["approval"], "for the demo")
+    capsys.readouterr()
+    assert await bxctl_in_process(home, "why", pending["call"]) == 0
+    assert '  the owner\'s note: "for the demo"' in capsys.readouterr().out.splitlines()
+    # Without a note (or an empty one) the record keeps the line it had before notes.
+    for note in ((), ("--note", "")):
+        client, pending = await pending_call(home)
+        assert await bxctl_in_process(home, "approve", pending["approval"], *note) == 0
+        await client.final()
+        await client.aclose()
+        assert "note" not in approval_records(home)[-1]
 
 
 async def test_approve_after_the_grant_was_removed_is_a_denial_and_exit_1(
@@ -203,7 +246,7 @@ async def test_a_daemon_that_is_down_exits_3_with_the_command_that_starts_it(
                 == "daemons        model down, brokerd down, inferproxy down, loopd down"
             )
         assert "brokerd is unreachable" in err
-        assert f"brokerd serve --home {home.root}" in err
+        assert f"start the daemons with `bxctl up --home {home.root}`" in err
 
 
 async def test_status_json_is_an_object_even_when_brokerd_is_down(
@@ -222,6 +265,59 @@ async def test_status_json_is_an_object_even_when_brokerd_is_down(
     assert (status["version"], status["head"], status["pending"]) == (None, None, None)
     assert status["problem"].startswith(f"brokerd is unreachable at {home.admin_sock}")
     assert err == ""
+
+
+async def test_watch_waits_for_a_restarted_brokerd_and_says_so(
+    asking_home: Home,
+    brokerd: Brokerd,
+    autojump_clock: Clock,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = asking_home
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bxctl_in_process, home, "approvals", "--watch")
+        await trio.sleep(1.5)
+        assert capsys.readouterr().out.strip() == "no pending approvals"
+        await brokerd.stop()
+        await trio.sleep(3.5)  # three refreshes: said once
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith(f"bxctl: lost brokerd: brokerd is unreachable at {home.admin_sock}")
+        assert err.endswith("; asking again every 1 s\n")
+        assert err.count("\n") == 1
+        await brokerd.start()
+        client, pending = await pending_call(home)
+        await trio.sleep(1.5)
+        out, err = capsys.readouterr()
+        assert err == "bxctl: brokerd answers again\n"
+        assert out.startswith("\n---\n")
+        assert pending["approval"] in out
+        nursery.cancel_scope.cancel()
+        await client.aclose()
+
+
+async def test_the_watch_screen_waits_for_a_restarted_brokerd(
+    asking_home: Home, brokerd: Brokerd
+) -> None:
+    home = asking_home
+    argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
+    async with terminal(argv) as screen:
+        await screen.wait_for(NONE_PENDING)
+        await brokerd.stop()
+        lost = await screen.wait_for(LOST)
+        await brokerd.start()
+        client, pending = await pending_call(home)
+        back = await screen.wait_for(
+            lambda text: REGAINED in text and f"▶ {pending['approval']}" in text
+        )
+        await screen.send("y")
+        approved = await screen.wait_for(f"approved {pending['call']}: read_file ran (ok)")
+        await screen.send("q")
+        assert await screen.exit_code() == 0
+        await client.aclose()
+    assert f"{LOST}: brokerd is unreachable at {home.admin_sock}" in lost
+    assert "pending approvals (1)" in back
+    assert NONE_PENDING in approved
 
 
 async def test_watch_prints_the_list_again_when_it_changes(

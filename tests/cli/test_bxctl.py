@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import stat
@@ -88,6 +89,7 @@ async def write_calls(home: Path) -> None:
                 by=ApprovalBy.OWNER,
                 taint=Taint.PUBLIC,
                 untrusted=False,
+                note="ok for today",
             )
         )
         await writer.append(
@@ -213,8 +215,10 @@ async def test_verify_finds_a_flipped_byte_and_exits_1(
     capsys.readouterr()
     assert bxctl("audit", "verify", "--home", str(home)) == 1
     out = capsys.readouterr().out
-    # seq 3 itself still parses; the chain breaks at the next line, whose prev no longer matches.
-    assert out.splitlines()[0].startswith("seq 4:")
+    # seq 3 itself still parses; the next line's prev no longer names it: seq 3 is named.
+    assert out.splitlines()[0] == (
+        "seq 3: seq 3 was changed (its hash is not what seq 4 names as prev)"
+    )
     assert "problem(s) found" in out
 
 
@@ -275,6 +279,11 @@ async def test_show_by_call_session_and_tail(
     assert "taint_after=internal" in result_line
     assert "untrusted_after=false" in result_line  # JSON's words, not Python's False
     assert "False" not in result_line
+    assert bxctl("audit", "show", "--home", str(home), "--call", CALL_A, "--tail", "2") == 0
+    approval_line = capsys.readouterr().out.splitlines()[0]
+    assert "approval  c-" in approval_line
+    assert "by=owner  note=ok for today  taint=public" in approval_line
+    assert shown("--call", CALL_A)[1]["note"] == "ok for today"
 
 
 async def test_show_says_which_lines_are_not_records_and_a_call_skips_them(
@@ -340,6 +349,7 @@ async def test_why_tells_an_approved_call_in_sentences(
         "    its text then is not known: no policy record of its boot before the decision",
         "  the session was taint public, trusted",
         rf"approved by the owner; it ran on their word {ago} \(approval a-12345678, by owner\)",
+        '  the owner\'s note: "ok for today"',
         "  decided again on the session at taint public, trusted",
         rf"ran {when} \(2m 10s ago\): ok, 5 bytes of output, labelled internal",
         "  the session is now taint internal, trusted",
@@ -385,6 +395,25 @@ async def test_why_tells_a_denial_and_json_has_the_records(
     }
     assert (story["approval"]["outcome"], story["approval"]["by"]) == ("ask", "owner")
     assert (story["result"]["status"], story["result"]["output_bytes"]) == ("ok", 5)
+
+
+async def test_why_of_an_approval_id_tells_its_call(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_calls(home)
+    assert await bxctl_in_trio("why", CALL_A, "--home", str(home)) == 0
+    by_call = capsys.readouterr().out
+    assert await bxctl_in_trio("why", "a-12345678", "--home", str(home)) == 0
+    by_approval = capsys.readouterr().out
+    assert by_approval.startswith(f"call {CALL_A}: ")
+    # Only the "ago" of each line may differ between the two runs.
+    strip = functools.partial(re.sub, r"\([^()]*ago\)", "")
+    assert strip(by_approval) == strip(by_call)
+    unknown = "a-" + "f" * 8
+    assert await bxctl_in_trio("why", unknown, "--home", str(home)) == 1
+    assert capsys.readouterr().err == (
+        f"bxctl: no approval {unknown} in the ledger ({home}/ledger/audit.jsonl) nor waiting now\n"
+    )
 
 
 def test_why_of_an_unknown_call_exits_1_and_a_bad_id_2(

@@ -14,6 +14,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,6 +196,33 @@ def test_up_prints_the_sockets_the_logs_and_the_models_url() -> None:
         ]
 
 
+def test_an_external_model_that_does_not_answer_is_told_by_up_and_fails_status() -> None:
+    with scripted_home([]) as (home, url, _record):
+        live = home.config_toml.read_text()
+        # Port 9 (discard) on loopback: nothing listens there on a test machine.
+        home.config_toml.write_text('[model]\nurl = "http://127.0.0.1:9"\n')
+        up = bxctl(home, "up")  # the daemons run without it: inferproxy tries it each time
+        # inferproxy's words: it is the one process that connects to the model.
+        problem = "the model server at http://127.0.0.1:9 cannot be reached (ConnectError: "
+        assert up.stderr.startswith(f"bxctl: warning: {problem}"), up.stderr
+        assert up.stderr.rstrip().endswith("; see docs/runbook.md#model-unreachable")
+        status = bxctl(home, "status", check=False)
+        assert status.returncode == 1
+        assert status.stdout.splitlines()[0] == (
+            "daemons        model down, brokerd up, inferproxy up, loopd up"
+        )
+        assert status.stderr.startswith(f"bxctl: {problem}")
+        as_json = orjson.loads(bxctl(home, "status", "--json", check=False).stdout)
+        assert as_json["model_problem"].startswith(problem)
+        assert (as_json["daemons"]["model"], as_json["down"]) == (False, [])
+        # The server that answers, which inferproxy takes at its restart: up, exit 0.
+        home.config_toml.write_text(live)
+        assert bxctl(home, "restart", "inferproxy").stderr == ""
+        status = bxctl(home, "status")
+        assert status.stdout.splitlines()[0].startswith("daemons        model up, brokerd up")
+        assert url in live
+
+
 # ---------------------------------------------------------------------------------------
 # logs
 
@@ -218,9 +246,24 @@ def _await_line(lines: queue.Queue[str], pattern: str) -> str:
             return line
 
 
+STARTED_LINES: dict[str, re.Pattern[str]] = {
+    "brokerd": re.compile(r" brokerd INFO brokerd limits: "),
+    "inferproxy": re.compile(r" inferproxy INFO inferproxy \S+ serving "),
+    "loopd": re.compile(r" loopd INFO loopd \S+ serving "),
+}
+"""The last line each daemon logs as it starts. `up` returns once each socket accepts,
+which is a moment before: on a loaded machine a log's last lines were still to come."""
+
+
+def _started(home: Home) -> bool:
+    logs = {name: home.log_file(name).read_text() for name in STARTED_LINES}
+    return all(pattern.search(logs[name]) for name, pattern in STARTED_LINES.items())
+
+
 def test_logs_show_the_last_lines_escaped_and_follow_until_ctrl_c() -> None:
     with scripted_home([]) as (home, _url, _record):
         bxctl(home, "up")
+        wait_for(lambda: _started(home), "each daemon's last line of starting")
         brokerd_log = home.log_file("brokerd").read_text().splitlines()
         assert bxctl(home, "logs", "brokerd", "-n", "2").stdout.splitlines() == brokerd_log[-2:]
         with home.log_file("loopd").open("a") as log:
@@ -240,13 +283,19 @@ def test_logs_show_the_last_lines_escaped_and_follow_until_ctrl_c() -> None:
                 lines = _reader(follow)
 
                 # Written until seen: the follower may not be watching yet at the first.
+                # Each try reads every line that comes within its second, not only the
+                # first: a late line must not hide the marker behind it.
                 def marked() -> bool:
                     with home.log_file("loopd").open("a") as log:
                         log.write("marker\n")
-                    try:
-                        return lines.get(timeout=0.5) == "loopd      | marker"
-                    except queue.Empty:
-                        return False
+                    deadline = time.monotonic() + 1.0
+                    while (left := deadline - time.monotonic()) > 0:
+                        try:
+                            if lines.get(timeout=left) == "loopd      | marker":
+                                return True
+                        except queue.Empty:
+                            return False
+                    return False
 
                 wait_for(marked, "the follower to print a new line")
                 bxctl(home, "reload")
@@ -335,6 +384,7 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
             "brokerd: needs a restart: [notify] command (the old value is kept); "
             "see docs/runbook.md#reload",
             "brokerd: config.toml re-read (1 applied, 2 need a restart)",
+            "brokerd: grants.toml valid: it decides with 1 grant(s)",
             "inferproxy: re-reading config.toml",
             "inferproxy: applied [model] name",
             "inferproxy: config.toml re-read (1 applied, 0 need a restart)",
@@ -360,6 +410,7 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
             "brokerd: re-reading grants.toml and config.toml",
             f"brokerd: {problem}",
             f"brokerd: {kept}",
+            "brokerd: grants.toml valid: it decides with 1 grant(s)",
             "inferproxy: re-reading config.toml",
             f"inferproxy: {problem}",
             f"inferproxy: {kept}",
@@ -374,6 +425,18 @@ def test_sighup_applies_the_live_keys_names_the_others_and_survives_a_broken_fil
         assert bxctl(home, "status", check=False).returncode == 0
         outputs = [done.stdout, bxctl(home, "audit", "show").stdout]
         assert not any(PYTHON_WORDS.search(text) for text in outputs), outputs
+
+        # A typo in grants.toml: brokerd denies every call from now on, and reload says
+        # so (it once printed only the config lines and exited 0).
+        home.grants_toml.write_text(ASK.replace("mode =", "mdoe ="))
+        done = bxctl(home, "reload", check=False)
+        assert done.returncode == 1
+        [grants_line] = [line for line in done.stdout.splitlines() if "invalid" in line]
+        assert grants_line.startswith(
+            "brokerd: grants.toml is invalid, so every call is denied grants_invalid: "
+        )
+        assert "'mdoe'" in grants_line
+        assert grants_line.endswith("; see docs/runbook.md#grants")
 
 
 def test_reload_with_nothing_running_says_so() -> None:

@@ -120,8 +120,10 @@ class Brokerd:
     stopped: trio.Event = attrs.field(factory=trio.Event)
 
     async def start(self, **kwargs: Any) -> Broker:
-        """serve_broker(home, **kwargs), ready: its sockets are listening."""
-        assert self.broker is None, "brokerd already started"
+        """serve_broker(home, **kwargs), ready: its sockets are listening. Again after
+        a stop: a restart on the same home, a new boot."""
+        assert self.broker is None or self.stopped.is_set(), "brokerd already started"
+        self.stopped = trio.Event()
         if self.to_thread is not None:
             kwargs.setdefault("to_thread", self.to_thread)
         self.broker = await self.nursery.start(self._serve, kwargs)

@@ -150,8 +150,9 @@ def test_not_json_names_its_seq_and_the_chain_goes_on() -> None:
     report = check(lines)
     assert report.problems == (
         Problem(1, "not valid JSON"),
+        # The last line, with no head to vouch for it: either may have changed.
         Problem(
-            2, f"prev does not match the hash of the line before ({line_hash(b'{not json')[:12]}…)"
+            1, "seq 1 was changed (its hash is not what seq 2 names as prev), or seq 2's prev was"
         ),
     )
 
@@ -485,3 +486,23 @@ def test_without_start_records_the_ledger_is_one_boot() -> None:
 
 def test_problem_prints_as_one_line() -> None:
     assert str(Problem(3, "not valid JSON")) == "seq 3: not valid JSON"
+
+
+def test_an_edited_line_is_named_not_the_one_after_it() -> None:
+    lines = chain([Stop(boot="b")] * 3)
+    lines[1] = lines[1].replace(b'"boot":"b"', b'"boot":"x"')
+    assert check(lines).problems == (
+        Problem(1, "seq 1 was changed (its hash is not what seq 2 names as prev)"),
+    )
+
+
+def test_an_edited_prev_is_named_at_its_own_line() -> None:
+    lines = chain([Stop(boot="b")] * 3)
+    lines[2] = lines[2].replace(line_hash(lines[1]).encode(), b"f" * 64)
+    assert check(lines).problems == (
+        Problem(
+            2,
+            "seq 2 was changed (its prev does not name seq 1, and its hash is not what seq 3"
+            " names as prev)",
+        ),
+    )

@@ -117,7 +117,7 @@ async def test_without_loopd_chat_exits_3_saying_how_to_start_it(
     assert await bxctl_in_process(home, "chat", "--say", "hi") == 3
     err = capsys.readouterr().err
     assert "loopd is unreachable" in err
-    assert f"loopd serve --home {home.root}" in err
+    assert f"start the daemons with `bxctl up --home {home.root}`" in err
 
 
 async def test_a_bad_session_id_is_a_usage_error(

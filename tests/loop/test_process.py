@@ -42,7 +42,7 @@ def test_a_turn_without_inferproxy_says_how_to_start_it_and_sigterm_stops(home: 
         events = [orjson.loads(line) for line in data.splitlines()]
         assert [event["kind"] for event in events] == ["session", "model", "model_done", "error"]
         assert events[-1]["code"] == "model_unreachable"
-        assert "inferproxy serve" in events[-1]["detail"]
+        assert events[-1]["detail"].endswith("; start the daemons with `bxctl up`")
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=START_S)
     finally:

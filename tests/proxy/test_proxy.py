@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import socket
 import stat
 from collections.abc import AsyncIterator, Iterator
@@ -260,7 +261,10 @@ async def test_a_body_that_is_not_a_json_object_is_400(home: Home, body: bytes) 
     assert fake.requests == []
 
 
-async def test_an_unreachable_model_is_502_pointing_at_the_runbook(home: Home) -> None:
+async def test_an_unreachable_model_is_502_pointing_at_the_runbook(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="boxmaker.proxy")
     # Port 9 (discard) on loopback: nothing listens there on a test machine.
     async with proxy_on(home, upstream="http://127.0.0.1:9") as client:
         chatted = await client.post("/v1/chat/completions", json=chat())
@@ -271,6 +275,14 @@ async def test_an_unreachable_model_is_502_pointing_at_the_runbook(home: Home) -
         assert error["type"] == "upstream_unreachable"
         assert error["message"].startswith("the model server at http://127.0.0.1:9 cannot be")
         assert error["message"].endswith("see docs/runbook.md#model-unreachable")
+    # The log says why, down to the socket call's error.
+    logged = [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert len(logged) == 2
+    assert re.fullmatch(
+        r"request \S+: the model server cannot be reached: ConnectError: .* <- .*"
+        r"ConnectionRefusedError: .*",
+        logged[0],
+    )
 
 
 async def test_infer_sock_is_private_and_removed_on_stop(home: Home) -> None:
@@ -573,3 +585,57 @@ async def test_it_follows_a_model_that_restarts_on_the_same_socket(home: Home) -
     assert error_of(gone)["type"] == "upstream_unreachable"
     assert [answer.status_code for answer in after] == [200, 200, 200]
     assert after[0].json()["choices"][0]["message"]["content"] == "two"
+
+
+async def serve_closing_kept_connections(sock: Path, task_status: Any) -> None:
+    """An HTTP server on ``sock`` that answers the first request of each connection and
+    closes the connection, unanswered, when a second comes on it: what a server closing
+    an idle connection does to a request sent on it that very moment."""
+    answer = orjson.dumps({"choices": [{"message": {"role": "assistant", "content": "hi"}}]})
+
+    async def one_connection(stream: trio.SocketStream) -> None:
+        async with stream:
+            received = b""
+            answered = False
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+                head, ended, rest = received.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                if not ended or len(rest) < (int(length[1]) if length else 0):
+                    continue
+                if answered:
+                    return  # closed under the request, before any byte of an answer
+                received = b""
+                answered = True
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(answer), answer)
+                )
+
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await listener.bind(str(sock))
+    listener.listen()
+    await trio.serve_listeners(
+        one_connection, [trio.SocketListener(listener)], task_status=task_status
+    )
+
+
+async def test_a_kept_connection_closed_under_a_request_is_retried_once_and_logged(
+    home: Home, caplog: pytest.LogCaptureFixture
+) -> None:
+    sock = home.run_dir / "model.sock"
+    caplog.set_level(logging.WARNING, logger="boxmaker.proxy")
+    async with proxy_on(home, upstream=f"unix://{sock}") as client, trio.open_nursery() as model:
+        await model.start(serve_closing_kept_connections, sock)
+        answers = [await client.post("/v1/chat/completions", json=chat()) for _ in range(3)]
+        model.cancel_scope.cancel()
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    assert [answer.json()["choices"][0]["message"]["content"] for answer in answers] == ["hi"] * 3
+    retried = [r.getMessage() for r in caplog.records if "sending it once more" in r.getMessage()]
+    assert len(retried) == 2
+    assert re.fullmatch(
+        r"request \S+: the model server closed the connection before answering "
+        r"\(RemoteProtocolError: Server disconnected without sending a response\..*\); "
+        r"sending it once more",
+        retried[0],
+    )

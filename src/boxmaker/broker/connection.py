@@ -518,7 +518,8 @@ class _Ports:
                 self.reply_to = command.reply
                 verdict = await _evaluate(self.broker, self.request)
                 log.info("call %s: approved by the owner (note %r)", call, command.note)
-                return OwnerApproved(verdict, command.grant_written)
+                # An empty note is no note: the record keeps its line without one.
+                return OwnerApproved(verdict, command.grant_written, command.note or None)
             case RefuseCommand():
                 self.reply_to = command.reply
                 log.info("call %s: refused by the owner", call)

@@ -40,7 +40,7 @@ class DaemonUnreachable(Exception):
     def __init__(self, home: Home, why: str) -> None:
         super().__init__(
             f"brokerd is unreachable at {home.admin_sock} ({why}); "
-            f"start it with `brokerd serve --home {home.root}`"
+            f"start the daemons with `bxctl up --home {home.root}`"
         )
 
 

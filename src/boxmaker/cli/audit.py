@@ -33,6 +33,7 @@ SHOWN_FIELDS = (
     "reason",
     "grant",
     "by",
+    "note",
     "taint",
     "untrusted",
     "taint_after",

@@ -336,7 +336,7 @@ async def show_turn(
     except OSError as exc:
         message = (
             f"loopd is unreachable at {home.loop_sock} ({exc.strerror or exc}); "
-            f"start it with `loopd serve --home {home.root}` (or `bxctl up`)"
+            f"start the daemons with `bxctl up --home {home.root}`"
         )
         return TurnEnd(session, fail(message, Exit.UNREACHABLE))
     terminal = OwnerTerminal() if not as_json and is_interactive() else None

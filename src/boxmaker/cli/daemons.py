@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Final
 
 import attrs
+import trio
 
+from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemon_processes import (
     BROKERD,
@@ -47,12 +49,19 @@ from boxmaker.cli.daemon_processes import (
     stop,
 )
 from boxmaker.cli.log_tail import read_from
-from boxmaker.cli.preflight import PreflightProblem, preflight, sandbox_warnings
+from boxmaker.cli.preflight import (
+    PreflightProblem,
+    model_warning,
+    preflight,
+    sandbox_warnings,
+)
+from boxmaker.core.grant_parse import RUNBOOK_GRANTS
 from boxmaker.formats.printable import printable
 from boxmaker.home.config import Config
 from boxmaker.home.paths import Home, HomeError
 from boxmaker.home.regular_file import open_regular_file
 from boxmaker.runtime.daemon import NOT_RELOADED, RELOADED
+from boxmaker.wire import ErrorFrame, GrantsReloaded, ReloadGrantsRequest
 
 RELOAD_S: Final = 10.0
 
@@ -154,6 +163,9 @@ def _up(home: Home, config: Config, common: Common) -> Exit:
     if result.failed is None:
         for warning in sandbox_warnings(home):
             fail(warning)
+        model = model_warning(home, config)
+        if model is not None:
+            fail(model)
     if common.json:
         data: dict[str, object] = {"daemons": result.report}
         if result.failed is None:
@@ -224,12 +236,14 @@ def restart(daemon: DaemonName | None = None, /, *, common: Common = DEFAULT) ->
     return _up(home, config, common)
 
 
-def reload(*, common: Common = DEFAULT) -> Exit:
+async def reload(*, common: Common = DEFAULT) -> Exit:
     """Send SIGHUP to brokerd, inferproxy and loopd: each re-reads config.toml (and
     brokerd grants.toml), applies the keys that can change while it runs, and names
-    those that need a restart. Prints what each said."""
+    those that need a restart. Prints what each said, and whether brokerd's grants are
+    valid (exit 1 when they are not: it denies every call)."""
     home = common.resolve()
     said: dict[str, list[str]] = {}
+    grants_valid = True
     for daemon in (BROKERD, INFERPROXY, LOOPD):
         pidfd = find_daemon(daemon, home)
         if pidfd is None:
@@ -244,14 +258,36 @@ def reload(*, common: Common = DEFAULT) -> Exit:
             continue
         finally:
             os.close(pidfd)
-        said[daemon.name] = _await_reload(log, offset)
+        said[daemon.name] = await trio.to_thread.run_sync(_await_reload, log, offset)
+        if daemon is BROKERD:
+            grants_line, grants_valid = await _grants_in_force(home)
+            said[daemon.name].append(grants_line)
     if common.json:
         print_json(said)
     else:
         for name, lines in said.items():
             for line in lines:
                 print(f"{name}: {printable(line)}")
-    return Exit.DONE
+    return Exit.DONE if grants_valid else Exit.FAILED
+
+
+async def _grants_in_force(home: Home) -> tuple[str, bool]:
+    """What brokerd decides with now, in a line, and whether its grants are valid: the
+    config lines alone would hide a grants.toml that makes it deny every call."""
+    try:
+        answer = await ask_broker(home, ReloadGrantsRequest())
+    except DaemonUnreachable as exc:
+        return f"grants.toml: not known ({exc})", False
+    if isinstance(answer, GrantsReloaded):
+        if answer.valid:
+            return f"grants.toml valid: it decides with {answer.grants} grant(s)", True
+        return (
+            f"grants.toml is invalid, so every call is denied grants_invalid: "
+            f"{answer.problem}; see {RUNBOOK_GRANTS}",
+            False,
+        )
+    problem = f"{answer.code}: {answer.detail}" if isinstance(answer, ErrorFrame) else answer
+    return f"grants.toml: not known (brokerd answered {problem})", False
 
 
 def _size(path: Path) -> int:

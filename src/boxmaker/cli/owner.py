@@ -20,6 +20,7 @@ from boxmaker.cli.admin_client import (
 from boxmaker.cli.change import change_lines
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.daemon_processes import daemon_states
+from boxmaker.cli.preflight import model_problem
 from boxmaker.cli.terminal import is_interactive
 from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
 from boxmaker.core.reasons import reason_words
@@ -183,10 +184,21 @@ async def approvals(*, watch: bool = False, common: Common = DEFAULT) -> Exit:
     try:
         answer = await _request(common, ApprovalsRequest(), ApprovalsAnswer)
         _show_approvals(common, answer)
-        shown = [entry.approval for entry in answer.entries]
+        shown: list[str] | None = [entry.approval for entry in answer.entries]
         while watch:
             await trio.sleep(WATCH_INTERVAL)
-            answer = await _request(common, ApprovalsRequest(), ApprovalsAnswer)
+            try:
+                answer = await _request(common, ApprovalsRequest(), ApprovalsAnswer)
+            except _Failed as exc:
+                if exc.code is not Exit.UNREACHABLE:
+                    raise
+                # Restarted or stopped: waited for, said once each way.
+                if shown is not None:
+                    fail(f"lost brokerd: {exc}; asking again every {WATCH_INTERVAL:g} s")
+                    shown = None
+                continue
+            if shown is None:
+                fail("brokerd answers again")
             current = [entry.approval for entry in answer.entries]
             if current != shown:
                 print("\n---")
@@ -313,8 +325,17 @@ async def refuse(approval: str, /, *, reason: str, common: Common = DEFAULT) -> 
     return Exit.DONE
 
 
+def _external_model(home: Home) -> str | None:
+    """``[model] url``, when config.toml can be read and sets one."""
+    try:
+        return load_config(home).model.url
+    except (ConfigError, HomeError):
+        return None
+
+
 def _needed(home: Home, running: dict[str, bool]) -> dict[str, bool]:
-    """The daemons this home runs: the built-in model only without ``[model] url``."""
+    """The daemons this home runs: the built-in model only without ``[model] url``
+    (an external model's state is its own check's, :func:`status`)."""
     try:
         external = load_config(home).model.url is not None
     except (ConfigError, HomeError):
@@ -341,6 +362,11 @@ async def status(*, common: Common = DEFAULT) -> Exit:
     home = common.resolve()
     running = daemon_states(home)
     down = [name for name, up in _needed(home, running).items() if not up]
+    model_down = None
+    if _external_model(home) is not None and running["inferproxy"]:
+        # An external model is no daemon of ours, but no chat runs without it: asked too.
+        model_down = await trio.to_thread.run_sync(model_problem, home)
+        running["model"] = model_down is None
     data: dict[str, Any] = dict.fromkeys(attrs.fields_dict(StatusAnswer))
     problem: str | None = None
     try:
@@ -351,9 +377,10 @@ async def status(*, common: Common = DEFAULT) -> Exit:
         data = attrs.asdict(answer)
         usable = answer.ledger_usable and answer.grants_valid
         # A broker that cannot record or decide is up but failing: the exit code says so.
-        code = Exit.DONE if usable and not down else Exit.FAILED
+        code = Exit.DONE if usable and not down and model_down is None else Exit.FAILED
     if common.json:
-        print_json({**data, "daemons": running, "down": down, "problem": problem})
+        problems = {"problem": problem, "model_problem": model_down}
+        print_json({**data, "daemons": running, "down": down, **problems})
         return code
     print(_daemons_line(running))
     if problem is not None:
@@ -361,6 +388,8 @@ async def status(*, common: Common = DEFAULT) -> Exit:
     data["uptime_s"] = round(data["uptime_s"], 1)
     for key, value in data.items():
         print(printable(f"{key:14} {_shown(value)}"))
+    if model_down is not None:
+        fail(model_down, code)
     if down:
         return fail(f"down: {', '.join(down)}; `bxctl up` starts what is missing", code)
     return code

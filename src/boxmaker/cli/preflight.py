@@ -12,6 +12,7 @@ import subprocess
 from typing import Final
 
 import attrs
+import httpx
 import trio
 
 from boxmaker.broker.bwrap_version import bwrap_version_problem
@@ -26,7 +27,11 @@ from boxmaker.model.serve import ModelUnavailable, check_installed
 from boxmaker.wire import StatusAnswer, StatusRequest
 
 BWRAP_CHECK_S: Final = 10.0
+MODEL_CHECK_S: Final = 8.0
+"""How long inferproxy may take to answer `GET /health` for the model: its own connect
+timeout to the model (5 s) and a margin."""
 RUNBOOK_UP: Final = "docs/runbook.md#up"
+RUNBOOK_MODEL: Final = "docs/runbook.md#model-unreachable"
 
 
 @attrs.frozen
@@ -78,6 +83,37 @@ def _bwrap_problem() -> PreflightProblem | None:
         "docs/runbook.md#sandbox",
         Exit.FAILED,
     )
+
+
+def model_problem(home: Home) -> str | None:
+    """Why the model does not answer, asked through inferproxy (the one process that
+    connects to it: docs/egress.md) with `GET /health`: inferproxy's 502 says why. None
+    when the model answers with any status (503 while it loads is an answer too), or
+    when inferproxy itself is down (that is said as a daemon down)."""
+    transport = httpx.HTTPTransport(uds=str(home.infer_sock))
+    try:
+        with httpx.Client(transport=transport, timeout=MODEL_CHECK_S, trust_env=False) as client:
+            response = client.get("http://inferproxy/health")
+    except httpx.TimeoutException:
+        return f"inferproxy did not answer for the model within {MODEL_CHECK_S:g} s"
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 502:
+        return None
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = f"inferproxy answered 502; see {RUNBOOK_MODEL}"
+    return str(message)
+
+
+def model_warning(home: Home, config: Config) -> str | None:
+    """A warning when ``[model] url`` names a server that does not answer: the daemons
+    run without it (inferproxy tries it again at each request), but no chat can."""
+    if config.model.url is None:
+        return None
+    problem = model_problem(home)
+    return None if problem is None else f"warning: {problem}"
 
 
 def _broker_status(home: Home) -> StatusAnswer | None:

@@ -38,6 +38,10 @@ from boxmaker.wire import (
 )
 
 REFRESH_S: Final = 1.0
+LOST: Final = "lost brokerd"
+"""The start of the message while brokerd does not answer (the watch asks it again
+every :data:`REFRESH_S`)."""
+REGAINED: Final = "brokerd answers again"
 KEYS_HELP: Final = "↑/↓ or k/j choose · y approve · a always (exact, no expiry) · n refuse · q quit"
 REASON_PROMPT: Final = f"refuse, reason ({REFUSE_HINT}): "
 NONE_PENDING: Final = "no pending approvals"
@@ -60,9 +64,25 @@ class ApprovalsWatch:
     message: str = ""
     done: list[str] = attrs.Factory(list)
     """What the owner did, one line each, printed on leaving."""
+    answered: bool = False
+    """brokerd answered once: from then on, a brokerd that stops answering (restarted,
+    stopped) is waited for, not the end of the watch."""
+    lost: bool = False
 
     async def refresh(self) -> None:
-        answer = await ask_broker(self.home, ApprovalsRequest())
+        try:
+            answer = await ask_broker(self.home, ApprovalsRequest())
+        except DaemonUnreachable as exc:
+            if not self.answered:
+                raise
+            # Its waiting calls ended with it: none is listed, none can be answered.
+            self.lost, self.entries, self.chosen = True, [], None
+            self.message = printable(f"{LOST}: {exc}; asking again every {REFRESH_S:g} s")
+            return
+        self.answered = True
+        if self.lost:
+            self.lost = False
+            self.message = REGAINED
         if isinstance(answer, ErrorFrame):
             self.message = printable(f"brokerd: {answer.code}: {answer.detail}")
             return

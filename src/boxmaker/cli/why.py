@@ -36,12 +36,12 @@ from boxmaker.core.vocabulary import (
     holds,
 )
 from boxmaker.formats.clock import local_time, parse_utc, utc_now
-from boxmaker.formats.convert import CALL_ID
+from boxmaker.formats.convert import APPROVAL_ID, CALL_ID
 from boxmaker.formats.printable import printable
 from boxmaker.home.grants_file import load_grants
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import GrantThen
-from boxmaker.ledger.reader import NotARecord
+from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
 from boxmaker.ledger.records import body_fields
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
@@ -182,6 +182,8 @@ def _approval_words(record: Record[Approval], now: dt.datetime) -> list[str]:
         lines.append(f'  the reason the model was told: "{reason}"')
     elif reason is not None and outcome is not ApprovalOutcome.EXPIRED:
         lines.append(f"  because {_because(reason)}")
+    if approval.note is not None:
+        lines.append(f'  the owner\'s note: "{approval.note}"')
     written = approval.grant_written
     if written is not None:
         lines.append(f"  approved always: grant {written} was written to grants.toml first")
@@ -239,15 +241,38 @@ def describe_life(life: Life, now: dt.datetime, waiting: ApprovalView | None = N
     return lines
 
 
-async def _waiting(home: Home, call: str) -> ApprovalView | None:
-    """The call's pending entry, when brokerd answers and the call waits."""
+async def _waiting_now(home: Home) -> tuple[ApprovalView, ...]:
+    """The calls waiting now, when brokerd answers (none when it does not)."""
     try:
         answer = await ask_broker(home, ApprovalsRequest())
     except DaemonUnreachable:
-        return None
-    if not isinstance(answer, ApprovalsAnswer):
-        return None
-    return next((entry for entry in answer.entries if entry.call == call), None)
+        return ()
+    return tuple(answer.entries) if isinstance(answer, ApprovalsAnswer) else ()
+
+
+async def _waiting(home: Home, call: str) -> ApprovalView | None:
+    """The call's pending entry, when brokerd answers and the call waits."""
+    return next((entry for entry in await _waiting_now(home) if entry.call == call), None)
+
+
+def call_of_approval(home: Home, approval: str) -> str | None:
+    """The call whose ask ``approval`` ended, from its approval record (the last, should
+    a later boot have drawn the same id); None when no record names it."""
+    found = None
+    for _, record in LedgerReader(iter_lines(home.audit_log)).records(
+        mentioning=(approval.encode(),)
+    ):
+        if isinstance(record, NotARecord):
+            continue
+        if holds(record, Approval) and record.body.approval == approval:
+            found = record.body.call
+    return found
+
+
+async def _waiting_call_of(home: Home, approval: str) -> str | None:
+    """The call that waits under ``approval`` now, when brokerd answers."""
+    entries = await _waiting_now(home)
+    return next((entry.call for entry in entries if entry.approval == approval), None)
 
 
 async def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
@@ -257,12 +282,25 @@ async def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
     Parameters
     ----------
     call
-        The call id (c-…), as chat, approvals and the ledger show it.
+        The call id (c-…), as chat and the ledger show it, or its approval id (a-…),
+        as the approval screens show it.
     """
-    if not CALL_ID.fullmatch(call):
-        return fail(f"not a call id: {call!r} (c- and 16 hex digits)", Exit.USAGE)
+    if not CALL_ID.fullmatch(call) and not APPROVAL_ID.fullmatch(call):
+        return fail(
+            f"not a call or approval id: {call!r} (c- and 16 hex digits, or a- and 8)",
+            Exit.USAGE,
+        )
     home = common.resolve()
     try:
+        if APPROVAL_ID.fullmatch(call):
+            approval = call
+            found = call_of_approval(home, approval) or await _waiting_call_of(home, approval)
+            if found is None:
+                return fail(
+                    f"no approval {approval} in the ledger ({home.audit_log}) nor waiting now",
+                    Exit.FAILED,
+                )
+            call = found
         lives = call_story(home, call)
     except OSError as exc:
         return fail(f"{home.audit_log}: {exc.strerror}", Exit.USAGE)

@@ -267,16 +267,18 @@ class Call:
     def _owner_approved(self, at: Waiting, event: OwnerApproved) -> _Step:
         verdict = event.verdict
         if isinstance(verdict, Deny):
-            return _approval(at.entry, verdict, ApprovalOutcome.DENIED, event.grant_written)
-        looking = LookingBeforeApproval(at.entry, verdict, event.grant_written)
+            outcome = ApprovalOutcome.DENIED
+            return _approval(at.entry, verdict, outcome, event.grant_written, note=event.note)
+        looking = LookingBeforeApproval(at.entry, verdict, event.grant_written, event.note)
         return looking, [LastLook()]
 
     def _looked_before_approval(self, at: LookingBeforeApproval, event: Looked) -> _Step:
         if event.gone:
             outcome = ApprovalOutcome.WITHDRAWN
-            return _approval(at.entry, at.verdict, outcome, at.grant_written, Reason.REQUESTER_GONE)
+            gone = Reason.REQUESTER_GONE
+            return _approval(at.entry, at.verdict, outcome, at.grant_written, gone, at.note)
         outcome = approval_outcome(at.verdict)
-        return _approval(at.entry, at.verdict, outcome, at.grant_written)
+        return _approval(at.entry, at.verdict, outcome, at.grant_written, note=at.note)
 
     def _approval_recorded(self, at: Approving, event: Recorded) -> _Step:
         verdict, reply = at.verdict, at.reply
@@ -357,6 +359,7 @@ def _approval(
     outcome: ApprovalOutcome,
     grant_written: str | None,
     reason: Reason | None = None,
+    note: str | None = None,
 ) -> _Step:
     """An approve's approval record, on the state its re-decision saw (UNKNOWN when it
     could not be decided on one), and what the owner will hear of it."""
@@ -367,7 +370,7 @@ def _approval(
         detail = None
     state = decision.state if decision.recordable else UNKNOWN
     reason_text = reason.value if reason is not None else None
-    body = Approval.of(entry, outcome, reason_text, ApprovalBy.OWNER, state, grant_written)
+    body = Approval.of(entry, outcome, reason_text, ApprovalBy.OWNER, state, grant_written, note)
     return Approving(verdict, ApprovedReply(outcome, reason, detail)), [AppendRecord(body)]
 
 

@@ -129,10 +129,12 @@ class Looked:
 @attrs.frozen
 class OwnerApproved:
     """The owner approved; ``verdict`` is the re-decision with the current grants and
-    state; ``grant_written`` the grant an approve-always wrote first."""
+    state; ``grant_written`` the grant an approve-always wrote first; ``note`` the
+    owner's, kept in the approval record."""
 
     verdict: Verdict
     grant_written: str | None = None
+    note: str | None = None
 
 
 @attrs.frozen

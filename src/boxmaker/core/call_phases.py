@@ -74,6 +74,7 @@ class LookingBeforeApproval:
     entry: PendingEntry
     verdict: Run | Ask
     grant_written: str | None
+    note: str | None = None
 
 
 @attrs.frozen

@@ -399,6 +399,9 @@ class Approval:
     grant_written: str | None = None
     """The grant ``bxctl approve --always`` wrote to grants.toml for this call; left
     out of the line when there is none."""
+    note: str | None = None
+    """The owner's note with an approve (``bxctl approve --note``); left out of the
+    line when there is none, so a line written before it existed reads the same."""
 
     @classmethod
     def of(
@@ -409,6 +412,7 @@ class Approval:
         by: ApprovalBy,
         state: Label,
         grant_written: str | None = None,
+        note: str | None = None,
     ) -> Approval:
         """How ``entry``'s ask ended, decided on ``state``."""
         return cls(
@@ -420,6 +424,7 @@ class Approval:
             taint=state.taint,
             untrusted=state.untrusted,
             grant_written=grant_written,
+            note=note,
         )
 
 

@@ -140,10 +140,16 @@ class Policy:
 
 Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy
 
-# An approval without a grant written keeps the line it had before the field existed.
+# An approval without a grant written or a note keeps the line it had before the field
+# existed.
 converter.register_unstructure_hook(
     Approval,
-    make_dict_unstructure_fn(Approval, converter, grant_written=override(omit_if_default=True)),
+    make_dict_unstructure_fn(
+        Approval,
+        converter,
+        grant_written=override(omit_if_default=True),
+        note=override(omit_if_default=True),
+    ),
 )
 # Likewise a result of a run that was not stopped.
 converter.register_unstructure_hook(

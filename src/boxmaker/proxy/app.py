@@ -308,9 +308,11 @@ class InferProxy:
         streamed: bool,
     ) -> None:
         try:
-            response = await self.client.send(request, stream=True)
+            response = await self._send(exchange, request)
         except httpx.TransportError as exc:
             exchange.upstream_ms = (time.perf_counter() - started) * 1000
+            cause = causes(exc)
+            log.warning("request %s: the model server cannot be reached: %s", exchange.id, cause)
             message = (
                 f"the model server at {self._upstream} cannot be reached "
                 f"({type(exc).__name__}: {exc}); see {RUNBOOK_MODEL}"
@@ -341,6 +343,21 @@ class InferProxy:
             exchange.upstream_ms = (time.perf_counter() - started) * 1000
             await response.aclose()
 
+    async def _send(self, exchange: _Exchange, request: httpx.Request) -> httpx.Response:
+        """``request`` sent, its answer's head read. Once more on another connection when
+        a kept one was closed before any byte of the answer: the server closed it idle
+        as it was taken (docs/decisions.md, "inferproxy")."""
+        try:
+            return await self.client.send(request, stream=True)
+        except CLOSED_BEFORE_ANSWER as exc:
+            log.warning(
+                "request %s: the model server closed the connection before answering (%s); "
+                "sending it once more",
+                exchange.id,
+                causes(exc),
+            )
+        return await self.client.send(request, stream=True)
+
     async def _reply(
         self,
         exchange: _Exchange,
@@ -355,6 +372,37 @@ class InferProxy:
         headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+CLOSED_BEFORE_ANSWER: Final = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""What a connection closed under a request raises before the answer's first byte (the
+answer's head is read inside ``send``; a break after it is another path)."""
+
+
+def causes(exc: BaseException) -> str:
+    """An exception and what it came from, for the log: httpx's words alone ("Server
+    disconnected") do not say which socket call failed.
+
+    >>> try:
+    ...     try:
+    ...         raise ConnectionResetError(104, "Connection reset by peer")
+    ...     except OSError as inner:
+    ...         raise httpx.ReadError("read failed") from inner
+    ... except httpx.ReadError as outer:
+    ...     print(causes(outer))
+    ReadError: read failed <- ConnectionResetError: [Errno 104] Connection reset by peer
+    """
+    chain: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 8:
+        said = f"{type(seen).__name__}: {seen}"
+        if not chain or chain[-1] != said:  # httpx repeats httpcore's words
+            chain.append(said)
+        if isinstance(seen, BaseExceptionGroup):  # trio's connect: one error an address
+            seen = seen.exceptions[0]
+        else:
+            seen = seen.__cause__ or seen.__context__
+    return " <- ".join(chain)
 
 
 def _models_answer(model: str) -> bytes:

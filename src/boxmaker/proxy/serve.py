@@ -48,6 +48,11 @@ log = logging.getLogger("boxmaker.inferproxy")
 GRACE_S: Final = 5.0
 """Open requests get this long to finish on a stop."""
 CONNECT_S: Final = 5.0
+KEEPALIVE_S: Final = 2.0
+"""How long an idle connection to the model is kept for the next request: well under
+llama-server's own 5 s (cpp-httplib's keep-alive timeout). httpx's default, 5 s too,
+let a request go out on a connection the server was closing at that moment: a 502
+after a step that kept the model idle about that long (docs/decisions.md, "inferproxy")."""
 """Seconds to connect to the model; a generation itself may take as long as it takes."""
 RUNBOOK_TCP: Final = "docs/runbook.md#proxy-token"
 MIN_TOKEN: Final = 16
@@ -135,7 +140,8 @@ def read_token(home: Home, config: Config) -> str | None:
 def _model_client(upstream: str) -> httpx.AsyncClient:
     timeout = httpx.Timeout(connect=CONNECT_S, read=None, write=30.0, pool=CONNECT_S)
     sock = unix_socket_of(upstream)
-    transport = None if sock is None else httpx.AsyncHTTPTransport(uds=sock)
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+    transport = httpx.AsyncHTTPTransport(uds=sock, limits=limits)
     # trust_env=False: proxy variables and .netrc of the environment are not the
     # model's way; the configured URL is.
     return httpx.AsyncClient(timeout=timeout, trust_env=False, transport=transport)
