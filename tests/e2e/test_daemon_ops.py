@@ -24,6 +24,7 @@ from tests.fakes.llama_server import as_process
 from tests.harness.cli import WAIT_S, alive, bxctl, pid_of, scripted_home, start_bxctl
 from tests.harness.homes import short_home
 from tests.harness.process import wait_for
+from tests.harness.sandbox import sandbox_workspace, use_sandbox_workspace
 
 from boxmaker.home.paths import Home
 from boxmaker.model.serve import ModelUnavailable, check_installed
@@ -197,10 +198,14 @@ def test_up_prints_the_sockets_the_logs_and_the_models_url() -> None:
 
 
 def test_an_external_model_that_does_not_answer_is_told_by_up_and_fails_status() -> None:
-    with scripted_home([]) as (home, url, _record):
+    # A workspace the sandbox can use: as root the shell's own warning would come first.
+    with scripted_home([]) as (home, url, _record), sandbox_workspace() as workspace:
+        use_sandbox_workspace(home, workspace)
         live = home.config_toml.read_text()
         # Port 9 (discard) on loopback: nothing listens there on a test machine.
-        home.config_toml.write_text('[model]\nurl = "http://127.0.0.1:9"\n')
+        home.config_toml.write_text(
+            f'workspace = {str(workspace)!r}\n[model]\nurl = "http://127.0.0.1:9"\n'
+        )
         up = bxctl(home, "up")  # the daemons run without it: inferproxy tries it each time
         # inferproxy's words: it is the one process that connects to the model.
         problem = "the model server at http://127.0.0.1:9 cannot be reached (ConnectError: "
