@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 from tests.fakes.llama_server import FakeLlama
 from tests.harness.broker import waiting_approvals
@@ -65,7 +66,15 @@ async def test_the_owner_chooses_the_second_approval_and_approves_it(home: Home)
     assert "notes" not in turns
 
 
-async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
+@pytest.mark.parametrize(
+    ("typed", "reason"),
+    [("private", "private"), ("", REFUSED_WITHOUT_REASON)],
+    ids=["a-reason", "enter-alone"],
+)
+async def test_n_refuses_the_chosen_approval_with_a_reason(
+    home: Home, typed: str, reason: str
+) -> None:
+    """n, a reason, Enter refuses with it; Enter alone refuses with the hint's reason."""
     write_grants(home, grant("files", "read_file", "ask"))
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
     fake = FakeLlama(script=[READ_NOTES, {"content": "OK, I will not."}])
@@ -77,32 +86,12 @@ async def test_n_refuses_the_chosen_approval_with_a_reason(home: Home) -> None:
             await screen.wait_for(f"▶ {entry['approval']}")
             await screen.send("n")
             await screen.wait_for(REASON_PROMPT)
-            await screen.type("private")
+            if typed:
+                await screen.type(typed)
             await screen.send("Enter")
             after = await screen.wait_for(NONE_PENDING)
             await screen.send("q")
             assert await screen.exit_code() == 0
-    assert f"refused {entry['call']}: the model is told: private" in after
+    assert f"refused {entry['call']}: the model is told: {reason}" in after
     told = fake.requests[1]["messages"][-1]["content"]
-    assert "denied (refused: the owner refused it). Detail: private." in told
-
-
-async def test_enter_alone_at_the_reason_refuses_with_the_hints_reason(home: Home) -> None:
-    write_grants(home, grant("files", "read_file", "ask"))
-    (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
-    fake = FakeLlama(script=[READ_NOTES, {"content": "OK."}])
-    async with stack(home, fake), trio.open_nursery() as nursery:
-        nursery.start_soon(say, home, "read my notes")
-        [entry] = await waiting_approvals(home, 1, within=20)
-        argv = bxctl_argv("approvals", "--watch", "--home", str(home.root))
-        async with terminal(argv) as screen:
-            await screen.wait_for(f"▶ {entry['approval']}")
-            await screen.send("n")
-            await screen.wait_for(REASON_PROMPT)
-            await screen.send("Enter")
-            after = await screen.wait_for(NONE_PENDING)
-            await screen.send("q")
-            assert await screen.exit_code() == 0
-    assert f"refused {entry['call']}: the model is told: {REFUSED_WITHOUT_REASON}" in after
-    told = fake.requests[1]["messages"][-1]["content"]
-    assert f"denied (refused: the owner refused it). Detail: {REFUSED_WITHOUT_REASON}" in told
+    assert f"denied (refused: the owner refused it). Detail: {reason}." in told
