@@ -713,3 +713,37 @@ def test_the_approval_record_names_the_grant_an_approve_always_wrote(
             "always-1",
         )
     )
+
+
+@pytest.mark.parametrize(
+    ("redecided", "gone", "outcome", "reason"),
+    [
+        ("ask", False, ApprovalOutcome.ASK, None),
+        ("ask", True, ApprovalOutcome.WITHDRAWN, "requester_gone"),
+        ("deny", False, ApprovalOutcome.DENIED, "denied_by_grant"),
+    ],
+)
+def test_the_approval_record_keeps_the_owners_note(
+    redecided: str, gone: bool, outcome: ApprovalOutcome, reason: str | None
+) -> None:
+    call = waiting()
+    now = verdict(redecided)
+    effects = call.handle(ev.OwnerApproved(now, note="checked the path"))
+    if not isinstance(now, Deny):
+        assert effects == [ev.LastLook()]
+        effects = call.handle(ev.Looked(gone=gone))
+    state = now.decision.state
+    [record] = effects
+    assert record == ev.AppendRecord(
+        Approval(
+            CALL,
+            "a-00000001",
+            outcome,
+            reason,
+            ApprovalBy.OWNER,
+            state.taint,
+            state.untrusted,
+            None,
+            note="checked the path",
+        )
+    )
