@@ -690,45 +690,20 @@ def test_a_transition_its_row_does_not_name_raises() -> None:
         ("deny", False, ApprovalOutcome.DENIED, "denied_by_grant"),
     ],
 )
-def test_the_approval_record_names_the_grant_an_approve_always_wrote(
-    redecided: str, gone: bool, outcome: ApprovalOutcome, reason: str | None
-) -> None:
-    call = waiting()
-    now = verdict(redecided)
-    effects = call.handle(ev.OwnerApproved(now, grant_written="always-1"))
-    if not isinstance(now, Deny):
-        assert effects == [ev.LastLook()]
-        effects = call.handle(ev.Looked(gone=gone))
-    state = now.decision.state
-    [record] = effects
-    assert record == ev.AppendRecord(
-        Approval(
-            CALL,
-            "a-00000001",
-            outcome,
-            reason,
-            ApprovalBy.OWNER,
-            state.taint,
-            state.untrusted,
-            "always-1",
-        )
-    )
-
-
 @pytest.mark.parametrize(
-    ("redecided", "gone", "outcome", "reason"),
-    [
-        ("ask", False, ApprovalOutcome.ASK, None),
-        ("ask", True, ApprovalOutcome.WITHDRAWN, "requester_gone"),
-        ("deny", False, ApprovalOutcome.DENIED, "denied_by_grant"),
-    ],
+    ("written", "note"), [("always-1", None), (None, "checked the path"), ("always-1", "ok")]
 )
-def test_the_approval_record_keeps_the_owners_note(
-    redecided: str, gone: bool, outcome: ApprovalOutcome, reason: str | None
+def test_the_approval_record_names_the_written_grant_and_keeps_the_owners_note(
+    redecided: str,
+    gone: bool,
+    outcome: ApprovalOutcome,
+    reason: str | None,
+    written: str | None,
+    note: str | None,
 ) -> None:
     call = waiting()
     now = verdict(redecided)
-    effects = call.handle(ev.OwnerApproved(now, note="checked the path"))
+    effects = call.handle(ev.OwnerApproved(now, grant_written=written, note=note))
     if not isinstance(now, Deny):
         assert effects == [ev.LastLook()]
         effects = call.handle(ev.Looked(gone=gone))
@@ -743,7 +718,7 @@ def test_the_approval_record_keeps_the_owners_note(
             ApprovalBy.OWNER,
             state.taint,
             state.untrusted,
-            None,
-            note="checked the path",
+            written,
+            note=note,
         )
     )
