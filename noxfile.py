@@ -15,7 +15,8 @@ PYTHON = "3.11"
 
 
 def _install(session: nox.Session, *groups: str) -> None:
-    session.install("-e", ".")
+    """The package with its `mcp` extra (`bxctl mcp serve` is tested and typed with it)."""
+    session.install("-e", ".[mcp]")
     for group in groups:
         session.install(*nox.project.dependency_groups(PYPROJECT, group))
 

@@ -1,0 +1,68 @@
+"""``bxctl mcp``: boxmaker and MCP clients (docs/mcp.md).
+
+``bxctl mcp serve`` is what an MCP client starts (``claude mcp add boxmaker -- bxctl mcp
+serve``): it speaks MCP on stdin/stdout and asks brokerd about every call on broker.sock,
+as loopd does. It needs the optional extra ``boxmaker[mcp]`` (the SDK is imported only
+when the command runs, so bxctl works without it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Final
+
+from cyclopts import App
+
+from boxmaker.cli.common import DEFAULT, Common, Exit, fail
+from boxmaker.home.config import ConfigError, load_config
+from boxmaker.loop.broker_port import BrokerPort
+from boxmaker.runtime.daemon import setup_logging
+
+RUNBOOK_EXTRA: Final = "docs/runbook.md#mcp-extra"
+INSTALL_EXTRA: Final = "pip install 'boxmaker[mcp]'"
+SDK_MODULES: Final = frozenset({"mcp", "mcp_types"})
+
+mcp_app = App(name="mcp", help="boxmaker's tools for MCP clients (docs/mcp.md).")
+
+
+@mcp_app.command
+async def serve(*, common: Common = DEFAULT) -> Exit:
+    """Serve brokerd's tools to an MCP client on stdin/stdout (the client starts this).
+
+    Every call is a request to brokerd, decided by your grants, asked of you where a
+    grant says ask (answer with `bxctl approvals`), and recorded. Logs go to stderr.
+    """
+    try:
+        from boxmaker.mcp.serve import serve_stdio  # the optional extra: imported here
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SDK_MODULES:
+            raise
+        return fail(
+            f"`bxctl mcp serve` needs the MCP SDK, which is not installed: "
+            f"{INSTALL_EXTRA} (see {RUNBOOK_EXTRA})"
+        )
+    home = common.resolve()
+    try:
+        config = load_config(home)
+    except ConfigError as exc:
+        return fail(str(exc))
+    setup_logging("mcp")
+    port = BrokerPort(home.broker_sock, reply_timeout=config.loop.reply_timeout)
+    with _wire_stdio():
+        await serve_stdio(port)
+    return Exit.DONE
+
+
+@contextlib.contextmanager
+def _wire_stdio() -> Iterator[None]:
+    """stdin and stdout as the process got them: they carry the MCP wire, which bxctl's
+    printable filter on stdout would not let through (and the SDK claims their
+    descriptors from the real streams)."""
+    saved = sys.stdin, sys.stdout
+    sys.stdin, sys.stdout = sys.__stdin__, sys.__stdout__
+    try:
+        yield
+    finally:
+        sys.stdin, sys.stdout = saved
