@@ -160,15 +160,15 @@ def _progress_starter(
 async def _report_waiting(ctx: Context, token: str | int, frame: Pending, every: float) -> None:
     """Progress notifications while ``frame``'s call waits for the owner: the seconds
     waited of those it may wait, and what the owner runs to answer."""
-    started = utc_now()
-    total = max((frame.expires_at - started) / dt.timedelta(seconds=1), 0.0)
+    total = max((frame.expires_at - utc_now()) / dt.timedelta(seconds=1), 0.0)
+    started = trio.current_time()
     message = (
         f"waiting for the owner: bxctl approve {frame.approval} (grant {frame.grant}); "
         f"expires at {format_utc(frame.expires_at)}"
     )
     related = None if ctx.request_id is None else str(ctx.request_id)
     while True:
-        waited = (utc_now() - started) / dt.timedelta(seconds=1)
+        waited = trio.current_time() - started
         await ctx.session.send_progress_notification(
             token, min(waited, total), total, message, related_request_id=related
         )
