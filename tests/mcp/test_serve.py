@@ -222,7 +222,7 @@ async def test_brokerd_down_is_an_error_that_says_to_start_it(
     async with connected(mcp_serve(home)) as client:
         read = await client.call_tool("read_file", {"path": "notes.txt"})
         with pytest.raises(
-            Exception, match=r"denied \(broker_unreachable\): brokerd is not running"
+            MCPError, match=r"denied \(broker_unreachable\): brokerd is not running"
         ):
             await client.list_tools()
     assert read.is_error
