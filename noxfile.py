@@ -126,6 +126,7 @@ def bench(session: nox.Session) -> None:
         "bench_what_if",
         "bench_runner",
         "bench_broker",
+        "bench_mcp_serve",
         "bench_proxy",
         "bench_model",
         "bench_turns",

@@ -8,6 +8,7 @@ real brokerd, the autojump clock."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -27,17 +28,28 @@ from tests.harness.broker import (
     waiting_approvals,
 )
 from tests.harness.homes import grant, grant_table, write_config, write_grants
-from tests.harness.mcp_client import connected, text_of
+from tests.harness.mcp_client import SERVE_ARGV, connected, text_of
 
 from boxmaker.home.paths import Home
 from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.mcp.serve import MAX_CALLS, McpServe
+from boxmaker.mcp.stdio import MAX_MESSAGE
 from boxmaker.runtime.ndjson import MAX_FRAME
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 
 Clock = trio.testing.MockClock
 FLOOD = 40
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "hostile", "version": "0"},
+    },
+}
 SRC = Path(__file__).resolve().parents[2] / "src" / "boxmaker"
 
 
@@ -186,3 +198,39 @@ def test_the_serve_loads_no_way_to_admin_sock() -> None:
         (SRC / "mcp" / f"{module}.py").read_text() for module in ("serve", "tools", "permission")
     ]
     assert not [s for s in sources if "admin_sock" in s or "admin_client" in s]
+
+
+def test_an_endless_line_ends_the_connection_and_the_serve_holds_at_most_its_cap(
+    home: Home,
+) -> None:
+    """A client that writes a line without end: the serve reads at most MAX_MESSAGE of it,
+    says why on stderr and ends the connection (exit 0). A line that is not JSON first is
+    answered a parse error and the connection goes on. Before the serve's own transport,
+    the SDK's read the whole line into memory, for as long as the client wrote."""
+    with subprocess.Popen(
+        [sys.executable, *SERVE_ARGV, "--home", str(home.root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    ) as serve:
+        assert serve.stdin is not None
+        assert serve.stdout is not None
+        assert serve.stderr is not None
+        try:
+            serve.stdin.write(b"not json\n" + orjson.dumps(INITIALIZE) + b"\n")
+            answer = orjson.loads(serve.stdout.readline())
+            assert (answer["id"], answer["result"]["serverInfo"]["name"]) == (1, "boxmaker")
+            sent = 0
+            chunk = b"x" * 65536
+            with contextlib.suppress(BrokenPipeError):
+                while sent <= 2 * MAX_MESSAGE:
+                    serve.stdin.write(chunk)
+                    sent += len(chunk)
+            # The attack ran: more than the cap was written, or the serve hung up first.
+            assert sent > MAX_MESSAGE
+            assert serve.wait(timeout=30) == 0
+        finally:
+            serve.kill()
+        stderr = serve.stderr.read().decode()
+    assert f"the client's message cannot be read (frame longer than {MAX_MESSAGE} bytes)" in stderr

@@ -30,7 +30,6 @@ import mcp_types as types
 import trio
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from boxmaker import __version__
@@ -39,6 +38,7 @@ from boxmaker.formats.clock import format_utc, utc_now
 from boxmaker.formats.convert import new_call_id, new_session_id
 from boxmaker.loop.broker_port import BrokerPort, PortAnswer
 from boxmaker.mcp import permission
+from boxmaker.mcp.stdio import stdio_wire
 from boxmaker.mcp.tools import CatalogueProblem, error_text, mcp_tool, text_result, tool_result
 from boxmaker.runtime.ndjson import MAX_FRAME
 from boxmaker.wire import encode_frame
@@ -141,10 +141,11 @@ class McpServe:
             on_pending = None
             if token is not None:
                 on_pending = _progress_starter(nursery, ctx, token, self.progress_s)
-            log.info("call %s: %s of session %s", request.call, tool, self.session)
+            # Debug only: the ledger has every call, and a log line costs a tenth of one.
+            log.debug("call %s: %s of session %s", request.call, tool, self.session)
             answer = await self.port.call(request, on_pending)
             nursery.cancel_scope.cancel()
-        log.info("call %s: %s %s", request.call, answer.outcome, answer.reason or "")
+        log.debug("call %s: %s %s", request.call, answer.outcome, answer.reason or "")
         return answer
 
 
@@ -180,6 +181,6 @@ async def serve_stdio(port: BrokerPort) -> None:
     serve = McpServe(port)
     server = serve.server()
     log.info("serving MCP on stdio as session %s", serve.session)
-    async with stdio_server() as (read_stream, write_stream):
+    async with stdio_wire() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
     log.info("session %s: the client hung up", serve.session)
