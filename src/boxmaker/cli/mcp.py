@@ -47,7 +47,7 @@ async def serve(*, common: Common = DEFAULT) -> Exit:
     try:
         config = load_config(home)
     except ConfigError as exc:
-        return fail(str(exc))
+        return fail(f"{exc}; see docs/runbook.md#config")
     setup_logging("mcp")
     port = BrokerPort(home.broker_sock, reply_timeout=config.loop.reply_timeout)
     with _wire_stdio():
