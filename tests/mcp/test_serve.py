@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import mcp_types as types
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -228,3 +229,19 @@ async def test_brokerd_down_is_an_error_that_says_to_start_it(
     assert read.is_error
     assert text_of(read).startswith("denied (broker_unreachable): brokerd is not running (")
     assert text_of(read).endswith("start the daemons with `bxctl up`")
+
+
+async def test_a_malformed_permission_prompt_is_denied_without_asking_brokerd(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
+    await brokerd.start()
+    async with connected(mcp_serve(home)) as client:
+        result = await client.call_tool(
+            "permission_prompt", {"tool_name": "mcp.git.x", "input": {}}
+        )
+    assert not result.is_error  # the client reads the answer, never an error
+    assert orjson.loads(text_of(result)) == {
+        "behavior": "deny",
+        "message": "bad_arguments: tool_name must be 1 to 64 of A-Z a-z 0-9 _ -, not 'mcp.git.x'",
+    }
+    assert [r for r in records(home) if r["kind"] == "decision"] == []
