@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
 from typing import Any, Final
 
 import mcp_types as types
@@ -36,7 +35,7 @@ from boxmaker import __version__
 from boxmaker.core.vocabulary import AnswerOutcome, ErrorCode, Pending, ToolRequest
 from boxmaker.formats.clock import format_utc, utc_now
 from boxmaker.formats.convert import new_call_id, new_session_id
-from boxmaker.loop.broker_port import BrokerPort, PortAnswer
+from boxmaker.loop.broker_port import BrokerPort, OnPending, PortAnswer
 from boxmaker.mcp import permission
 from boxmaker.mcp.stdio import stdio_wire
 from boxmaker.mcp.tools import CatalogueProblem, error_text, mcp_tool, text_result, tool_result
@@ -138,7 +137,7 @@ class McpServe:
             return PortAnswer(AnswerOutcome.DENIED, reason=ErrorCode.BAD_FRAME, detail=detail)
         token = ctx.meta.get("progress_token") if ctx.meta else None
         async with self.limiter, trio.open_nursery() as nursery:
-            on_pending = None
+            on_pending: OnPending | None = None
             if token is not None:
                 on_pending = _progress_starter(nursery, ctx, token, self.progress_s)
             # Debug only: the ledger has every call, and a log line costs a tenth of one.
@@ -151,7 +150,7 @@ class McpServe:
 
 def _progress_starter(
     nursery: trio.Nursery, ctx: Context, token: str | int, every: float
-) -> Callable[[Pending], Any]:
+) -> OnPending:
     async def on_pending(frame: Pending) -> None:
         nursery.start_soon(_report_waiting, ctx, token, frame, every)
 
