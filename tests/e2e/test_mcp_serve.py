@@ -9,7 +9,7 @@ wait bounded."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import mcp_types as types
@@ -59,14 +59,18 @@ async def owner(home: Home, *args: str) -> dict[str, Any]:
     return orjson.loads(done.stdout)  # type: ignore[no-any-return]
 
 
-async def waiting(home: Home, path: str) -> dict[str, Any]:
-    """The pending approval of a read of ``path``, once ``bxctl approvals`` lists it."""
+async def waiting(home: Home, matches: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The pending approval that ``matches``, once ``bxctl approvals`` lists it."""
     with trio.fail_after(WAIT_S):
         while True:
             entries = await trio.to_thread.run_sync(listed_approvals, home)
-            if mine := [e for e in entries if e["arguments"] == {"path": path}]:
+            if mine := [e for e in entries if matches(e)]:
                 return mine[0]
             await trio.sleep(0.05)
+
+
+def reading(path: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda entry: entry["arguments"] == {"path": path}
 
 
 async def ended(home: Home, approval: str) -> None:
@@ -127,7 +131,7 @@ async def test_an_ask_is_approved_from_another_terminal_with_progress_meanwhile(
                 )
 
             nursery.start_soon(ask)
-            entry = await waiting(stack, "asked/plan.txt")
+            entry = await waiting(stack, reading("asked/plan.txt"))
             approved = await owner(stack, "approve", entry["approval"])
     assert approved["outcome"] == "ask"
     [result] = results
@@ -149,7 +153,7 @@ async def test_a_refusal_reaches_the_client_with_the_owners_reason(stack: Home) 
                 results.append(await client.call_tool("read_file", {"path": "asked/r.txt"}))
 
             nursery.start_soon(ask)
-            entry = await waiting(stack, "asked/r.txt")
+            entry = await waiting(stack, reading("asked/r.txt"))
             await owner(stack, "refuse", entry["approval"], "--reason", "not that one")
     [result] = results
     assert (result.is_error, text_of(result)) == (True, "denied (refused): not that one")
@@ -171,7 +175,7 @@ async def test_a_call_the_client_cancels_is_withdrawn_in_the_ledger(stack: Home)
         async with served(stack) as client:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(client.call_tool, "read_file", {"path": "asked/c.txt"})
-                entry = await waiting(stack, "asked/c.txt")
+                entry = await waiting(stack, reading("asked/c.txt"))
                 nursery.cancel_scope.cancel()  # the SDK sends notifications/cancelled
             await ended(stack, entry["approval"])
             # The serve goes on: the same connection's next call is answered.
@@ -194,7 +198,7 @@ async def test_a_client_that_goes_away_withdraws_its_waiting_call(stack: Home) -
                     await client.call_tool("read_file", {"path": "asked/d.txt"})
 
             nursery.start_soon(client_side)
-            entry = await waiting(stack, "asked/d.txt")
+            entry = await waiting(stack, reading("asked/d.txt"))
             nursery.cancel_scope.cancel()  # the client process's end: the serve's stdin closes
         await ended(stack, entry["approval"])
     assert ending_of(stack, entry["approval"])["reason"] == "requester_gone"
