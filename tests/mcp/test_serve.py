@@ -36,12 +36,12 @@ pytestmark = pytest.mark.usefixtures("inline_threads")
 Clock = trio.testing.MockClock
 
 
-def mcp_serve(home: Home, **kwargs: object) -> McpServe:
-    return McpServe(BrokerPort(home.broker_sock, reply_timeout=10.0), **kwargs)  # type: ignore[arg-type]
+def mcp_serve(home: Home) -> McpServe:
+    return McpServe(BrokerPort(home.broker_sock, reply_timeout=10.0))
 
 
-def decision_of(home: Home, call_record_tool: str) -> dict[str, object]:
-    [decision] = [r for r in records(home) if r.get("tool") == call_record_tool]
+def decision_of(home: Home, tool: str) -> dict[str, object]:
+    [decision] = [r for r in records(home) if r.get("tool") == tool]
     return decision
 
 
