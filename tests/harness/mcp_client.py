@@ -17,9 +17,15 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.memory import create_client_server_memory_streams
 
 from boxmaker.home.paths import Home
+from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.mcp.serve import McpServe
 
 SERVE_ARGV: Final = ("-m", "boxmaker.cli.app", "mcp", "serve")
+
+
+def serve_on(home: Home) -> McpServe:
+    """The serve's server for one connection, a broker.sock client of ``home``."""
+    return McpServe(BrokerPort(home.broker_sock, reply_timeout=10.0))
 
 
 @asynccontextmanager

@@ -28,11 +28,10 @@ from tests.harness.broker import (
     waiting_approvals,
 )
 from tests.harness.homes import grant, grant_table, write_config, write_grants
-from tests.harness.mcp_client import SERVE_ARGV, connected, text_of
+from tests.harness.mcp_client import SERVE_ARGV, connected, serve_on, text_of
 
 from boxmaker.home.paths import Home
-from boxmaker.loop.broker_port import BrokerPort
-from boxmaker.mcp.serve import MAX_CALLS, McpServe
+from boxmaker.mcp.serve import MAX_CALLS
 from boxmaker.mcp.stdio import MAX_MESSAGE
 from boxmaker.runtime.ndjson import MAX_FRAME
 
@@ -53,10 +52,6 @@ INITIALIZE = {
 SRC = Path(__file__).resolve().parents[2] / "src" / "boxmaker"
 
 
-def mcp_serve(home: Home) -> McpServe:
-    return McpServe(BrokerPort(home.broker_sock, reply_timeout=10.0))
-
-
 def decisions(home: Home) -> list[dict[str, object]]:
     return [r for r in records(home) if r["kind"] == "decision"]
 
@@ -71,7 +66,7 @@ async def test_a_flood_of_asks_leaves_brokerds_pending_slots_to_others(
     write_config(home, "[broker]\npending_timeout = 30\nmax_pending = 20\n")
     write_grants(home, grant("asked", "read_file", "ask"))
     await brokerd.start()
-    serve = mcp_serve(home)
+    serve = serve_on(home)
     async with connected(serve) as client, trio.open_nursery() as nursery:
         for n in range(FLOOD):
             nursery.start_soon(client.call_tool, "read_file", {"path": f"f{n}.txt"})
@@ -97,7 +92,7 @@ async def test_oversized_arguments_are_refused_before_brokerd_reads_them(
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
     await brokerd.start()
     content = "x" * (2 * MAX_FRAME)
-    async with connected(mcp_serve(home)) as client:
+    async with connected(serve_on(home)) as client:
         big = await client.call_tool("write_file", {"path": "big.txt", "content": content})
         after = await client.call_tool("read_file", {"path": "notes.txt"})
     size = len(orjson.dumps({"path": "big.txt", "content": content}))
@@ -125,7 +120,7 @@ async def test_a_client_cannot_ride_another_connections_session(
     )
     (home.default_workspace / ".env").write_text("TOKEN=1\n")
     await brokerd.start()
-    a, b = mcp_serve(home), mcp_serve(home)
+    a, b = serve_on(home), serve_on(home)
     async with connected(a) as one, connected(b) as two:
         assert not (await one.call_tool("read_file", {"path": ".env"})).is_error
         denied = await one.call_tool("write_file", {"path": "a.txt", "content": "a"})
@@ -163,7 +158,7 @@ async def test_a_tool_outside_the_catalogue_is_denied_by_brokerd(
     write_grants(home, grant("notes", "read_file", "auto"))
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
     await brokerd.start()
-    async with connected(mcp_serve(home)) as client:
+    async with connected(serve_on(home)) as client:
         result = await client.call_tool(name, {"path": "notes.txt"})
         after = await client.call_tool("read_file", {"path": "notes.txt"})
     assert result.is_error

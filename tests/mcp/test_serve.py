@@ -23,21 +23,16 @@ from tests.harness.broker import (
     waiting_approvals,
 )
 from tests.harness.homes import grant, write_grants
-from tests.harness.mcp_client import connected, text_of
+from tests.harness.mcp_client import connected, serve_on, text_of
 
 from boxmaker.core.catalogue import catalogue_tools
 from boxmaker.home.paths import Home
-from boxmaker.loop.broker_port import BrokerPort
-from boxmaker.mcp.serve import PROGRESS_S, McpServe
+from boxmaker.mcp.serve import PROGRESS_S
 from boxmaker.mcp.tools import ANNOTATIONS
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
 
 Clock = trio.testing.MockClock
-
-
-def mcp_serve(home: Home) -> McpServe:
-    return McpServe(BrokerPort(home.broker_sock, reply_timeout=10.0))
 
 
 def decision_of(home: Home, tool: str) -> dict[str, object]:
@@ -49,7 +44,7 @@ async def test_the_tools_are_brokerds_catalogue_and_the_permission_prompt(
     home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     await brokerd.start()
-    async with connected(mcp_serve(home)) as client:
+    async with connected(serve_on(home)) as client:
         listed = (await client.list_tools()).tools
     catalogue = [entry["function"] for entry in catalogue_tools()]
     assert [tool.name for tool in listed] == [
@@ -81,7 +76,7 @@ async def test_an_auto_read_is_the_files_text_in_the_serves_own_session(
     write_grants(home, grant("notes", "read_file", "auto"))
     (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
     await brokerd.start()
-    first, second = mcp_serve(home), mcp_serve(home)
+    first, second = serve_on(home), serve_on(home)
     assert first.session != second.session
     async with connected(first) as one, connected(second) as two:
         read = await one.call_tool("read_file", {"path": "notes.txt"})
@@ -95,7 +90,7 @@ async def test_a_denial_is_an_error_result_with_the_reason_code_and_detail(
     home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     await brokerd.start()
-    async with connected(mcp_serve(home)) as client:
+    async with connected(serve_on(home)) as client:
         denied = await client.call_tool("shell", {"command": "ls"})
         unknown = await client.call_tool("rm_rf", {})
     assert (denied.is_error, text_of(denied)) == (
@@ -118,7 +113,7 @@ async def test_an_ask_waits_with_progress_until_the_owner_approves(
     async def heard(done: float, total: float | None, message: str | None) -> None:
         progress.append((done, total, message))
 
-    async with connected(mcp_serve(home)) as client, trio.open_nursery() as nursery:
+    async with connected(serve_on(home)) as client, trio.open_nursery() as nursery:
         results: list[types.CallToolResult] = []
 
         async def ask() -> None:
@@ -147,7 +142,7 @@ async def test_a_refusal_and_an_expiry_reach_the_client_with_their_reasons(
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     await brokerd.start()
-    async with connected(mcp_serve(home)) as client, trio.open_nursery() as nursery:
+    async with connected(serve_on(home)) as client, trio.open_nursery() as nursery:
         results: dict[str, types.CallToolResult] = {}
 
         async def ask(path: str) -> None:
@@ -169,7 +164,7 @@ async def test_a_call_the_client_cancels_is_withdrawn_at_brokerd(
 ) -> None:
     write_grants(home, grant("notes", "read_file", "ask"))
     broker = await brokerd.start()
-    async with connected(mcp_serve(home)) as client:
+    async with connected(serve_on(home)) as client:
         with trio.move_on_after(3) as waited:
             await client.call_tool("read_file", {"path": "notes.txt"})
         assert waited.cancelled_caught
@@ -193,7 +188,7 @@ async def test_a_client_that_hangs_up_withdraws_its_waiting_call(
     """The client's end of the wire closes (EOF at the server) while a call waits."""
     write_grants(home, grant("notes", "read_file", "ask"))
     await brokerd.start()
-    server = mcp_serve(home).server()
+    server = serve_on(home).server()
     async with (
         create_client_server_memory_streams() as (client_streams, server_streams),
         trio.open_nursery() as nursery,
@@ -220,7 +215,7 @@ async def test_a_client_that_hangs_up_withdraws_its_waiting_call(
 async def test_brokerd_down_is_an_error_that_says_to_start_it(
     home: Home, autojump_clock: Clock
 ) -> None:
-    async with connected(mcp_serve(home)) as client:
+    async with connected(serve_on(home)) as client:
         read = await client.call_tool("read_file", {"path": "notes.txt"})
         with pytest.raises(
             MCPError, match=r"denied \(broker_unreachable\): brokerd is not running"
@@ -235,7 +230,7 @@ async def test_a_malformed_permission_prompt_is_denied_without_asking_brokerd(
     home: Home, brokerd: Brokerd, autojump_clock: Clock
 ) -> None:
     await brokerd.start()
-    async with connected(mcp_serve(home)) as client:
+    async with connected(serve_on(home)) as client:
         result = await client.call_tool(
             "permission_prompt", {"tool_name": "mcp.git.x", "input": {}}
         )
