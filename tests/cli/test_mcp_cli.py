@@ -14,9 +14,11 @@ from boxmaker.home.paths import Home
 def test_without_the_sdk_the_serve_says_how_to_install_it(
     home: Home, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "mcp", None)  # import mcp: ModuleNotFoundError
-    for name in [m for m in sys.modules if m.startswith("boxmaker.mcp.")]:
+    # As if the SDK were not installed, whatever this process imported before: `mcp`
+    # cannot be imported, and nothing imported from it is left to be found.
+    for name in [m for m in sys.modules if m.startswith(("mcp.", "boxmaker.mcp."))]:
         monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mcp", None)
     code = app(["mcp", "serve", "--home", str(home.root)], result_action="return_value")
     assert code == 1
     assert capsys.readouterr().err == (
