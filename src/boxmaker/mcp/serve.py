@@ -21,8 +21,10 @@ catalogue (:mod:`boxmaker.mcp.tools`) and the ``permission_prompt`` tool
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
+from collections.abc import Mapping
 from typing import Any, Final
 
 import mcp_types as types
@@ -38,7 +40,14 @@ from boxmaker.formats.convert import new_call_id, new_session_id
 from boxmaker.loop.broker_port import BrokerPort, OnPending, PortAnswer
 from boxmaker.mcp import permission
 from boxmaker.mcp.stdio import stdio_wire
-from boxmaker.mcp.tools import CatalogueProblem, error_text, mcp_tool, text_result, tool_result
+from boxmaker.mcp.tools import (
+    CatalogueProblem,
+    Offered,
+    error_text,
+    offered_tools,
+    text_result,
+    tool_result,
+)
 from boxmaker.runtime.ndjson import MAX_FRAME
 from boxmaker.wire import encode_frame
 
@@ -73,6 +82,8 @@ class McpServe:
         self.session = session or new_session_id()
         self.limiter = trio.CapacityLimiter(max_calls)
         self.progress_s = progress_s
+        self.broker_names: Mapping[str, str] | None = None
+        """The client's name -> brokerd's, as last offered (None: not listed yet)."""
 
     def server(self) -> Server[Any]:
         """The SDK's low-level server with this connection's handlers."""
@@ -87,21 +98,40 @@ class McpServe:
     async def list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        catalogue = await self.port.catalogue()
-        if isinstance(catalogue, PortAnswer):
-            # No tools to offer: the client shows the error, with what to do.
-            raise MCPError(code=types.INTERNAL_ERROR, message=error_text(catalogue))
-        try:
-            tools = [mcp_tool(entry) for entry in catalogue]
-        except CatalogueProblem as problem:
-            message = f"brokerd's catalogue cannot be offered ({problem}); see {RUNBOOK_SERVE}"
-            raise MCPError(code=types.INTERNAL_ERROR, message=message) from None
+        offered = await self._offered()
         prompt = types.Tool(
             name=permission.PERMISSION_TOOL,
             description=permission.DESCRIPTION,
             input_schema=dict(permission.INPUT_SCHEMA),
         )
-        return types.ListToolsResult(tools=[*tools, prompt])
+        return types.ListToolsResult(tools=[*offered.tools, prompt])
+
+    async def _offered(self) -> Offered:
+        """brokerd's catalogue as offered now; the names it maps are kept for the calls."""
+        catalogue = await self.port.catalogue()
+        if isinstance(catalogue, PortAnswer):
+            # No tools to offer: the client shows the error, with what to do.
+            raise MCPError(code=types.INTERNAL_ERROR, message=error_text(catalogue))
+        try:
+            offered = offered_tools(catalogue)
+        except CatalogueProblem as problem:
+            message = f"brokerd's catalogue cannot be offered ({problem}); see {RUNBOOK_SERVE}"
+            raise MCPError(code=types.INTERNAL_ERROR, message=message) from None
+        for why in offered.left_out:
+            log.warning("not offered: %s; see %s", why, RUNBOOK_SERVE)
+        self.broker_names = offered.broker_names
+        return offered
+
+    async def broker_name(self, name: str) -> str:
+        """brokerd's name for the tool the client calls ``name``. A client may call
+        without listing first (its list kept from another time): the catalogue is then
+        asked once. A name the catalogue does not offer goes to brokerd as it is, and
+        brokerd decides it (``unknown_tool``)."""
+        # Only a name with "__" can stand for another (client_name keeps every other).
+        if self.broker_names is None and "__" in name:
+            with contextlib.suppress(MCPError):
+                await self._offered()
+        return (self.broker_names or {}).get(name, name)
 
     async def call_tool(
         self, ctx: Context, params: types.CallToolRequestParams
@@ -109,7 +139,8 @@ class McpServe:
         arguments = params.arguments or {}
         if params.name == permission.PERMISSION_TOOL:
             return await self._permission_prompt(ctx, arguments)
-        return tool_result(await self.ask_broker(ctx, params.name, arguments))
+        tool = await self.broker_name(params.name)
+        return tool_result(await self.ask_broker(ctx, tool, arguments))
 
     async def _permission_prompt(
         self, ctx: Context, arguments: dict[str, Any]

@@ -10,9 +10,11 @@ claimed, from :data:`ANNOTATIONS`; a tool this table does not know (a gateway's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+import attrs
 import mcp_types as types
 
 from boxmaker.core.vocabulary import AnswerOutcome
@@ -36,8 +38,70 @@ ANNOTATIONS: Final[Mapping[str, types.ToolAnnotations]] = {
 """The annotations of brokerd's built-in tools (docs/mcp.md, "What a client is told")."""
 
 
+CLIENT_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A tool name that Claude Code, Claude Desktop, Codex CLI and the model APIs behind them
+all take."""
+
+
 class CatalogueProblem(ValueError):
     """brokerd's catalogue holds an entry that is not an OpenAI-format function."""
+
+
+def client_name(broker_name: str) -> str:
+    """The name a client is offered for brokerd's tool ``broker_name``: dots become
+    ``__``, since the model APIs behind the common clients refuse a dot in a tool name
+    (and one such name withholds a client's whole tool list).
+
+    >>> client_name("mcp.git.git_status"), client_name("read_file")
+    ('mcp__git__git_status', 'read_file')
+    """
+    return broker_name.replace(".", "__")
+
+
+@attrs.frozen
+class Offered:
+    """The tools a client is offered, and how its names map back to brokerd's."""
+
+    tools: list[types.Tool]
+    broker_names: Mapping[str, str]
+    """The client's name of each offered tool -> brokerd's name for it."""
+    left_out: list[str]
+    """Each of brokerd's tools not offered, and why (for the serve's log)."""
+
+
+def offered_tools(catalogue: list[dict[str, Any]]) -> Offered:
+    """brokerd's catalogue as the client sees it. A tool whose client name would not be a
+    name every common client takes (:data:`CLIENT_NAME`), or would be another tool's, is
+    left out: offering it would break the client's whole list, or call the wrong tool.
+
+    >>> entry = lambda name: {"type": "function", "function": {"name": name}}
+    >>> offered = offered_tools([entry("mcp.a__b.c"), entry("mcp.a.b__c"), entry("a b")])
+    >>> [tool.name for tool in offered.tools], dict(offered.broker_names)
+    (['mcp__a__b__c'], {'mcp__a__b__c': 'mcp.a__b.c'})
+    >>> offered.left_out[0]
+    'mcp.a.b__c: its name for clients, mcp__a__b__c, already names mcp.a__b.c'
+    >>> offered.left_out[1]
+    'a b: its name for clients, a b, is not [A-Za-z0-9_-]{1,64}'
+    """
+    tools: list[types.Tool] = []
+    names: dict[str, str] = {}
+    left_out: list[str] = []
+    for entry in catalogue:
+        tool = mcp_tool(entry)
+        offered = client_name(tool.name)
+        if not CLIENT_NAME.fullmatch(offered):
+            left_out.append(
+                f"{tool.name}: its name for clients, {offered}, is not {CLIENT_NAME.pattern}"
+            )
+        elif offered in names:
+            left_out.append(
+                f"{tool.name}: its name for clients, {offered}, already names {names[offered]}"
+            )
+        else:
+            names[offered] = tool.name
+            title = None if offered == tool.name else tool.name
+            tools.append(tool.model_copy(update={"name": offered, "title": title}))
+    return Offered(tools, names, left_out)
 
 
 def mcp_tool(entry: Mapping[str, Any]) -> types.Tool:
