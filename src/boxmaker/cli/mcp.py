@@ -8,9 +8,6 @@ when the command runs, so bxctl works without it).
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from typing import Final
 
 from cyclopts import App
@@ -50,19 +47,7 @@ async def serve(*, common: Common = DEFAULT) -> Exit:
         return fail(f"{exc}; see docs/runbook.md#config")
     setup_logging("mcp")
     port = BrokerPort(home.broker_sock, reply_timeout=config.loop.reply_timeout)
-    with _wire_stdio():
-        await serve_stdio(port)
+    # The wire is fds 0 and 1 themselves (mcp/stdio.py), never sys.stdout: bxctl's
+    # printable filter there would garble it, and a stray print goes to stderr meanwhile.
+    await serve_stdio(port)
     return Exit.DONE
-
-
-@contextlib.contextmanager
-def _wire_stdio() -> Iterator[None]:
-    """stdin and stdout as the process got them: they carry the MCP wire, which bxctl's
-    printable filter on stdout would not let through (and the SDK claims their
-    descriptors from the real streams)."""
-    saved = sys.stdin, sys.stdout
-    sys.stdin, sys.stdout = sys.__stdin__, sys.__stdout__
-    try:
-        yield
-    finally:
-        sys.stdin, sys.stdout = saved

@@ -1,7 +1,7 @@
 """MCP's stdio wire for the serve, on trio's own pipes (docs/decisions.md, "bxctl mcp serve").
 
 The SDK's ``stdio_server`` reads and writes through worker threads (three thread hops a
-call: a third of what the serve adds to one); this transport reads stdin and writes
+call); this transport reads stdin and writes
 stdout as trio streams, and reads each line through the system's one frame reader, so a
 client's line has a cap (:data:`MAX_MESSAGE`): a longer one ends the connection, the
 serve never holds it. As the SDK does, it keeps the wire on private descriptors and
