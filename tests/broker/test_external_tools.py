@@ -396,3 +396,61 @@ async def test_without_a_gateway_an_mcp_tool_is_unknown(
         "unknown_tool",
         "unknown tool 'mcp.git.git_log'",
     )
+
+
+async def test_approve_always_writes_an_exact_grant_and_the_next_call_runs(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
+    write_grants(home, grant("git", "mcp.git.*", "ask"))
+    gateway = Gateway({"mcp.git.git_log": log_tool()})
+    await brokerd.start(gateway=_typed(gateway))
+    client = await Client.open(home.broker_sock)
+    await client.send(tool_request("mcp.git.git_log", {"repo_path": "/work/[r]*"}))
+    a = (await client.final())["approval"]
+    approved = await admin(
+        home, {"kind": "approve", "approval": a, "always": {"scope": "exact", "for_s": None}}
+    )
+    # Decided again with the grant just written: it allows the call.
+    assert (approved["outcome"], approved["ran"]["outcome"]) == ("allowed", "ok")
+    await client.aclose()
+    text = home.grants_toml.read_text()
+    assert 'tool = "mcp.git.git_log"' in text
+    assert "other_arguments = false" in text
+    # The same call runs without asking; one argument more asks again.
+    # A fresh session: the first call's untrusted result made this one untrusted, and
+    # the written grant asks there (if_untrusted = "ask").
+    fresh = "s-0000000000b2"
+    [again] = await call(
+        home, tool_request("mcp.git.git_log", {"repo_path": "/work/[r]*"}, session=fresh)
+    )
+    assert again["outcome"] == "ok"
+    more = await Client.open(home.broker_sock)
+    more_arguments = {"repo_path": "/work/[r]*", "max_count": 1}
+    await more.send(tool_request("mcp.git.git_log", more_arguments, session="s-0000000000b3"))
+    assert (await more.final())["kind"] == "pending"
+    await more.aclose()
+
+
+async def test_an_expired_mcp_ask_records_its_definition(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock
+) -> None:
+    write_grants(home, grant("git", "mcp.git.*", "ask"))
+    await brokerd.start(gateway=_typed(Gateway({"mcp.git.git_log": log_tool()})))
+    frame = tool_request("mcp.git.git_log", ARGS)
+    client = await Client.open(home.broker_sock)
+    await client.send(frame)
+    a = (await client.final())["approval"]
+    answer = await client.final()
+    assert (answer["outcome"], answer["reason"]) == ("denied", "expired")
+    await client.aclose()
+    assert body(records_of(home, frame["call"])[-1]) == {
+        "kind": "approval",
+        "call": frame["call"],
+        "approval": a,
+        "outcome": "expired",
+        "reason": "expired",
+        "by": "expiry",
+        "taint": "public",
+        "untrusted": False,
+        "definition": LOG_V1,
+    }
