@@ -108,11 +108,10 @@ def test_arguments_parse_in_file_order() -> None:
     [
         ('arguments = ["x"]', "expected a table of arrays, got an array"),
         ("arguments = {}", "an empty table (leave the key out instead)"),
-        ('arguments = { "" = ["x"] }', "an empty argument name"),
         ('arguments = { a = "x" }', "'a': expected an array of strings, got a string"),
         (
             "arguments = { a = [] }",
-            "'a': an empty array matches nothing (leave the key out instead)",
+            "'a': an empty array matches nothing (leave the name out instead)",
         ),
         ("arguments = { a = [1] }", "'a': expected an array of strings, got an integer in it"),
         ('arguments = { a = ["x\\u0000"] }', "'a': NUL byte in a pattern"),
@@ -459,6 +458,31 @@ def test_always_writes_the_exact_tool_and_escaped_arguments() -> None:
     assert not grant.covers(checked("mcp.git.git_log", arguments | {"force": True}), NOW)
     assert not grant.covers(checked("mcp.git.git_log", {"repo_path": "/work/[a]*?", "n": 3}), NOW)
     assert not grant.matches("mcp.git.git_push", checked("mcp.git.git_push", arguments), NOW)
+
+
+def test_always_names_empty_names_and_values_exactly() -> None:
+    arguments = {"": "", "x": ""}
+    fields = always("mcp.git.git_log", arguments, Grant("g", "mcp.git.*", Mode.ASK))
+    assert fields["arguments"] == {"": [""], "x": [""]}
+    grant = grant_of(fields)
+    assert grant.covers(checked("mcp.git.git_log", arguments), NOW)
+    assert not grant.covers(checked("mcp.git.git_log", {"": "", "x": " "}), NOW)
+
+
+def test_always_refuses_a_nul_it_cannot_write() -> None:
+    found = always("mcp.git.git_log", {"a": "x\x00y"}, Grant("g", "mcp.git.*", Mode.ASK))
+    assert found == ScopeProblem(
+        "an argument holds a NUL byte, which a grant cannot name; approve it once"
+    )
+    # Inside a list or object the NUL is canonical JSON's escape: written as text.
+    nested = always("mcp.git.git_log", {"a": ["\x00"]}, Grant("g", "mcp.git.*", Mode.ASK))
+    assert nested["arguments"] == {"a": ['[[]"\\u0000"]']}
+    assert grant_of(nested).covers(checked("mcp.git.git_log", {"a": ["\x00"]}), NOW)
+
+
+def test_an_empty_name_or_pattern_parses() -> None:
+    [grant] = grants(table("g", "mcp.*", "auto", 'arguments = { "" = [""] }')).grants
+    assert grant.arguments == (("", ("",)),)
 
 
 def test_always_for_a_call_without_arguments_allows_none() -> None:

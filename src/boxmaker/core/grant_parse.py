@@ -261,16 +261,24 @@ def _arguments(gid: str | None, value: object) -> tuple[tuple[str, tuple[str, ..
     if not value:
         raise _Invalid(gid, "arguments", "an empty table (leave the key out instead)")
     pairs = []
+    # Any JSON key is an argument's name, and an empty pattern matches the empty string:
+    # approve --always writes a call's names and values as they are.
     for name, patterns in value.items():
-        if not name:
-            raise _Invalid(gid, "arguments", "an empty argument name")
-        try:
-            found = _strings(gid, "arguments", patterns)
-        except _Invalid as invalid:
-            raise _Invalid(gid, "arguments", f"{_show(name)}: {invalid.message}") from None
-        if any("\x00" in pattern for pattern in found):
-            raise _Invalid(gid, "arguments", f"{_show(name)}: NUL byte in a pattern")
-        pairs.append((name, tuple(found)))
+        if not isinstance(patterns, list):
+            message = f"{_show(name)}: expected an array of strings, got {_type_name(patterns)}"
+            raise _Invalid(gid, "arguments", message)
+        if not patterns:
+            message = f"{_show(name)}: an empty array matches nothing (leave the name out instead)"
+            raise _Invalid(gid, "arguments", message)
+        for pattern in patterns:
+            if not isinstance(pattern, str):
+                message = (
+                    f"{_show(name)}: expected an array of strings, got {_type_name(pattern)} in it"
+                )
+                raise _Invalid(gid, "arguments", message)
+            if "\x00" in pattern:
+                raise _Invalid(gid, "arguments", f"{_show(name)}: NUL byte in a pattern")
+        pairs.append((name, tuple(patterns)))
     return tuple(pairs)
 
 

@@ -114,6 +114,10 @@ def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, Any] | Sco
             name: [escape_command(given if isinstance(given, str) else canonical_json(given))]
             for name, given in value.arguments.items()
         }
+        if any("\x00" in pattern[0] for pattern in exact.values()):
+            return ScopeProblem(
+                "an argument holds a NUL byte, which a grant cannot name; approve it once"
+            )
         patterns: dict[str, Any] = {"arguments": exact} if exact else {}
         return {**patterns, "other_arguments": False}
     if tool in FILE_TOOLS:
