@@ -310,6 +310,16 @@ def test_external_lookups_are_cached_per_name_and_bounded() -> None:
     for n in range(1100):
         assert [g.id for g in grant_set.in_precedence(f"claude.T{n}")] == ["claude"]
     assert [g.id for g in grant_set.in_precedence("mcp.git.git_log")] == [g.id for g in first]
+    # The bound, exactly: 1,024 names kept, and the next one starts it over.
+    fresh = grants(PRECEDENCE_TEXT)
+    cache = fresh._external  # the bound is the point of this test
+    for n in range(1024):
+        fresh.in_precedence(f"claude.T{n}")
+    assert len(cache) == 1024
+    fresh.in_precedence("claude.T0")
+    assert len(cache) == 1024
+    fresh.in_precedence("claude.Other")
+    assert list(cache) == ["claude.Other"]
 
 
 def evaluate_now(tool: str, arguments: dict[str, Any], text: str, **kwargs: Any) -> Any:
