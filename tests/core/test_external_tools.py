@@ -209,6 +209,12 @@ def test_every_part_of_the_definition_changes_the_hash() -> None:
     assert len(hashes) == 1 + 2 * len(base)
 
 
+def test_a_lone_surrogate_in_a_definition_is_hashed_not_refused() -> None:
+    # A server's JSON may escape half a surrogate pair; Python's json reads it as is.
+    text = '{"name":"\ud800"}'.encode("utf-8", "surrogatepass")
+    assert definition_hash({"name": "\ud800"}) == hashlib.sha256(text).hexdigest()
+
+
 def test_canonical_json_is_sorted_compact_and_not_escaped() -> None:
     assert canonical_json({"b": "é", "a": [1.5, True]}) == '{"a":[1.5,true],"b":"é"}'
     with pytest.raises(ValueError, match="Out of range float"):
@@ -232,6 +238,13 @@ def test_nesting_up_to_the_cap_and_one_more() -> None:
     assert json_problem(nested(MAX_NESTING + 1)) == "arguments nest deeper than 32 levels"
     assert json_problem({"a": [[[]]]}) is None
     assert json_problem({"a": [1, "x", None, True, 1.5]}) is None
+
+
+def test_a_scalar_before_a_deep_value_does_not_end_the_walk() -> None:
+    # The walk takes the last value first: here the scalar, then the deep one.
+    assert json_problem({"a": nested(MAX_NESTING), "b": 1}) == (
+        "arguments nest deeper than 32 levels"
+    )
 
 
 def test_lists_count_as_levels_too() -> None:
@@ -286,6 +299,27 @@ def test_a_schema_problem_names_where() -> None:
     assert log.schema_problem({}) == "arguments: 'repo_path' is a required property"
     assert log.schema_problem({"repo_path": "/r", "x": 1}) == (
         "arguments: Additional properties are not allowed ('x' was unexpected)"
+    )
+
+
+def test_long_messages_are_cut() -> None:
+    prefix = "the tool's input schema is invalid: "
+    long_schema = tool(schema={"type": "x" * 400}).schema_problem({})
+    assert long_schema is not None
+    assert long_schema.startswith(prefix + "'xxx")
+    assert len(long_schema) == len(prefix) + 200
+    long_value = tool().schema_problem({"repo_path": "/r", "max_count": "y" * 400})
+    assert long_value is not None
+    assert long_value.startswith("arguments['max_count']: 'yyy")
+    assert len(long_value) == len("arguments['max_count']: ") + 300
+
+
+def test_a_schema_too_deep_to_check_says_so() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(5000):
+        schema = {"type": "object", "properties": {"a": schema}}
+    assert tool(schema=schema).schema_problem({}) == (
+        "the tool's input schema is invalid: RecursionError"
     )
 
 
@@ -443,7 +477,9 @@ def test_a_claude_tool_takes_any_object_without_a_catalogue() -> None:
     assert isinstance(checked, CheckedArguments)
     assert checked.external == claude_tool("claude.Bash")
     assert checked.external is not None
+    assert checked.external == ExternalTool("claude.Bash", "", {}, FRESH)
     assert (checked.external.label, checked.external.input_schema) == (FRESH, {})
+    assert checked.external.description == ""
     assert checked.definition is None
     assert check_arguments("claude.Bash", ["ls"]) == ArgumentProblem(
         Reason.BAD_ARGUMENTS, "arguments must be a JSON object"

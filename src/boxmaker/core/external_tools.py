@@ -89,9 +89,10 @@ def _compile_schema(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator
     try:
         if not isinstance(schema, Mapping):
             return "it is not a JSON object"
-        cls = jsonschema.validators.validator_for(
-            schema, default=jsonschema.validators.Draft202012Validator
-        )
+        # Without the default, validator_for takes the latest draft, 2020-12 too: its
+        # mutant is equivalent.
+        default = jsonschema.validators.Draft202012Validator
+        cls = jsonschema.validators.validator_for(schema, default=default)  # pragma: no mutate
         raw = dict(schema)
         cls.check_schema(raw)
         return cls(raw, registry=_no_remote_registry())
@@ -181,7 +182,7 @@ def assumed_catalogue(name: str) -> ExternalCatalogue:
     predictions (``grants test``, what-if, approve-always's confirmation) only: brokerd
     decides on the gateway's own catalogue. Empty for any other name.
 
-    >>> list(assumed_catalogue("mcp.git.log")), assumed_catalogue("mcp.git")
+    >>> list(assumed_catalogue("mcp.git.log")), dict(assumed_catalogue("mcp.git"))
     (['mcp.git.log'], {})
     """
     if not is_mcp_name(name):
@@ -195,8 +196,13 @@ def canonical_json(value: object) -> str:
     >>> canonical_json({"b": [1, "é"], "a": None})
     '{"a":null,"b":[1,"é"]}'
     """
+    # False and None mean alike to json.dumps: mutants of the two flags are equivalent.
     return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        value,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,  # pragma: no mutate
+        allow_nan=False,  # pragma: no mutate
     )
 
 
@@ -211,7 +217,8 @@ def definition_hash(tool: Mapping[str, Any]) -> str:
     False
     """
     definition = {key: tool[key] for key in DEFINITION_KEYS if key in tool}
-    return hashlib.sha256(canonical_json(definition).encode("utf-8", "surrogatepass")).hexdigest()
+    codec = "utf-8"  # pragma: no mutate - "UTF-8" is the same codec
+    return hashlib.sha256(canonical_json(definition).encode(codec, "surrogatepass")).hexdigest()
 
 
 def is_external(name: str) -> bool:
@@ -348,7 +355,8 @@ def not_pinned_detail(name: str, state: ToolState) -> str:
     >>> print(not_pinned_detail("mcp.git.git_log", ToolState.CHANGED)[:60])
     mcp.git.git_log: its definition changed since it was pinned:
     """
-    server, _, tool = name[len(MCP_PREFIX) :].partition(".")
+    # A valid name holds no other dot: partition and rpartition agree.
+    server, _, tool = name[len(MCP_PREFIX) :].partition(".")  # pragma: no mutate
     advice = f"run `bxctl mcp pin {server} {tool}`; see {RUNBOOK_MCP_PIN}"
     if state is ToolState.CHANGED:
         return f"{name}: its definition changed since it was pinned: {advice}"
