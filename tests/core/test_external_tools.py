@@ -411,6 +411,12 @@ def test_a_long_subject_is_cut() -> None:
         ("claude.*", None, Reason.UNKNOWN_TOOL, "unknown tool 'claude.*'"),
         ("mcp.git.*", None, Reason.UNKNOWN_TOOL, "unknown tool 'mcp.git.*'"),
         ("mcp." + "x" * 200, None, Reason.UNKNOWN_TOOL, f"unknown tool {('mcp.' + 'x' * 96)!r}"),
+        (
+            "claude." + "B" * 200,
+            None,
+            Reason.UNKNOWN_TOOL,
+            f"unknown tool {('claude.' + 'B' * 93)!r}",
+        ),
     ],
 )
 def test_unknown_external_tools(
@@ -521,7 +527,9 @@ def test_the_catalogue_frame_lists_accepted_mcp_tools_by_name() -> None:
         "function": {"name": "mcp.a.b", "description": "Show the log.", "parameters": SCHEMA},
     }
     listed[0]["function"]["parameters"]["type"] = "changed"
+    listed[0]["function"]["parameters"]["properties"]["repo_path"]["type"] = "changed"
     assert SCHEMA["type"] == "object"
+    assert SCHEMA["properties"]["repo_path"] == {"type": "string"}
 
 
 def test_bxctl_assumes_one_accepted_tool_without_a_schema() -> None:

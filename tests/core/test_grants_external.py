@@ -50,6 +50,7 @@ def grants(text: str) -> GrantSet:
 def problem(text: str) -> tuple[str | None, str]:
     parsed = parse_grants(text)
     assert isinstance(parsed, GrantsProblem), parsed
+    assert parsed.grant_id == "g"  # every table here has id "g": the problem names it
     return parsed.key, parsed.full_message()
 
 
@@ -584,4 +585,6 @@ def test_argument_patterns_in_shadowing() -> None:
     assert not shadows(exact, narrower, NOW)  # narrower may carry q too
     closed = Grant("f", "mcp.git.x", Mode.AUTO, other_arguments=False, arguments=(("p", ("/a",)),))
     assert shadows(exact, closed, NOW)
+    two = attrs.evolve(closed, arguments=(("p", ("/a",)), ("q", ("1",))))
+    assert not shadows(exact, two, NOW)  # two allows q, which exact does not
     assert not shadows(exact, attrs.evolve(closed, other_arguments=True), NOW)

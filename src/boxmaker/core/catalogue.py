@@ -381,10 +381,10 @@ def _check_external(
         # must not let one name run another tool.
         if found is None or found.name != tool:
             return ArgumentProblem(Reason.UNKNOWN_TOOL, f"unknown tool {tool[:100]!r}")
-        if found.state is ToolState.NOT_PINNED:
-            return ArgumentProblem(Reason.TOOL_NOT_PINNED, not_pinned_detail(tool, found.state))
-        if found.state is ToolState.CHANGED:
-            return ArgumentProblem(Reason.TOOL_CHANGED, not_pinned_detail(tool, found.state))
+        if found.state is not ToolState.ACCEPTED:
+            changed = found.state is ToolState.CHANGED
+            reason = Reason.TOOL_CHANGED if changed else Reason.TOOL_NOT_PINNED
+            return ArgumentProblem(reason, not_pinned_detail(tool, found.state))
     elif is_claude_name(tool):
         found = claude_tool(tool)
     else:
