@@ -32,8 +32,14 @@ PENDING_S: Final = 6
 """brokerd's pending timeout here: long enough for a `bxctl approve` process to answer
 on a loaded machine, short enough for the expiry test."""
 WAIT_S: Final = 30.0
-GRANTS: Final = grant("notes", "read_file", "auto", paths=["notes.txt"]) + grant(
-    "asked", "read_file", "ask", paths=["asked/**"]
+GRANTS: Final = "".join(
+    [
+        grant("notes", "read_file", "auto", paths=["notes.txt"]),
+        grant("asked", "read_file", "ask", paths=["asked/**"]),
+        # Claude Code's own tools, decided through permission_prompt.
+        grant("claude-reads", "claude.Read", "auto"),
+        grant("claude-edits", "claude.Edit", "ask"),
+    ]
 )
 
 
@@ -205,3 +211,45 @@ async def test_a_client_that_goes_away_withdraws_its_waiting_call(stack: Home) -
     assert not await trio.to_thread.run_sync(
         lambda: orjson.loads(bxctl(stack, "approvals", "--json").stdout)
     )
+
+
+async def test_the_permission_prompt_decides_claude_code_shaped_requests(stack: Home) -> None:
+    """Claude Code's --permission-prompt-tool, as it calls it: {tool_name, input,
+    tool_use_id}. brokerd decides claude.<tool_name>: a grant's auto allows, no grant
+    denies, an ask waits for the owner."""
+    read = {"tool_name": "Read", "input": {"file_path": "/w/notes.txt"}, "tool_use_id": "toolu_1"}
+    bash = {"tool_name": "Bash", "input": {"command": "rm -rf /"}, "tool_use_id": "toolu_2"}
+    edit = {
+        "tool_name": "Edit",
+        "input": {"file_path": "a.py", "old_string": "x", "new_string": "y"},
+    }
+    with trio.fail_after(WAIT_S):
+        async with served(stack) as client, trio.open_nursery() as nursery:
+            allowed = await client.call_tool("permission_prompt", read)
+            denied = await client.call_tool("permission_prompt", bash)
+            asked: list[types.CallToolResult] = []
+
+            async def ask() -> None:
+                asked.append(await client.call_tool("permission_prompt", edit))
+
+            nursery.start_soon(ask)
+            entry = await waiting(stack, lambda entry: entry["tool"] == "claude.Edit")
+            await owner(stack, "approve", entry["approval"])
+    assert not allowed.is_error
+    assert orjson.loads(text_of(allowed)) == {
+        "behavior": "allow",
+        "updatedInput": {"file_path": "/w/notes.txt"},
+    }
+    assert orjson.loads(text_of(denied)) == {
+        "behavior": "deny",
+        "message": 'denied (no_grant): no grant allows claude.Bash on {"command":"rm -rf /"}',
+    }
+    [approved] = asked
+    assert orjson.loads(text_of(approved)) == {"behavior": "allow", "updatedInput": edit["input"]}
+    assert entry["arguments"] == edit["input"]
+    decisions = [r for r in records(stack) if str(r.get("tool", "")).startswith("claude.")]
+    assert [(d["tool"], d["verdict"], d["arguments"]) for d in decisions] == [
+        ("claude.Read", "run", read["input"]),
+        ("claude.Bash", "deny", bash["input"]),
+        ("claude.Edit", "ask", edit["input"]),
+    ]
