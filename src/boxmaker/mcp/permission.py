@@ -15,17 +15,15 @@ error: a client that cannot read the answer must not take it for an allow.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 import orjson
 
+from boxmaker.core.external_tools import CLAUDE_PREFIX, is_claude_name
+
 PERMISSION_TOOL: Final = "permission_prompt"
-CLIENT_TOOL_PREFIX: Final = "claude."
-CLIENT_TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""A client tool's own name, as brokerd accepts it after ``claude.``."""
 BAD_PROMPT: Final = "bad_arguments"
 
 INPUT_SCHEMA: Final[Mapping[str, Any]] = {
@@ -54,7 +52,7 @@ class PermissionRequest:
 
     @property
     def broker_tool(self) -> str:
-        return CLIENT_TOOL_PREFIX + self.tool_name
+        return CLAUDE_PREFIX + self.tool_name
 
 
 def parse_prompt(arguments: Mapping[str, Any]) -> PermissionRequest | str:
@@ -66,7 +64,7 @@ def parse_prompt(arguments: Mapping[str, Any]) -> PermissionRequest | str:
     "bad_arguments: tool_name must be 1 to 64 of A-Z a-z 0-9 _ -, not 'a.b'"
     """
     tool_name, tool_input = arguments.get("tool_name"), arguments.get("input")
-    if not isinstance(tool_name, str) or not CLIENT_TOOL_NAME.fullmatch(tool_name):
+    if not isinstance(tool_name, str) or not is_claude_name(CLAUDE_PREFIX + tool_name):
         return f"{BAD_PROMPT}: tool_name must be 1 to 64 of A-Z a-z 0-9 _ -, not {tool_name!r:.80}"
     if not isinstance(tool_input, dict):
         return f"{BAD_PROMPT}: input must be a JSON object"
