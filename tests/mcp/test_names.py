@@ -9,9 +9,11 @@ from typing import Any
 
 import attrs
 import mcp_types as types
+import pytest
 import trio
 import trio.testing
 from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
 from tests.harness.mcp_client import connected, text_of
 
 from boxmaker.core.catalogue import catalogue_tools
@@ -110,3 +112,16 @@ async def test_a_name_two_tools_would_share_offers_only_the_first(autojump_clock
         await client.call_tool("mcp__a__b__c", {})
     assert names == ["mcp__a__b__c", "permission_prompt"]
     assert [r.tool for r in broker.requests] == ["mcp.a__b.c"]
+
+
+async def test_a_catalogue_entry_that_is_no_function_is_an_error_naming_the_runbook(
+    autojump_clock: Clock,
+) -> None:
+    broker = RecordingBroker([{"type": "other", "function": {"name": "x"}}])
+    async with connected(serve_with(broker)) as client:
+        with pytest.raises(MCPError) as raised:
+            await client.list_tools()
+    assert str(raised.value) == (
+        "brokerd's catalogue cannot be offered (not a function: {'type': 'other', "
+        "'function': {'name': 'x'}}); see docs/runbook.md#mcp-serve"
+    )
