@@ -20,6 +20,7 @@ from boxmaker.core.vocabulary import APPROVE_OUTCOMES, ApprovalOutcome
 from boxmaker.formats import convert
 from boxmaker.formats.convert import APPROVAL_ID, CALL_ID, SESSION_ID, converter
 from boxmaker.wire import (
+    MAX_CLIENT,
     Answer,
     ApprovalsAnswer,
     ApprovalsRequest,
@@ -29,6 +30,7 @@ from boxmaker.wire import (
     BadFrame,
     CatalogueAnswer,
     CatalogueRequest,
+    ClientAnswer,
     ErrorCode,
     ErrorFrame,
     ForbiddenKind,
@@ -484,3 +486,63 @@ def test_new_ids_match_their_patterns() -> None:
     assert SESSION_ID.fullmatch(convert.new_session_id())
     assert APPROVAL_ID.fullmatch(convert.new_approval_id())
     assert convert.new_call_id() != convert.new_call_id()
+
+
+# ---------------------------------------------------------------------------------------
+# the MCP client's answer, and who may answer a pending call
+
+
+def test_pending_names_its_approvers_only_where_the_client_may_answer() -> None:
+    moment = dt.datetime(2026, 3, 4, tzinfo=dt.UTC)
+    owner_only = Pending(call=CALL, approval=APPROVAL, grant="g", expires_at=moment)
+    assert b"approvers" not in encode_frame(owner_only)
+    assert decode_broker_answer(encode_frame(owner_only)) == owner_only
+    both = attrs.evolve(owner_only, approvers=("owner", "mcp-client"))
+    assert b'"approvers":["owner","mcp-client"]' in encode_frame(both)
+    assert decode_broker_answer(encode_frame(both)) == both
+    for wrong in ((), ("owner", "root")):
+        with pytest.raises(convert.InvalidField, match="approvers: expected some of owner"):
+            attrs.evolve(owner_only, approvers=wrong)
+
+
+def client_answer(**fields: Any) -> bytes:
+    base: dict[str, Any] = {
+        "kind": "client_answer",
+        "v": 1,
+        "approval": APPROVAL,
+        "approve": True,
+        "client": "Claude Code",
+    }
+    return orjson.dumps({**base, **fields})
+
+
+def test_a_client_answer_round_trips() -> None:
+    frame = decode_broker_request(client_answer())
+    assert frame == ClientAnswer(approval=APPROVAL, approve=True, client="Claude Code")
+    assert encode_frame(frame) == client_answer() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("fields", "detail"),
+    [
+        ({"client": ""}, "client: expected 1 to 64 printable characters"),
+        ({"client": "x" * 65}, "client: expected 1 to 64 printable characters"),
+        ({"client": "a\x1b[2Jb"}, "client: expected 1 to 64 printable characters"),
+        ({"client": "a\u202eb"}, "client: expected 1 to 64 printable characters"),
+        ({"client": "   "}, "client: expected 1 to 64 printable characters"),
+        ({"approval": "a-1"}, "approval: expected a- and 8 hex digits"),
+        ({"approve": "yes"}, "approve"),
+        ({"always": True}, "always"),
+    ],
+)
+def test_a_client_answer_is_checked(fields: dict[str, Any], detail: str) -> None:
+    with pytest.raises(BadFrame) as raised:
+        decode_broker_request(client_answer(**fields))
+    assert detail in raised.value.detail
+
+
+def test_a_client_name_of_64_printable_characters_passes() -> None:
+    name = "é" * MAX_CLIENT
+    frame = decode_broker_request(client_answer(client=name))
+    assert isinstance(frame, ClientAnswer)
+    assert frame.client == name

@@ -19,7 +19,9 @@ caps are full the machine is told so (it denies ``too_many_pending``).
 A waiting call waits in its own connection's task, in the handler's own frame (the
 loop returns at the wait, and :func:`~boxmaker.core.drive.resume` carries on), under a
 cancel scope whose deadline is the entry's, for its socket to become readable (then
-:meth:`Requester.left` looks) or for its ending to be delivered
+:meth:`Requester.sent` looks: the requester's end closed, or what it sent, which may be
+the MCP client's answer, :mod:`boxmaker.broker.client_answers`) or for its ending to be
+delivered
 (:mod:`boxmaker.broker.pending`): no timer, no wake-up a second.
 
 A running call belongs to its connection too: a tool that can run for long (a shell
@@ -36,15 +38,16 @@ answer is ``ok`` ``"allowed"``, its result recorded like any other.
 from __future__ import annotations
 
 import logging
-import socket
-from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar, assert_never
+from collections.abc import Awaitable
+from typing import Final, assert_never
 
 import trio
 
+from boxmaker.broker.client_answers import AfterRequest, heard
 from boxmaker.broker.decide_now import BrokerSources, decide_now
 from boxmaker.broker.mcp_port import McpGateway
-from boxmaker.broker.pending import ApproveCommand, RefuseCommand, report
+from boxmaker.broker.pending import ApproveCommand, ClientAnswered, RefuseCommand, report
+from boxmaker.broker.requester import Requester
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.runner import STOPPABLE_TOOLS
 from boxmaker.broker.state import Broker
@@ -76,6 +79,7 @@ from boxmaker.core.call_events import (
     Stopping,
 )
 from boxmaker.core.catalogue import ExternalArgs, catalogue_tools, external_catalogue_tools
+from boxmaker.core.client_answer import client_approver, client_refusal
 from boxmaker.core.decide import Ask, Ruling, Run, Verdict
 from boxmaker.core.drive import drive, resume
 from boxmaker.core.external_tools import CLAUDE_PREFIX
@@ -103,10 +107,9 @@ from boxmaker.wire import (
     BadFrame,
     CatalogueAnswer,
     CatalogueRequest,
+    ClientAnswer,
     ForbiddenKind,
-    Frame,
     decode_broker_request,
-    encode_frame,
 )
 
 __all__ = [
@@ -123,103 +126,8 @@ log = logging.getLogger("boxmaker.brokerd")
 
 FIRST_FRAME_S: Final = 5.0
 """The first frame within 5 s of the connection, else it closes."""
-SEND_S: Final = 10.0
-"""A requester that does not read its answer must not hold the call's task for ever."""
-DRAIN: Final = 65536
-"""Bytes a waiting call reads (and drops) per wake-up when its requester sends more
-after its request: they can mean nothing (one call per connection), and left unread
-they would keep the socket readable."""
-
-
 CLIENT_TOOL_ALLOWED: Final = "allowed"
 """A ``claude.*`` call's answer content when it may run: the client runs it itself."""
-
-T = TypeVar("T")
-
-
-class Requester:
-    """The loopd end of one call: its stream, and the looks.
-
-    The last look needs a non-blocking ``recv(MSG_PEEK | MSG_DONTWAIT)``, which trio's
-    sockets only offer as an awaitable that blocks; so each look wraps the connection's
-    descriptor in a plain socket object for that one peek and detaches it again (no
-    second descriptor is kept: a pending call holds one fd). A peek sees exactly what
-    the stream would read.
-    """
-
-    __slots__ = ("request_bytes", "stream")
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.request_bytes = 0
-        """The request frame's size: what its arguments cost while the call waits."""
-
-    @property
-    def socket(self) -> trio.socket.SocketType:
-        return self.stream.socket
-
-    def gone(self) -> bool:
-        """The last look: has the requester closed its end? Bytes it sent after its
-        request do not mean gone."""
-        return self._look(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-
-    def left(self) -> bool:
-        """A waiting call's look, once its socket became readable: has the requester
-        closed its end? Bytes sent after the request are read and dropped
-        (:data:`DRAIN`), so they neither mean gone nor keep the socket readable."""
-        return self._look(DRAIN, socket.MSG_DONTWAIT)
-
-    def _look(self, size: int, flags: int) -> bool:
-        fd = self.stream.socket.fileno()
-        if fd < 0:
-            return True
-        try:
-            peek = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
-        except OSError:
-            return True
-        try:
-            data = peek.recv(size, flags)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
-        finally:
-            peek.detach()
-        return data == b""
-
-    async def hang_up(self) -> None:
-        """Return once the requester has closed its end: its socket becomes readable,
-        and the look finds the end (bytes it sent meanwhile are dropped). No timer."""
-        while True:
-            await trio.lowlevel.wait_readable(self.stream.socket)
-            if self.left():
-                return
-
-    async def while_here(self, work: Callable[[], Awaitable[T]]) -> T | None:
-        """``work()``'s result, or None when the requester left first: ``work`` is then
-        cancelled (so whatever it started is stopped on its way out)."""
-        result: T | None = None
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                await self.hang_up()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            result = await work()
-            nursery.cancel_scope.cancel()
-        return result
-
-    async def send(self, frame: Frame) -> None:
-        # A bare CancelScope rather than trio.fail_after: cheaper, once a call.
-        with trio.CancelScope(deadline=trio.current_time() + SEND_S):
-            await self.stream.send_all(encode_frame(frame))
-            return
-        raise trio.TooSlowError
-
-    async def final(self, answer: Answer | ErrorFrame | CatalogueAnswer) -> None:
-        """The one final frame of the connection."""
-        await self.send(answer)
 
 
 async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) -> None:
@@ -252,11 +160,17 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
             entry = waiting.entry
             del waiting
             log.debug("call %s: waiting for the owner (approval %s)", entry.call, entry.approval)
+            after: AfterRequest | None = None
             while broker.pending.ending(entry.approval) is None:
                 with broker.pending.deadline(entry):
-                    # Requester.hang_up's loop, inline: one frame less a waiting call.
+                    # Requester.hang_up's loop, inline: one frame less a waiting call;
+                    # what it sends meanwhile may be the MCP client's answer.
                     await trio.lowlevel.wait_readable(stream.socket)
-                    while not requester.left():
+                    while (sent := requester.sent()) is not None:
+                        if sent:
+                            after = after or AfterRequest()
+                            asked = ports.call.decision
+                            await heard(broker, ports.request, asked, entry, after, sent)
                         await trio.lowlevel.wait_readable(stream.socket)
                     broker.pending.end(entry.approval, RequesterGone())
                 broker.pending.woke(entry, trio.current_time())
@@ -315,6 +229,10 @@ async def _read_first(
             return None
         case ToolRequest():
             return frame
+        case ClientAnswer():
+            detail = "client_answer is only read after a pending frame on the same connection"
+            await requester.final(ErrorFrame(code=ErrorCode.BAD_FRAME, detail=detail))
+            return None
         case _:
             assert_never(frame)
 
@@ -571,6 +489,11 @@ class _Ports:
                 self.reply_to = command.reply
                 log.info("call %s: refused by the owner", call)
                 return OwnerRefused(command.reason)
+            case ClientAnswered(approve=approve, client=client, verdict=verdict):
+                approver = client_approver(client)
+                if approve:
+                    return OwnerApproved(verdict, approver=approver)
+                return OwnerRefused(client_refusal(client), approver=approver)
             case Expired() | Stopping() | RequesterGone():
                 log.info("call %s: the wait ended: %s", call, type(command).__name__)
                 return command

@@ -29,6 +29,7 @@ import trio
 
 from boxmaker.core.approvals import ApprovalsTable, Missing, PendingEntry, Taken
 from boxmaker.core.call_events import AdminReply, Expired, RequesterGone, Stopping
+from boxmaker.core.decide import Verdict
 from boxmaker.core.owner_answer import EarlierEnd
 from boxmaker.formats.convert import new_approval_id
 
@@ -53,7 +54,20 @@ class RefuseCommand:
     reply: trio.MemorySendChannel[AdminReply]
 
 
-Command: TypeAlias = ApproveCommand | RefuseCommand | Expired | Stopping | RequesterGone
+@attrs.frozen
+class ClientAnswered:
+    """The MCP client's own prompt answered, where the asking grant lets it count
+    (:mod:`boxmaker.broker.client_answers`): ``approve`` or refuse, the client's name,
+    and the re-decision made just before the entry was taken (approve uses it)."""
+
+    approve: bool
+    client: str
+    verdict: Verdict
+
+
+Command: TypeAlias = (
+    ApproveCommand | RefuseCommand | ClientAnswered | Expired | Stopping | RequesterGone
+)
 """How a pending entry ends; exactly one is delivered to each."""
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 
 from boxmaker.core.decide import Ask
+from boxmaker.core.grants import OWNER
 from boxmaker.core.labels import Taint
 from boxmaker.core.vocabulary import GrantRef
 
@@ -76,6 +77,8 @@ class PendingEntry:
     deadline: float
     taint: Taint
     untrusted: bool
+    approvers: tuple[str, ...] = (OWNER,)
+    """The asking grant's ``approvers``: may an answer from the MCP client count."""
 
     @classmethod
     def create(
@@ -92,6 +95,7 @@ class PendingEntry:
         requested_at: dt.datetime,
         now: float,
         timeout: float,
+        approvers: tuple[str, ...] = (OWNER,),
     ) -> PendingEntry:
         """An entry that expires ``timeout`` seconds (config ``pending_timeout``) after
         ``now`` on the monotonic clock and after ``requested_at`` on the wall clock."""
@@ -107,6 +111,7 @@ class PendingEntry:
             deadline=now + timeout,
             taint=taint,
             untrusted=untrusted,
+            approvers=approvers,
         )
 
     @classmethod
@@ -136,6 +141,7 @@ class PendingEntry:
             requested_at=requested_at,
             now=now,
             timeout=timeout,
+            approvers=ask.grant.approvers,
         )
 
     def is_expired(self, now: float) -> bool:

@@ -235,10 +235,14 @@ class Call:
         entry = at.entry
         asked = Label(entry.taint, entry.untrusted)
         outcome, reason, by = _ENDINGS[type(event)]
+        approver = None
         if isinstance(event, OwnerRefused):
-            reason = event.reason
+            reason, approver = event.reason, event.approver
+            by = _answered_by(approver)
         definition = self.decision.definition if self.decision is not None else None
-        ending = Approval.of(entry, outcome, reason, by, asked, definition=definition)
+        ending = Approval.of(
+            entry, outcome, reason, by, asked, definition=definition, approver=approver
+        )
         return Ending(event), [AppendRecord(ending)]
 
     def _ending_recorded(self, at: Ending, event: Recorded) -> _Step:
@@ -268,19 +272,21 @@ class Call:
 
     def _owner_approved(self, at: Waiting, event: OwnerApproved) -> _Step:
         verdict = event.verdict
+        written, note, approver = event.grant_written, event.note, event.approver
         if isinstance(verdict, Deny):
             outcome = ApprovalOutcome.DENIED
-            return _approval(at.entry, verdict, outcome, event.grant_written, note=event.note)
-        looking = LookingBeforeApproval(at.entry, verdict, event.grant_written, event.note)
+            return _approval(at.entry, verdict, outcome, written, note=note, approver=approver)
+        looking = LookingBeforeApproval(at.entry, verdict, written, note, approver)
         return looking, [LastLook()]
 
     def _looked_before_approval(self, at: LookingBeforeApproval, event: Looked) -> _Step:
+        entry, verdict, written, approver = at.entry, at.verdict, at.grant_written, at.approver
         if event.gone:
             outcome = ApprovalOutcome.WITHDRAWN
             gone = Reason.REQUESTER_GONE
-            return _approval(at.entry, at.verdict, outcome, at.grant_written, gone, at.note)
-        outcome = approval_outcome(at.verdict)
-        return _approval(at.entry, at.verdict, outcome, at.grant_written, note=at.note)
+            return _approval(entry, verdict, outcome, written, gone, at.note, approver)
+        outcome = approval_outcome(verdict)
+        return _approval(entry, verdict, outcome, written, note=at.note, approver=approver)
 
     def _approval_recorded(self, at: Approving, event: Recorded) -> _Step:
         verdict, reply = at.verdict, at.reply
@@ -368,9 +374,11 @@ def _approval(
     grant_written: str | None,
     reason: Reason | None = None,
     note: str | None = None,
+    approver: str | None = None,
 ) -> _Step:
     """An approve's approval record, on the state its re-decision saw (UNKNOWN when it
-    could not be decided on one), and what the owner will hear of it."""
+    could not be decided on one), and what the owner will hear of it; ``approver``: the
+    MCP client whose answer it is (None: the owner's)."""
     decision = verdict.decision
     if outcome is ApprovalOutcome.DENIED:
         reason, detail = decision.reason, decision.detail
@@ -382,13 +390,20 @@ def _approval(
         entry,
         outcome,
         reason_text,
-        ApprovalBy.OWNER,
+        _answered_by(approver),
         state,
         grant_written,
         note,
         definition=decision.definition,
+        approver=approver,
     )
     return Approving(verdict, ApprovedReply(outcome, reason, detail)), [AppendRecord(body)]
+
+
+def _answered_by(approver: str | None) -> ApprovalBy:
+    """Who the approval record says answered: the owner, or the MCP client named by
+    ``approver`` (docs/threat-model.md: the client's answer is not the owner's)."""
+    return ApprovalBy.OWNER if approver is None else ApprovalBy.MCP_CLIENT
 
 
 def _tell_owner(told: ApprovedReply | None, answer: Answer) -> list[Effect]:

@@ -130,16 +130,23 @@ class Looked:
 class OwnerApproved:
     """The owner approved; ``verdict`` is the re-decision with the current grants and
     state; ``grant_written`` the grant an approve-always wrote first; ``note`` the
-    owner's, kept in the approval record."""
+    owner's, kept in the approval record. ``approver``: the MCP client whose answer
+    this is (``mcp-client:<name>``, :mod:`boxmaker.core.client_answer`), where the
+    asking grant lets it count; None for the owner's own."""
 
     verdict: Verdict
     grant_written: str | None = None
     note: str | None = None
+    approver: str | None = None
 
 
 @attrs.frozen
 class OwnerRefused:
+    """The owner refused (``reason``: the text the model is told); ``approver`` as for
+    :class:`OwnerApproved`."""
+
     reason: str
+    approver: str | None = None
 
 
 @attrs.frozen

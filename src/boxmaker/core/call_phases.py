@@ -75,6 +75,7 @@ class LookingBeforeApproval:
     verdict: Run | Ask
     grant_written: str | None
     note: str | None = None
+    approver: str | None = None
 
 
 @attrs.frozen

@@ -37,6 +37,7 @@ from typing import (
 
 import attrs
 
+from boxmaker.core.grants import APPROVERS, OWNER
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.formats.convert import APPROVAL_ID, CALL_ID, SESSION_ID, InvalidField
@@ -129,6 +130,10 @@ class ApprovalBy(enum.StrEnum):
     OWNER = "owner"
     EXPIRY = "expiry"
     BROKER = "broker"
+    MCP_CLIENT = "mcp-client"
+    """An answer from the MCP client's own prompt (elicitation), where the asking grant
+    lets it count (``approvers``): the client software's answer, not the owner's; the
+    record's ``approver`` names the client."""
 
 
 class AnswerOutcome(enum.StrEnum):
@@ -207,6 +212,11 @@ class GrantRef:
     note: str | None = None
 
 
+def _known_approvers(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not value or any(approver not in APPROVERS for approver in value):
+        raise InvalidField(attribute.name, f"expected some of {', '.join(APPROVERS)}")
+
+
 @attrs.frozen(kw_only=True)
 class Pending:
     """``pending``: the only non-final frame, sent for an ask."""
@@ -217,6 +227,9 @@ class Pending:
     approval: str = attrs.field(validator=valid_approval_id)
     grant: str
     expires_at: dt.datetime = attrs.field(converter=to_ms)
+    approvers: tuple[str, ...] = attrs.field(default=(OWNER,), validator=_known_approvers)
+    """Who may answer: the asking grant's ``approvers``; left out of the line when only
+    the owner may (so a reader that predates it reads the frame the same)."""
 
     @classmethod
     def of(cls, entry: PendingEntry) -> Pending:
@@ -226,6 +239,7 @@ class Pending:
             approval=entry.approval,
             grant=entry.grant.id,
             expires_at=entry.expires_at_wall,
+            approvers=entry.approvers,
         )
 
 
@@ -424,8 +438,10 @@ class Approval:
         grant_written: str | None = None,
         note: str | None = None,
         definition: str | None = None,
+        approver: str | None = None,
     ) -> Approval:
-        """How ``entry``'s ask ended, decided on ``state``."""
+        """How ``entry``'s ask ended, decided on ``state``; ``approver`` names the MCP
+        client whose answer ended it (then ``by`` is ``mcp-client``)."""
         return cls(
             call=entry.call,
             approval=entry.approval,
@@ -437,6 +453,7 @@ class Approval:
             grant_written=grant_written,
             note=note,
             definition=definition,
+            approver=approver,
         )
 
 

@@ -56,10 +56,13 @@ from boxmaker.wire.admin import (
     StatusRequest,
 )
 from boxmaker.wire.broker import (
+    MAX_CLIENT,
     BrokerAnswer,
     BrokerRequest,
     CatalogueAnswer,
     CatalogueRequest,
+    ClientAnswer,
+    is_client_name,
 )
 from boxmaker.wire.codec import (
     BadFrame,
@@ -93,6 +96,7 @@ from boxmaker.wire.loop import (
 __all__ = [
     "APPROVAL_ID",
     "CALL_ID",
+    "MAX_CLIENT",
     "MAX_NOTE",
     "MAX_REFUSE_REASON",
     "MAX_SAY",
@@ -112,6 +116,7 @@ __all__ = [
     "CatalogueAnswer",
     "CatalogueRequest",
     "ChangePreview",
+    "ClientAnswer",
     "ErrorCode",
     "ErrorFrame",
     "ForbiddenKind",
@@ -149,5 +154,6 @@ __all__ = [
     "decode_loop_event",
     "decode_loop_request",
     "encode_frame",
+    "is_client_name",
     "to_ms",
 ]

@@ -13,7 +13,7 @@ import orjson
 from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from boxmaker.core.vocabulary import Answer, ErrorCode, GrantRef
+from boxmaker.core.vocabulary import Answer, ErrorCode, GrantRef, Pending
 from boxmaker.formats.convert import converter, format_path, problems
 from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, Approved
 from boxmaker.wire.broker import BrokerAnswer, BrokerRequest
@@ -48,6 +48,7 @@ _OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
     Approve: ("note", "always"),
     Approved: ("grant_written",),
     GrantRef: ("note",),
+    Pending: ("approvers",),
 }
 
 
