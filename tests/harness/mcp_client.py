@@ -29,9 +29,10 @@ def serve_on(home: Home) -> McpServe:
 
 
 @asynccontextmanager
-async def connected(serve: McpServe) -> AsyncIterator[ClientSession]:
+async def connected(serve: McpServe, **session: Any) -> AsyncIterator[ClientSession]:
     """A client session, initialized, on ``serve``'s server in this trio run; the
-    server stops when the client leaves (its streams close)."""
+    server stops when the client leaves (its streams close). ``session``: the
+    ``ClientSession``'s keywords (``elicitation_callback``, ``client_info``)."""
     server = serve.server()
     async with (
         create_client_server_memory_streams() as (client_streams, server_streams),
@@ -40,9 +41,9 @@ async def connected(serve: McpServe) -> AsyncIterator[ClientSession]:
         nursery.start_soon(
             functools.partial(server.run, *server_streams, server.create_initialization_options())
         )
-        async with ClientSession(*client_streams) as session:
-            await session.initialize()
-            yield session
+        async with ClientSession(*client_streams, **session) as client:
+            await client.initialize()
+            yield client
         nursery.cancel_scope.cancel()
 
 

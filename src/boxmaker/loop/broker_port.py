@@ -29,6 +29,7 @@ from boxmaker.wire import (
     BadFrame,
     CatalogueAnswer,
     CatalogueRequest,
+    ClientAnswer,
     ErrorFrame,
     Pending,
     ToolRequest,
@@ -81,8 +82,16 @@ class BrokerPort:
         self.broker_sock = broker_sock
         self.reply_timeout = reply_timeout
 
-    async def call(self, request: ToolRequest, on_pending: OnPending | None = None) -> PortAnswer:
-        """The final answer to ``request`` (``on_pending`` hears a pending frame first)."""
+    async def call(
+        self,
+        request: ToolRequest,
+        on_pending: OnPending | None = None,
+        *,
+        answers: trio.MemoryReceiveChannel[ClientAnswer] | None = None,
+    ) -> PortAnswer:
+        """The final answer to ``request`` (``on_pending`` hears a pending frame first).
+        While the call waits, each ``client_answer`` received on ``answers`` (``bxctl mcp
+        serve``: the MCP client's own prompt answered) is sent on the call's connection."""
         try:
             async with await self._connect() as stream:
                 reader = FrameReader(stream)
@@ -94,7 +103,10 @@ class BrokerPort:
                     deadline = trio.current_time() + max(left, 0.0) + PENDING_GRACE_S
                     if on_pending is not None:
                         await on_pending(frame)
-                    frame = await self._receive(reader, deadline, waiting=True)
+                    if answers is None:
+                        frame = await self._receive(reader, deadline, waiting=True)
+                    else:
+                        frame = await self._wait_passing_on(stream, reader, deadline, answers)
         except _NoAnswer as no_answer:
             return no_answer.answer
         if isinstance(frame, Answer):
@@ -103,6 +115,27 @@ class BrokerPort:
             detail = f"brokerd refused the request: {frame.code}: {frame.detail}"
             return PortAnswer(AnswerOutcome.DENIED, reason=str(frame.code), detail=detail)
         return PortAnswer.unreachable(f"brokerd sent {type(frame).__name__} where an answer goes")
+
+    async def _wait_passing_on(
+        self,
+        stream: trio.SocketStream,
+        reader: FrameReader,
+        deadline: float,
+        answers: trio.MemoryReceiveChannel[ClientAnswer],
+    ) -> Any:
+        """The final frame of a waiting call, while the answers go to brokerd."""
+        no_answer: _NoAnswer | None = None
+        frame: Any = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pass_on, stream, answers)
+            try:
+                frame = await self._receive(reader, deadline, waiting=True)
+            except _NoAnswer as exc:
+                no_answer = exc  # raised outside the nursery, not in an ExceptionGroup
+            nursery.cancel_scope.cancel()
+        if no_answer is not None:
+            raise no_answer
+        return frame
 
     async def catalogue(self) -> list[dict[str, Any]] | PortAnswer:
         """The tools brokerd offers (its ``catalogue`` frame), or why they could not be had."""
@@ -153,3 +186,13 @@ class BrokerPort:
         except BadFrame as exc:
             detail = f"brokerd sent a frame loopd cannot read: {exc.detail}"
             raise _NoAnswer(PortAnswer.unreachable(detail)) from None
+
+
+async def _pass_on(
+    stream: trio.SocketStream, answers: trio.MemoryReceiveChannel[ClientAnswer]
+) -> None:
+    async for answer in answers:
+        try:
+            await stream.send_all(encode_frame(answer))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # brokerd closed the call: its final frame says how it ended

@@ -11,6 +11,9 @@ catalogue (:mod:`boxmaker.mcp.tools`) and the ``permission_prompt`` tool
 - An ask (a ``pending`` frame) is held open while the owner answers out of band
   (``bxctl approvals``, ``bxctl chat``); when the client gave a ``progressToken``, a
   progress notification says what waits, at once and then each :data:`PROGRESS_S`.
+- Where the call's grant lets the MCP client answer and the client declared form
+  elicitation, the client is asked to prompt its user too (:mod:`boxmaker.mcp.elicit`);
+  its answer goes to brokerd, which counts it only where the grant opts in.
 - A client's ``notifications/cancelled``, or its hang-up, cancels the handler: the
   broker.sock connection closes and brokerd records the call withdrawn
   (``requester_gone``), as when loopd hangs up.
@@ -38,7 +41,7 @@ from boxmaker.core.vocabulary import AnswerOutcome, ErrorCode, Pending, ToolRequ
 from boxmaker.formats.clock import format_utc, utc_now
 from boxmaker.formats.convert import new_call_id, new_session_id
 from boxmaker.loop.broker_port import BrokerPort, OnPending, PortAnswer
-from boxmaker.mcp import permission
+from boxmaker.mcp import elicit, permission
 from boxmaker.mcp.stdio import stdio_wire
 from boxmaker.mcp.tools import (
     CatalogueProblem,
@@ -49,7 +52,7 @@ from boxmaker.mcp.tools import (
     tool_result,
 )
 from boxmaker.runtime.ndjson import MAX_FRAME
-from boxmaker.wire import encode_frame
+from boxmaker.wire import ClientAnswer, encode_frame
 
 log = logging.getLogger("boxmaker.mcp")
 
@@ -173,7 +176,12 @@ class McpServe:
                 on_pending = _progress_starter(nursery, ctx, token, self.progress_s)
             # Debug only: the ledger has every call, and a log line costs a tenth of one.
             log.debug("call %s: %s of session %s", request.call, tool, self.session)
-            answer = await self.port.call(request, on_pending)
+            if elicit.can_elicit(ctx):
+                send, answers = trio.open_memory_channel[ClientAnswer](1)
+                asking = _asking_starter(nursery, ctx, tool, arguments, send, on_pending)
+                answer = await self.port.call(request, asking, answers=answers)
+            else:
+                answer = await self.port.call(request, on_pending)
             nursery.cancel_scope.cancel()
         log.debug("call %s: %s %s", request.call, answer.outcome, answer.reason or "")
         return answer
@@ -184,6 +192,26 @@ def _progress_starter(
 ) -> OnPending:
     async def on_pending(frame: Pending) -> None:
         nursery.start_soon(_report_waiting, ctx, token, frame, every)
+
+    return on_pending
+
+
+def _asking_starter(
+    nursery: trio.Nursery,
+    ctx: Context,
+    tool: str,
+    arguments: dict[str, Any],
+    answers: trio.MemorySendChannel[ClientAnswer],
+    then: OnPending | None,
+) -> OnPending:
+    """On the pending frame: prompt in the client where its grant lets the client answer
+    (:mod:`boxmaker.mcp.elicit`), and report progress as ever."""
+
+    async def on_pending(frame: Pending) -> None:
+        if elicit.wanted(frame):
+            nursery.start_soon(elicit.ask_client, ctx, tool, arguments, frame, answers)
+        if then is not None:
+            await then(frame)
 
     return on_pending
 
