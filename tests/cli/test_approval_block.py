@@ -7,6 +7,7 @@ import datetime as dt
 import time
 from collections.abc import Iterator
 
+import attrs
 import pytest
 
 from boxmaker.cli.owner import approval_block, describe_approved
@@ -133,3 +134,14 @@ def test_a_withdrawal_says_its_reason_in_the_one_table_of_words() -> None:
     assert describe_approved(stopping) == (
         f"withdrawn {CALL}: {REASON_WORDS[Reason.BROKER_STOPPING]} before it could run; nothing ran"
     )
+
+
+def test_the_block_says_when_the_mcp_client_may_answer_too() -> None:
+    owner_only = approval_block(view({"path": "notes.txt"}), NOW).splitlines()
+    both = attrs.evolve(view({"path": "notes.txt"}), approvers=("owner", "mcp-client"))
+    lines = approval_block(both, NOW).splitlines()
+    assert lines == [
+        *owner_only[:3],
+        "  answers    yours, or the MCP client's own prompt (the grant's approvers)",
+        *owner_only[3:],
+    ]

@@ -531,3 +531,46 @@ def test_why_names_an_mcp_calls_server_definition_and_approver() -> None:
         "  decided again on the session at taint public, trusted",
         f"  on tool definition sha256 {'cd' * 32}",
     ]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "words"),
+    [
+        (ApprovalOutcome.ASK, "approved in the MCP client, not by the owner; it ran on its word"),
+        (ApprovalOutcome.REFUSED, "refused in the MCP client"),
+    ],
+)
+def test_why_says_an_answer_from_the_mcp_client_was_not_the_owners(
+    outcome: ApprovalOutcome, words: str
+) -> None:
+    at = "2026-01-02T03:04:05.000Z"
+    decision = Decision(
+        CALL_A,
+        SESSION_1,
+        "read_file",
+        {"path": "notes.txt"},
+        VerdictCode.ASK,
+        None,
+        "notes",
+        Taint.PUBLIC,
+        False,
+        "b-1",
+    )
+    approval = Approval(
+        CALL_A,
+        "a-01234567",
+        outcome,
+        None,
+        ApprovalBy.MCP_CLIENT,
+        Taint.PUBLIC,
+        False,
+        approver="mcp-client:Claude Code",
+    )
+    life = why_module.Life(
+        CALL_A, Record(1, at, "00", decision), approval=Record(2, at, "00", approval)
+    )
+    lines = why_module.describe_life(life, parse_utc(at) + dt.timedelta(seconds=1))
+    [line] = [line for line in lines if line.startswith(words)]
+    assert line == f"{words} 03:04:05 (1s ago) (approval a-01234567, by mcp-client)"
+    assert "  answered from mcp-client:Claude Code, not at bxctl" in lines
+    assert not any(line.startswith(("approved by the owner", "refused by")) for line in lines)

@@ -23,6 +23,7 @@ from boxmaker.cli.daemon_processes import daemon_states
 from boxmaker.cli.preflight import model_problem
 from boxmaker.cli.terminal import is_interactive
 from boxmaker.core.grant_scope import Scope, ScopeProblem, parse_duration
+from boxmaker.core.grants import MCP_CLIENT
 from boxmaker.core.reasons import reason_words
 from boxmaker.core.vocabulary import ApprovalOutcome
 from boxmaker.formats.clock import local_time, utc_now
@@ -128,6 +129,13 @@ def _change_lines(entry: ApprovalView) -> list[str]:
     return lines
 
 
+def _client_may_answer(entry: ApprovalView) -> list[str]:
+    """Where the grant lets the MCP client's own prompt answer, the owner is told so."""
+    if MCP_CLIENT not in entry.approvers:
+        return []
+    return ["  answers    yours, or the MCP client's own prompt (the grant's approvers)"]
+
+
 def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
     """What the owner sees of one pending entry: enough to decide on. Times in the
     owner's local zone (:func:`~boxmaker.formats.clock.local_time`)."""
@@ -146,6 +154,7 @@ def approval_block(entry: ApprovalView, now: dt.datetime) -> str:
             f"  arguments  {_arguments_shown(entry)}",
             *_change_lines(entry),
             f"  grant      {grant}",
+            *_client_may_answer(entry),
             f"  session    {entry.session}: taint {entry.taint}, {trust}",
             f"  call       {entry.call}, asked {local_time(entry.requested_at, now)}",
             f"  approve:   bxctl approve {entry.approval}",

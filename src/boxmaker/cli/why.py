@@ -28,6 +28,7 @@ from boxmaker.core.grants import GrantSet
 from boxmaker.core.reasons import Reason, reason_words
 from boxmaker.core.vocabulary import (
     Approval,
+    ApprovalBy,
     ApprovalOutcome,
     Decision,
     Record,
@@ -186,12 +187,24 @@ APPROVAL_WORDS: Final = {
     ApprovalOutcome.EXPIRED: "expired: nobody answered in time",
 }
 """Each outcome of an ask in words (every outcome: tests/cli/test_bxctl.py checks)."""
+CLIENT_APPROVAL_WORDS: Final = {
+    ApprovalOutcome.ASK: "approved in the MCP client, not by the owner; it ran on its word",
+    ApprovalOutcome.ALLOWED: "approved in the MCP client; a grant then allowed it without asking",
+    ApprovalOutcome.DENIED: "approved in the MCP client, but brokerd decided again and denied it",
+    ApprovalOutcome.WITHDRAWN: "approved in the MCP client, then withdrawn; nothing ran",
+    ApprovalOutcome.REFUSED: "refused in the MCP client",
+}
+"""An answer from the MCP client's own prompt (``by`` ``mcp-client``), in words: never
+the owner's (docs/threat-model.md)."""
 
 
 def _approval_words(record: Record[Approval], now: dt.datetime) -> list[str]:
     approval = record.body
     outcome = approval.outcome
-    line = f"{APPROVAL_WORDS[outcome]} {_when(record.at, now)}"
+    words = APPROVAL_WORDS[outcome]
+    if approval.by is ApprovalBy.MCP_CLIENT:
+        words = CLIENT_APPROVAL_WORDS.get(outcome, words)
+    line = f"{words} {_when(record.at, now)}"
     line += f" (approval {approval.approval}, by {approval.by.value})"
     lines = [line]
     reason = approval.reason

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeAlias
 import attrs
 
 from boxmaker.core import labels
+from boxmaker.core.grants import OWNER
 from boxmaker.core.reasons import Reason
 from boxmaker.core.vocabulary import (
     APPROVE_OUTCOMES,
@@ -111,6 +112,9 @@ class ApprovalView:
     taint: labels.Taint
     untrusted: bool
     preview: ChangePreview | None = None
+    approvers: tuple[str, ...] = (OWNER,)
+    """Who may answer (the grant's ``approvers``); left out of the line when only the
+    owner may."""
 
     @classmethod
     def of(cls, entry: PendingEntry, preview: ChangePreview | None = None) -> ApprovalView:
@@ -127,6 +131,7 @@ class ApprovalView:
             taint=entry.taint,
             untrusted=entry.untrusted,
             preview=preview,
+            approvers=entry.approvers,
         )
 
 

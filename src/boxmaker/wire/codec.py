@@ -15,7 +15,7 @@ from cattrs.strategies import configure_tagged_union
 
 from boxmaker.core.vocabulary import Answer, ErrorCode, GrantRef, Pending
 from boxmaker.formats.convert import converter, format_path, problems
-from boxmaker.wire.admin import AdminAnswer, AdminRequest, Approve, Approved
+from boxmaker.wire.admin import AdminAnswer, AdminRequest, ApprovalView, Approve, Approved
 from boxmaker.wire.broker import BrokerAnswer, BrokerRequest
 from boxmaker.wire.loop import LoopEvent, LoopRequest, ModelDoneEvent, Say, ToolResultEvent
 
@@ -49,6 +49,7 @@ _OMIT_UNSET: Final[dict[type, tuple[str, ...]]] = {
     Approved: ("grant_written",),
     GrantRef: ("note",),
     Pending: ("approvers",),
+    ApprovalView: ("approvers",),
 }
 
 
