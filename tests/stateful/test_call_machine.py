@@ -28,16 +28,23 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from boxmaker.broker.pending import ApproveCommand, Command, PendingCalls, RefuseCommand
+from boxmaker.broker.pending import (
+    ApproveCommand,
+    ClientAnswered,
+    Command,
+    PendingCalls,
+    RefuseCommand,
+)
 from boxmaker.core import call as machine
 from boxmaker.core import call_events as ev
 from boxmaker.core.approvals import PendingEntry, due
 from boxmaker.core.call import Call, IllegalEvent
 from boxmaker.core.call_phases import Phase
+from boxmaker.core.client_answer import client_approver, client_refusal, not_counted
 from boxmaker.core.decide import Ask, Run, Verdict, evaluate
 from boxmaker.core.drive import drive, resume
 from boxmaker.core.grant_parse import parse_grants
-from boxmaker.core.grants import GrantSet
+from boxmaker.core.grants import MCP_CLIENT, GrantSet
 from boxmaker.core.labels import FRESH, Label, Taint
 from boxmaker.core.owner_answer import EarlierEnd, late_owner_answer
 from boxmaker.core.reasons import Reason
@@ -69,7 +76,18 @@ def _grants(mode: str | None) -> GrantSet:
     return grants
 
 
-GRANTS: Final = {mode: _grants(mode) for mode in ("auto", "ask", "deny", None)}
+def _client_too() -> GrantSet:
+    """An ask grant that lets the MCP client's own prompt answer too."""
+    text = '[[grant]]\nid = "g"\ntool = "read_file"\nmode = "ask"\n'
+    grants = parse_grants(text + 'approvers = ["owner", "mcp-client"]\n')
+    assert isinstance(grants, GrantSet)
+    return grants
+
+
+GRANTS: Final = {
+    **{mode: _grants(mode) for mode in ("auto", "ask", "deny", None)},
+    "ask-client": _client_too(),
+}
 _IDS = itertools.count()
 
 
@@ -188,6 +206,11 @@ class MemoryPorts:
             return ev.OwnerApproved(self.test.verdict(self.model))
         if isinstance(command, RefuseCommand):
             return ev.OwnerRefused(command.reason)
+        if isinstance(command, ClientAnswered):
+            approver = client_approver(command.client)
+            if command.approve:
+                return ev.OwnerApproved(command.verdict, approver=approver)
+            return ev.OwnerRefused(client_refusal(command.client), approver=approver)
         return command
 
     def withdraw(self, approval: str) -> None:
@@ -250,7 +273,13 @@ class CallMachine(RuleBasedStateMachine):
 
     def record_of(self, body: ev.CallRecord) -> dict[str, Any]:
         if isinstance(body, Approval):
-            return {"kind": "approval", "call": body.call, "outcome": body.outcome.value}
+            return {
+                "kind": "approval",
+                "call": body.call,
+                "outcome": body.outcome.value,
+                "by": body.by.value,
+                "approver": body.approver,
+            }
         if isinstance(body, Result):
             ok = body.status is ResultStatus.OK
             return {"kind": "result", "call": body.call, "ok": ok, "reason": body.reason}
@@ -336,6 +365,34 @@ class CallMachine(RuleBasedStateMachine):
         receive.close()
 
     @precondition(lambda self: bool(self._waiting()))
+    @rule(data=st.data(), approve=st.booleans(), own=st.booleans())
+    def client_answers(self, data: st.DataObject, approve: bool, own: bool) -> None:
+        """An answer from the MCP client's own prompt: it ends the call only where
+        core/client_answer.py says it counts (broker/client_answers.py's order: the
+        re-decision, then the take); else the call still waits."""
+        model = data.draw(st.sampled_from(self._waiting()))
+        entry = model.entry
+        assert entry is not None
+        approval = entry.approval if own else "a-ffffffff"
+        verdict = self.verdict(model)
+        why = not_counted(entry, approval, verdict)
+        if why is not None:
+            assert model.waiting
+            return
+        assert own
+        assert MCP_CLIENT in entry.approvers
+        records_before = len(self.ledger)
+        ended = self.pending.end(
+            entry.approval, ClientAnswered(approve, "c", verdict), now=self.now
+        )
+        if ended is None:
+            return
+        # The machine tells "the admin" as for any answer; brokerd's reply port has no
+        # channel for it here (nobody at admin.sock asked) and drops it.
+        self._deliver(model, ended.command)
+        assert len(self.ledger) >= records_before
+
+    @precondition(lambda self: bool(self._waiting()))
     @rule(data=st.data())
     def answer_at_the_deadline(self, data: st.DataObject) -> None:
         """An owner's answer at expires_at is the expiry (the boundary is ``>=``)."""
@@ -370,7 +427,7 @@ class CallMachine(RuleBasedStateMachine):
         self.now += seconds
         self._expire_due()
 
-    @rule(mode=st.sampled_from(["auto", "ask", "deny", "none"]))
+    @rule(mode=st.sampled_from(["auto", "ask", "ask-client", "deny", "none"]))
     def change_grants(self, mode: str) -> None:
         self.grants = mode
 
@@ -448,6 +505,17 @@ class CallMachine(RuleBasedStateMachine):
                 assert isinstance(reply, ev.ApprovedReply)
                 assert reply.ran is not None
                 assert (reply.ran.outcome, reply.ran.reason) == ("failed", Reason.REQUESTER_GONE)
+
+    @invariant()
+    def only_a_grant_that_opts_in_lets_the_client_answer(self) -> None:
+        for call, model in self.calls.items():
+            for record in self._of(call, "approval"):
+                if record["by"] != "mcp-client":
+                    assert record["approver"] is None
+                    continue
+                assert record["approver"] == "mcp-client:c"
+                assert model.entry is not None
+                assert MCP_CLIENT in model.entry.approvers
 
     @invariant()
     def no_entry_outlives_its_deadline(self) -> None:
