@@ -32,10 +32,13 @@ PENDING_S: Final = 6
 """brokerd's pending timeout here: long enough for a `bxctl approve` process to answer
 on a loaded machine, short enough for the expiry test."""
 WAIT_S: Final = 30.0
+OPTS_IN: Final = ["owner", "mcp-client"]
 GRANTS: Final = "".join(
     [
         grant("notes", "read_file", "auto", paths=["notes.txt"]),
         grant("asked", "read_file", "ask", paths=["asked/**"]),
+        # The MCP client's own prompt may answer these too.
+        grant("client-too", "read_file", "ask", paths=["client/**"], approvers=OPTS_IN),
         # Claude Code's own tools, decided through permission_prompt.
         grant("claude-reads", "claude.Read", "auto"),
         grant("claude-edits", "claude.Edit", "ask"),
@@ -51,6 +54,7 @@ def stack() -> Iterator[Home]:
         write_grants(home, GRANTS)
         (home.default_workspace / "notes.txt").write_text("Buy milk.\n")
         (home.default_workspace / "asked").mkdir()
+        (home.default_workspace / "client").mkdir()
         daemon = Daemon(home)
         try:
             daemon.wait_ready()
@@ -253,3 +257,57 @@ async def test_the_permission_prompt_decides_claude_code_shaped_requests(stack: 
         ("claude.Bash", "deny", bash["input"]),
         ("claude.Edit", "ask", edit["input"]),
     ]
+
+
+async def test_an_answer_in_the_client_counts_only_where_the_grant_opts_in(
+    stack: Home,
+) -> None:
+    """The SDK's ClientSession answers every prompt "approve": it is asked, and counted,
+    for the grant that opts in; for the one that does not, it is never asked, and the
+    owner's refusal from another terminal decides."""
+    (stack.default_workspace / "client" / "c.txt").write_text("client\n")
+    (stack.default_workspace / "asked" / "o.txt").write_text("owner\n")
+    prompts: list[str] = []
+
+    async def approve_all(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        prompts.append(params.message)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    info = types.Implementation(name="e2e client", version="1")
+    with trio.fail_after(WAIT_S):
+        async with (
+            served(stack, elicitation_callback=approve_all, client_info=info) as client,
+            trio.open_nursery() as nursery,
+        ):
+            counted = await client.call_tool("read_file", {"path": "client/c.txt"})
+            assert len(prompts) == 1
+            results: list[types.CallToolResult] = []
+
+            async def ask() -> None:
+                results.append(await client.call_tool("read_file", {"path": "asked/o.txt"}))
+
+            nursery.start_soon(ask)
+            entry = await waiting(stack, reading("asked/o.txt"))
+            assert "approvers" not in entry
+            await owner(stack, "refuse", entry["approval"], "--reason", "mine to answer")
+    assert (counted.is_error, text_of(counted)) == (False, "client\n")
+    assert '"path":"client/c.txt"' in prompts[0]
+    assert len(prompts) == 1  # the owner-only call was never shown to the client
+    [refused] = results
+    assert text_of(refused) == "denied (refused): mine to answer"
+    [decision] = [
+        r
+        for r in records(stack)
+        if r["kind"] == "decision" and r["arguments"] == {"path": "client/c.txt"}
+    ]
+    [approval] = [r for r in records_of(stack, decision["call"]) if r["kind"] == "approval"]
+    assert (approval["outcome"], approval["by"], approval["approver"]) == (
+        "ask",
+        "mcp-client",
+        "mcp-client:e2e client",
+    )
+    owners = ending_of(stack, entry["approval"])
+    assert (owners["outcome"], owners["by"], owners.get("approver")) == ("refused", "owner", None)
+    why = await trio.to_thread.run_sync(functools.partial(bxctl, stack, "why", decision["call"]))
+    assert "approved in the MCP client, not by the owner; it ran on its word" in why.stdout
+    assert "answered from mcp-client:e2e client, not at bxctl" in why.stdout

@@ -55,11 +55,14 @@ def serve_parameters(home: Home) -> StdioServerParameters:
 
 
 @asynccontextmanager
-async def served(home: Home, errlog: Any = None) -> AsyncIterator[ClientSession]:
-    """A client session, initialized, on a ``bxctl mcp serve`` process it started."""
+async def served(
+    home: Home, errlog: Any = None, **session_keywords: Any
+) -> AsyncIterator[ClientSession]:
+    """A client session, initialized, on a ``bxctl mcp serve`` process it started
+    (``session_keywords``: the ``ClientSession``'s, as for :func:`connected`)."""
     async with (
         stdio_client(serve_parameters(home), errlog=errlog or sys.stderr) as streams,
-        ClientSession(*streams) as session,
+        ClientSession(*streams, **session_keywords) as session,
     ):
         await session.initialize()
         yield session
