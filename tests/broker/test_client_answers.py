@@ -24,7 +24,7 @@ from tests.harness.broker import (
 )
 from tests.harness.homes import grant, write_grants
 
-from boxmaker.broker.client_answers import MAX_AFTER_REQUEST, AfterRequest
+from boxmaker.broker.client_answers import MAX_AFTER_REQUEST, MAX_LINES, AfterRequest
 from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
@@ -237,3 +237,26 @@ def test_lines_are_cut_as_they_come_and_a_long_one_is_never_held() -> None:
     assert after._partial == b""
     assert after.feed(b"\nok\nrest") == [b"ok"]
     assert after.feed(b"\n") == [b"rest"]
+
+
+def test_only_the_first_lines_of_a_call_are_cut_and_empty_ones_do_not_count() -> None:
+    after = AfterRequest()
+    assert after.feed(b"\n" * 1000) == []
+    assert after.feed(b"x\n" * (MAX_LINES - 1) + b"last\nmore\n") == [b"x"] * (MAX_LINES - 1) + [
+        b"last"
+    ]
+    assert after.feed(b"y\n") == []
+    assert after._partial == b""
+
+
+async def test_an_answer_after_a_flood_of_lines_is_not_read(
+    home: Home, brokerd: Brokerd, autojump_clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    client, frame, pending = await asked(home, brokerd)
+    c, a = frame["call"], pending["approval"]
+    with caplog.at_level(logging.DEBUG, logger="boxmaker.brokerd"):
+        await client.send(b"{}\n" * 10000 + answer(a))
+        await still_waits(home, brokerd, c, a)
+    decoded = [r for r in caplog.records if "ignored" in r.getMessage()]
+    assert len(decoded) == MAX_LINES
+    await client.aclose()

@@ -7,7 +7,7 @@ call's approval, the MCP client's own prompt's answer. What the requester sends 
 still read as it comes (so it never keeps the socket readable), but cut into lines,
 bounded: a line of at most :data:`MAX_AFTER_REQUEST` bytes is decoded; a longer one is
 dropped whole without being held, and anything that is not a ``client_answer`` is
-dropped as before.
+dropped as before. Only the first :data:`MAX_LINES` lines of a call are decoded.
 
 A ``client_answer`` counts only where :func:`boxmaker.core.client_answer.not_counted`
 says so: for this call's approval, where the grant it asked on and the grant that asks
@@ -40,6 +40,10 @@ log = logging.getLogger("boxmaker.brokerd")
 MAX_AFTER_REQUEST: Final = 4096
 """Bytes of one line a waiting call's requester may send (a ``client_answer`` is about
 a hundred); a longer line is dropped as it comes, never held."""
+MAX_LINES: Final = 16
+"""Lines of one waiting call that are decoded; what comes after is dropped unread, as
+before answers existed, so a requester that floods lines costs brokerd no more than one
+that floods bytes."""
 
 
 class AfterRequest:
@@ -48,11 +52,12 @@ class AfterRequest:
     Holds at most :data:`MAX_AFTER_REQUEST` bytes of a line not yet ended; a line that
     grows past it is dropped up to its end."""
 
-    __slots__ = ("_partial", "_skipping", "told")
+    __slots__ = ("_lines_left", "_partial", "_skipping", "told")
 
     def __init__(self) -> None:
         self._partial = b""
         self._skipping = False
+        self._lines_left = MAX_LINES
         self.told = False
         """An ignored frame of this call was logged at info already."""
 
@@ -63,14 +68,24 @@ class AfterRequest:
         >>> after = AfterRequest()
         >>> after.feed(b'{"a"'), after.feed(b':1}\\n{"b"'), after.feed(b'x' * 5000 + b'\\nok\\n')
         ([], [b'{"a":1}'], [b'ok'])
+
+        After :data:`MAX_LINES` lines (empty ones not counted), nothing more is cut.
         """
+        if self._lines_left <= 0:
+            return []
         lines: list[bytes] = []
         *ended, rest = data.split(b"\n")
         for piece in ended:
             line, self._partial = self._partial + piece, b""
-            if not self._skipping and len(line) <= MAX_AFTER_REQUEST:
+            if line and not self._skipping and len(line) <= MAX_AFTER_REQUEST:
                 lines.append(line)
             self._skipping = False
+            if len(lines) == self._lines_left:
+                break
+        self._lines_left -= len(lines)
+        if self._lines_left <= 0:
+            self._partial = b""
+            return lines
         if self._skipping:
             return lines
         if len(self._partial) + len(rest) > MAX_AFTER_REQUEST:
