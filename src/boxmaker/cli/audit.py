@@ -43,6 +43,8 @@ SHOWN_FIELDS = (
     "version",
     "ledger",
     "file",
+    "server",
+    "tools",
 )
 
 

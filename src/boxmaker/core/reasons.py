@@ -26,6 +26,8 @@ class Reason(enum.StrEnum):
     BROKER_STOPPING = "broker_stopping"
     TOO_MANY_PENDING = "too_many_pending"
     """An ask while ``[broker] max_pending`` calls already wait for the owner."""
+    TOOL_NOT_PINNED = "tool_not_pinned"
+    TOOL_CHANGED = "tool_changed"
     # failures: a call that was decided to run and did not succeed (a ``failed`` answer)
     TOOL_ERROR = "tool_error"
     TIMEOUT = "timeout"
@@ -35,6 +37,7 @@ class Reason(enum.StrEnum):
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     REQUESTER_GONE = "requester_gone"
     RESULT_UNRECORDED = "result_unrecorded"
+    MCP_SERVER_FAILED = "mcp_server_failed"
 
 
 REASON_WORDS: Final[Mapping[Reason, str]] = {
@@ -52,6 +55,8 @@ REASON_WORDS: Final[Mapping[Reason, str]] = {
     Reason.AUDIT_UNAVAILABLE: "the ledger could not be written",
     Reason.BROKER_STOPPING: "brokerd was stopping",
     Reason.TOO_MANY_PENDING: "too many calls already waited for the owner",
+    Reason.TOOL_NOT_PINNED: "the owner has not pinned that MCP tool",
+    Reason.TOOL_CHANGED: "the MCP tool's definition changed since it was pinned",
     Reason.TOOL_ERROR: "the tool failed",
     Reason.TIMEOUT: "it ran past its time limit",
     Reason.NOT_FOUND: "the file or directory does not exist",
@@ -60,6 +65,7 @@ REASON_WORDS: Final[Mapping[Reason, str]] = {
     Reason.SANDBOX_UNAVAILABLE: "the sandbox could not be set up",
     Reason.REQUESTER_GONE: "the requester left (its chat or turn ended)",
     Reason.RESULT_UNRECORDED: "its result could not be recorded",
+    Reason.MCP_SERVER_FAILED: "the MCP server failed, died or did not answer in time",
 }
 """Each reason code in words, for the owner."""
 

@@ -178,6 +178,7 @@ class Kind(enum.StrEnum):
     APPROVAL = "approval"
     RESULT = "result"
     POLICY = "policy"
+    MCP_TOOLS = "mcp_tools"
 
 
 # ---------------------------------------------------------------------------------------
