@@ -18,6 +18,7 @@ from boxmaker.cli.demo import demo
 from boxmaker.cli.grants import grants_app
 from boxmaker.cli.init import init
 from boxmaker.cli.logs import logs
+from boxmaker.cli.mcp import mcp_app
 from boxmaker.cli.owner import approvals, approve, refuse, status
 from boxmaker.cli.runbook import runbook
 from boxmaker.cli.sessions import sessions
@@ -33,6 +34,7 @@ app = App(
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
+app.command(mcp_app)
 for command in (demo, up, down, restart, reload, logs, chat, approvals, approve, refuse, why):
     app.command(command)
 app.command(status)
