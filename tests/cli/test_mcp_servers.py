@@ -12,14 +12,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from tests.harness.cli import bxctl_in_process
+from tests.harness.mcp_servers import echo_definition, fake_server
+from tests.harness.sandbox import sandbox_workspace, use_sandbox_workspace
 
 from boxmaker.home.config import load_config
 from boxmaker.home.paths import Home
 from boxmaker.mcp.pins import Pin, definition_hash, read_pins, write_pins
-
-from ..harness.cli import bxctl_in_process
-from ..harness.mcp_servers import echo_definition, fake_server
-from ..harness.sandbox import sandbox_workspace, use_sandbox_workspace
 
 CLAUDE = {
     "mcpServers": {

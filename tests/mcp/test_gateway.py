@@ -11,15 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
-
-from boxmaker.core.labels import Label, Taint
-from boxmaker.core.reasons import Reason
-from boxmaker.home.paths import Home
-from boxmaker.ledger.records import McpTools
-from boxmaker.mcp.gateway import Gateway
-from boxmaker.mcp.pins import ToolStatus, definition_hash
-
-from ..harness.mcp_servers import (
+from tests.harness.mcp_servers import (
     Recorded,
     echo_definition,
     fake_server,
@@ -29,7 +21,14 @@ from ..harness.mcp_servers import (
     running,
     tool,
 )
-from ..harness.sandbox import processes_with, sandbox_workspace, wait_gone
+from tests.harness.sandbox import processes_with, sandbox_workspace, wait_gone
+
+from boxmaker.core.labels import Label, Taint
+from boxmaker.core.reasons import Reason
+from boxmaker.home.paths import Home
+from boxmaker.ledger.records import McpTools
+from boxmaker.mcp.gateway import Gateway
+from boxmaker.mcp.pins import ToolStatus, definition_hash
 
 pytestmark = pytest.mark.slow
 LIMIT = 30
