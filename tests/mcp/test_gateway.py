@@ -205,3 +205,21 @@ async def test_mcp_server_git_from_the_registry_runs_in_its_sandbox(
             assert result.ok, result.detail
             assert "On branch main" in result.content
             assert "notes.txt" in result.content
+
+
+async def test_a_start_whose_tool_list_cannot_be_recorded_runs_no_call(
+    home: Home, workspace: Path, definition: Path
+) -> None:
+    pin_all(home, "fake", {"echo": echo_definition()})
+    gateway = _gateway(home, workspace, definition)
+    recorded = gateway.record
+    assert isinstance(recorded, Recorded)
+    recorded.fail = True
+    with trio.fail_after(LIMIT):
+        async with running(gateway):
+            result = await gateway.call(tool(gateway, "mcp.fake.echo"), {"text": "x"})
+    assert (result.reason, result.detail) == (
+        Reason.MCP_SERVER_FAILED,
+        "the ledger cannot record its tools",
+    )
+    assert recorded.bodies == []

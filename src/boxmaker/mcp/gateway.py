@@ -328,7 +328,7 @@ class Gateway:
                 return describe_error(exc)
             server.connection = new
             await self._listed(server, new)
-            return new
+            return new if new.running else (new.failure or "it stopped")
 
     async def _listed(self, server: _Server, connection: ServerConnection) -> None:
         live: dict[str, dict[str, Any]] = {}

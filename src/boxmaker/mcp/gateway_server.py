@@ -23,6 +23,7 @@ with :attr:`ServerConnection.failure` as the detail.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -53,6 +54,9 @@ MAX_TOOLS: Final = 1000
 """Tools one server may list (pages included)."""
 LOG_CAP: Final = 1024 * 1024
 """Bytes of a server's stderr logged per start."""
+LOG_ROTATE: Final = 4 * LOG_CAP
+"""A log that has grown past this is moved to ``.1`` (replacing the one there) at a start,
+so a server restarted again and again keeps at most about twice this on disk."""
 EXIT_GRACE: Final = 1.0
 """Seconds the end of a server's output waits for its exit status, to name it."""
 CLIENT_INFO: Final = types.Implementation(name="boxmaker", version=__version__)
@@ -270,6 +274,9 @@ async def _log_stderr(stream: trio.abc.ReceiveStream, path: Path) -> None:
 
 
 def _open_log(path: Path) -> int:
+    with contextlib.suppress(FileNotFoundError):
+        if path.lstat().st_size > LOG_ROTATE:
+            path.replace(path.with_name(path.name + ".1"))
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
     os.write(fd, b"[boxmaker: the server starts]\n")
