@@ -153,7 +153,7 @@ def test_pins_round_trip_0600_and_a_forged_hash_is_refused(tmp_path: Path) -> No
     with pytest.raises(PinsError) as raised:
         read_pins(path)
     assert str(raised.value) == (
-        f"{path}: fake.echo: its sha256 is not its definition's; see docs/runbook.md#mcp-pins"
+        f"{path}: fake.echo: its sha256 is not its definition's; see docs/runbook.md#mcp-pin"
     )
     assert read_pins(tmp_path / "none.json") == {}
 

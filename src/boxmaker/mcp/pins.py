@@ -1,5 +1,5 @@
 """The MCP tool definitions the owner accepted, and how a server's tools compare with
-them (docs/mcp.md, "MCP servers through brokerd"; docs/runbook.md#mcp-pins).
+them (docs/mcp.md, "MCP servers through brokerd"; docs/runbook.md#mcp-pin).
 
 ``state/mcp_pins.json`` (0600, replaced atomically by ``bxctl mcp pin``) holds, for each
 server, each accepted tool's whole definition (name, title, description, input and
@@ -27,7 +27,7 @@ from boxmaker.home.file_ops import write_atomically
 from boxmaker.home.mcp_config import SERVER_NAME
 from boxmaker.home.regular_file import NotRegularFile, read_regular_file
 
-RUNBOOK_MCP_PINS: Final = "docs/runbook.md#mcp-pins"
+RUNBOOK_MCP_PIN: Final = "docs/runbook.md#mcp-pin"
 TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """A server's tool name that may be offered as ``mcp.<server>.<tool>``."""
 DEFINITION_KEYS: Final = (
@@ -110,7 +110,7 @@ def compare(
 
 
 def _problem(path: Path, what: str) -> PinsError:
-    return PinsError(f"{path}: {what}; see {RUNBOOK_MCP_PINS}")
+    return PinsError(f"{path}: {what}; see {RUNBOOK_MCP_PIN}")
 
 
 def read_pins(path: Path) -> dict[str, dict[str, Pin]]:
