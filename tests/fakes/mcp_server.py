@@ -11,6 +11,7 @@ behave badly on purpose:
 - ``crash``: the process exits (status 3) in the middle of the call.
 - ``huge``: writes a line of 5 MiB without a newline on the MCP stream.
 - ``chatter``: sends notifications without end.
+- ``spoof``: sends answers to requests never made, without end.
 - ``noisy``: writes 8 MiB on stderr, then answers ``noisy done``.
 - ``reach``: tries to connect to the network and to read ``path``; answers what each
   attempt got, so a test sees the attempt ran.
@@ -52,6 +53,7 @@ def _tools() -> list[types.Tool]:
         types.Tool(name="crash", description="Exits mid-call.", input_schema=empty),
         types.Tool(name="huge", description="One line too long.", input_schema=empty),
         types.Tool(name="chatter", description="Notifications.", input_schema=empty),
+        types.Tool(name="spoof", description="Answers nobody asked for.", input_schema=empty),
         types.Tool(name="noisy", description="Floods stderr.", input_schema=empty),
         types.Tool(name="reach", description="Network and home.", input_schema=path),
         types.Tool(name="escapes", description=f"Esc{ESCAPES}aped", input_schema=empty),
@@ -102,6 +104,10 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                     b'{"jsonrpc":"2.0","method":"notifications/message",'
                     b'"params":{"level":"info","data":"hi"}}\n',
                 )
+                await trio.lowlevel.checkpoint()
+        case "spoof":
+            for number in range(10**9):
+                os.write(STREAM, b'{"jsonrpc":"2.0","id":%d,"result":{}}\n' % (900000 + number))
                 await trio.lowlevel.checkpoint()
         case "noisy":
             for _ in range(8):

@@ -20,9 +20,17 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
-from tests.harness.mcp_servers import echo_definition, fake_server, make_gateway, running, tool
+from tests.harness.mcp_servers import (
+    echo_definition,
+    fake_server,
+    make_gateway,
+    python_server,
+    running,
+    tool,
+)
 from tests.harness.sandbox import sandbox_workspace
 
 from boxmaker.core.reasons import Reason
@@ -34,13 +42,15 @@ from boxmaker.mcp.pins import Pin, ToolStatus, write_pins
 pytestmark = pytest.mark.slow
 LIMIT = 30
 FAKE_TOOLS = {
-    "hang": {},
-    "crash": {},
-    "huge": {},
-    "chatter": {},
-    "noisy": {},
-    "reach": {"path": {"type": "string"}},
+    "hang": ("Never answers.", {}),
+    "crash": ("Exits mid-call.", {}),
+    "huge": ("One line too long.", {}),
+    "chatter": ("Notifications.", {}),
+    "spoof": ("Answers nobody asked for.", {}),
+    "noisy": ("Floods stderr.", {}),
+    "reach": ("Network and home.", {"path": {"type": "string"}}),
 }
+"""The fake server's tools as it lists them: description, argument properties."""
 
 
 @pytest.fixture
@@ -55,17 +65,9 @@ def gateway(home: Home, workspace: Path) -> Gateway:
     definition = workspace.parent / "definition" / "echo.txt"
     definition.parent.mkdir()
     pins = {"echo": Pin.of(echo_definition())}
-    for name, properties in FAKE_TOOLS.items():
-        described = {
-            "hang": "Never answers.",
-            "crash": "Exits mid-call.",
-            "huge": "One line too long.",
-            "chatter": "Notifications.",
-            "noisy": "Floods stderr.",
-            "reach": "Network and home.",
-        }
+    for name, (description, properties) in FAKE_TOOLS.items():
         schema = {"type": "object", "properties": properties}
-        pins[name] = Pin.of({"name": name, "description": described[name], "inputSchema": schema})
+        pins[name] = Pin.of({"name": name, "description": description, "inputSchema": schema})
     write_pins(home.mcp_pins, {"fake": pins})
     server = fake_server(definition, call_timeout_s=1.0)
     return make_gateway(home, workspace, {"fake": server})
@@ -131,16 +133,36 @@ async def test_a_message_over_the_cap_ends_the_connection_without_buffering_it(
             await _serves_again(gateway)
 
 
-async def test_a_flood_of_notifications_ends_the_connection(gateway: Gateway) -> None:
+@pytest.mark.parametrize("flood", ["chatter", "spoof"])
+async def test_a_flood_of_notifications_or_answers_to_nothing_ends_the_connection(
+    gateway: Gateway, flood: str
+) -> None:
     with trio.fail_after(LIMIT):
         async with running(gateway):
-            reason, detail, _ = await _call(gateway, "chatter")
+            reason, detail, _ = await _call(gateway, flood)
             assert (reason, detail) == (
                 Reason.MCP_SERVER_FAILED,
-                f"mcp.fake.chatter: it sent more than {MAX_UNASKED} messages in a row that "
+                f"mcp.fake.{flood}: it sent more than {MAX_UNASKED} messages in a row that "
                 "answer no request (a flood)",
             )
             await _serves_again(gateway)
+
+
+async def test_a_server_that_never_finishes_starting_is_bounded(
+    home: Home, workspace: Path
+) -> None:
+    write_pins(home.mcp_pins, {"fake": {"echo": Pin.of(echo_definition())}})
+    silent = python_server("-c", "import time; print('started', flush=True); time.sleep(600)")
+    gateway = make_gateway(home, workspace, {"fake": attrs.evolve(silent, startup_timeout_s=1.0)})
+    with trio.fail_after(LIMIT):
+        async with running(gateway):
+            started = trio.current_time()
+            reason, detail, _ = await _call(gateway, "echo", text="x")
+            assert trio.current_time() - started < 5
+    assert (reason, detail) == (
+        Reason.MCP_SERVER_FAILED,
+        "it did not answer initialize and tools/list within 1 s (startup_timeout_s)",
+    )
 
 
 async def test_a_flood_of_stderr_is_cut_in_its_log_and_never_reaches_the_model(

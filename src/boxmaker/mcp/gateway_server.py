@@ -78,6 +78,8 @@ class ServerConnection:
     failure: str | None = None
     """Why the connection ended (None while it runs, or when brokerd stopped it)."""
     exit_status: int | None = None
+    outstanding: int = 0
+    """Requests sent and not yet answered: a response beyond them answers nothing."""
     ended: trio.Event = attrs.Factory(trio.Event)
     _exited: trio.Event = attrs.Factory(trio.Event)
 
@@ -212,9 +214,11 @@ async def _read_stdout(
             if not line.strip():
                 continue
             item = _parse(line)
-            if isinstance(item, SessionMessage) and isinstance(
+            answer = isinstance(item, SessionMessage) and isinstance(
                 item.message, types.JSONRPCResponse | types.JSONRPCError
-            ):
+            )
+            if answer and connection.outstanding > 0:
+                connection.outstanding -= 1
                 unasked = 0
             else:
                 unasked += 1
@@ -244,6 +248,8 @@ async def _write_stdin(
     stdin = connection.sandbox.stdin
     async with outgoing:
         async for item in outgoing:
+            if isinstance(item.message, types.JSONRPCRequest):
+                connection.outstanding += 1
             text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
             try:
                 await stdin.send_all(text.encode() + b"\n")
