@@ -18,6 +18,7 @@ from tests.harness.sandbox import sandbox_workspace, use_sandbox_workspace
 
 from boxmaker.home.config import load_config
 from boxmaker.home.paths import Home
+from boxmaker.ledger.records import GENESIS_PREV, Genesis, McpTools, encode_line, line_hash
 from boxmaker.mcp.pins import Pin, definition_hash, read_pins, write_pins
 
 CLAUDE = {
@@ -200,3 +201,19 @@ async def test_logs_shows_a_servers_stderr_and_says_when_there_is_none(
     home.mcp_log("fake").write_text("[boxmaker: the server starts]\nready\n")
     assert await bxctl_in_process(home, "mcp", "logs", "fake") == 0
     assert capsys.readouterr().out == "[boxmaker: the server starts]\nready\n"
+
+
+async def test_audit_show_names_the_server_and_its_tools_hashes(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    digest = definition_hash(echo_definition())
+    bodies = [Genesis(ledger="l-1"), McpTools(boot="b-1", server="fake", tools={"echo": digest})]
+    prev, lines = GENESIS_PREV, []
+    for seq, body in enumerate(bodies):
+        line = encode_line(seq, "2026-01-02T03:04:05.678Z", prev, body)
+        prev = line_hash(line)
+        lines.append(line + b"\n")
+    home.audit_log.write_bytes(b"".join(lines))
+    assert await bxctl_in_process(home, "audit", "show") == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.endswith(f'mcp_tools  boot=b-1  server=fake  tools={{"echo":"{digest}"}}')
