@@ -86,6 +86,30 @@ def test_a_grant_is_appended_and_every_byte_before_it_stays(grants_toml: Path) -
     assert [g.id for g in grants.grants] == ["read-notes", "git", "always-a-1f2e3d4c"]
 
 
+def test_an_external_tools_arguments_are_written_inline_and_read_back(grants_toml: Path) -> None:
+    arguments = {"a.b": ["x"], "": ["y"], "\u00e9": ["[[]z"], 'q"': ["\\"]}
+    fields: dict[str, object] = {
+        "id": "always-a-1f2e3d4c",
+        "tool": "mcp.git.git_log",
+        "mode": "auto",
+        "wins_over_ask": True,
+        "arguments": arguments,
+        "other_arguments": False,
+    }
+    grant = grant_of(fields)
+    add_grant(grants_toml, fields, grant)
+    text = grants_toml.read_text(encoding="utf-8")
+    assert text == OWNERS_FILE + (
+        '\n[[grant]]\nid = "always-a-1f2e3d4c"\ntool = "mcp.git.git_log"\nmode = "auto"\n'
+        'wins_over_ask = true\narguments = {"a.b" = ["x"], "" = ["y"], "\u00e9" = ["[[]z"], '
+        '"q\\"" = ["\\\\"]}\nother_arguments = false\n'
+    )
+    grants = load_grants(grants_toml)
+    assert isinstance(grants, GrantSet)
+    assert grants.grants[-1] == grant
+    assert grant.arguments == tuple((name, tuple(p)) for name, p in arguments.items())
+
+
 def test_revoke_removes_one_grant_and_keeps_the_comments_elsewhere(grants_toml: Path) -> None:
     removed = remove_grant(grants_toml, "read-notes")
     assert removed.id == "read-notes"

@@ -484,3 +484,50 @@ def test_why_tells_whether_a_call_whose_requester_left_had_begun(stopped: bool, 
     )
     lines = why_module.describe_life(life, parse_utc(at) + dt.timedelta(seconds=1))
     assert lines[-2:] == [said, "  the session is now taint public, trusted"]
+
+
+@pytest.mark.usefixtures("utc_owner")
+def test_why_names_an_mcp_calls_server_definition_and_approver() -> None:
+    at = "2026-01-02T03:04:05.000Z"
+    digest = "ab" * 32
+    decision = Decision(
+        CALL_A,
+        SESSION_1,
+        "mcp.git.git_log",
+        {"repo_path": "/w"},
+        VerdictCode.ASK,
+        None,
+        None,
+        Taint.PUBLIC,
+        False,
+        "b-1",
+        digest,
+    )
+    approval = Approval(
+        CALL_A,
+        "a-01234567",
+        ApprovalOutcome.DENIED,
+        "tool_changed",
+        ApprovalBy.OWNER,
+        Taint.PUBLIC,
+        False,
+        definition="cd" * 32,
+        approver="mcp-client:claude-code",
+    )
+    life = why_module.Life(
+        CALL_A, Record(1, at, "00", decision), approval=Record(2, at, "00", approval)
+    )
+    lines = why_module.describe_life(life, parse_utc(at) + dt.timedelta(seconds=1))
+    assert lines[:3] == [
+        f'call {CALL_A}: mcp.git.git_log {{"repo_path":"/w"}}, asked by session {SESSION_1}',
+        "decided 03:04:05 (1s ago): ask",
+        "  no grant decided it",
+    ]
+    assert lines[3] == f"  MCP server git, tool definition sha256 {digest}"
+    assert lines[-4:] == [
+        "  because tool_changed (the MCP tool's definition changed since it was pinned or "
+        "asked about)",
+        "  answered from mcp-client:claude-code, not at bxctl",
+        "  decided again on the session at taint public, trusted",
+        f"  on tool definition sha256 {'cd' * 32}",
+    ]

@@ -232,6 +232,34 @@ def test_test_says_the_verdict_grant_reason_and_state(
     ]
 
 
+def test_test_decides_external_tools_by_their_family_grants(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_grants(
+        home,
+        grant("no-push", "mcp.git.git_push", "deny")
+        + grant("git", "mcp.git.*", "auto")
+        + grant("bash", "claude.Bash", "ask"),
+    )
+    assert bxctl(home, "grants", "test", "mcp.git.git_log", '{"repo_path": "/w"}', "--json") == 0
+    decided = orjson.loads(capsys.readouterr().out)
+    assert (decided["verdict"], decided["grant"], decided["arguments"]) == (
+        "run",
+        "git",
+        {"repo_path": "/w"},
+    )
+    assert bxctl(home, "grants", "test", "mcp.git.git_push", "{}") == 0
+    assert capsys.readouterr().out.splitlines()[:3] == [
+        "verdict: deny",
+        "reason: denied_by_grant",
+        "detail: grant no-push denies mcp.git.git_push on {}",
+    ]
+    assert bxctl(home, "grants", "test", "claude.Bash", '{"command": "ls"}') == 0
+    assert capsys.readouterr().out.splitlines()[0] == "verdict: ask"
+    assert bxctl(home, "grants", "test", "claude.", "{}") == 2
+    assert capsys.readouterr().err == "bxctl: unknown_tool: unknown tool 'claude.'\n"
+
+
 @pytest.mark.parametrize(
     ("tool", "arguments", "message"),
     [

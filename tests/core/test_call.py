@@ -30,6 +30,7 @@ from boxmaker.core.call import (
 from boxmaker.core.call_phases import Phase, State, Waiting
 from boxmaker.core.call_table import TRANSITIONS
 from boxmaker.core.decide import Ask, Deny, Run, Verdict, evaluate
+from boxmaker.core.external_tools import ExternalTool
 from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import FRESH, UNKNOWN, Label, Taint
@@ -722,3 +723,95 @@ def test_the_approval_record_names_the_written_grant_and_keeps_the_owners_note(
             note=note,
         )
     )
+
+
+# --- an MCP tool's definition on every record of its call ------------------------------
+
+DEFINITION: Final = "de" * 32
+MCP_LABEL: Final = Label(Taint.PUBLIC, True)
+
+
+def mcp_verdict(mode: str, definition: str = DEFINITION) -> Verdict:
+    tool = ExternalTool("mcp.git.git_log", "", {}, MCP_LABEL, definition)
+    parsed = parse_grants(f'[[grant]]\nid = "g"\ntool = "mcp.git.*"\nmode = "{mode}"\n')
+    assert isinstance(parsed, GrantSet)
+    request = ToolRequest(call=CALL, session=SESSION, tool="mcp.git.git_log", arguments={})
+    return evaluate(
+        request,
+        ledger_usable=True,
+        grants=parsed,
+        state=FRESH,
+        now=NOW,
+        external={"mcp.git.git_log": tool},
+    )
+
+
+def test_an_mcp_run_records_its_definition_on_the_decision_and_the_result() -> None:
+    call = new_call()
+    run = mcp_verdict("auto")
+    assert isinstance(run, Run)
+    [record] = call.handle(ev.Decided(run))
+    assert isinstance(record, ev.AppendRecord)
+    assert isinstance(record.body, Decision)
+    assert record.body.definition == DEFINITION
+    call.handle(ev.Recorded())
+    call.handle(ev.Looked(gone=False))
+    call.handle(ev.Ran(ev.RunOutcome(True, None, None, "log", MCP_LABEL)))
+    [result] = call.handle(ev.StateRaised(MCP_LABEL))
+    assert isinstance(result, ev.AppendRecord)
+    assert isinstance(result.body, Result)
+    assert result.body.definition == DEFINITION
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_an_mcp_run_whose_requester_left_records_its_definition(stopped: bool) -> None:
+    call = new_call()
+    run = mcp_verdict("auto")
+    call.handle(ev.Decided(run))
+    call.handle(ev.Recorded())
+    if stopped:
+        call.handle(ev.Looked(gone=False))
+        [gone] = call.handle(ev.RequesterGone())
+    else:
+        [gone] = call.handle(ev.Looked(gone=True))
+    assert isinstance(gone, ev.AppendRecord)
+    assert isinstance(gone.body, Result)
+    assert (gone.body.definition, gone.body.stopped) == (DEFINITION, stopped)
+
+
+def mcp_waiting() -> Call:
+    call = new_call()
+    ask = mcp_verdict("ask")
+    assert isinstance(ask, Ask)
+    call.handle(ev.Decided(ask))
+    call.handle(ev.Recorded())
+    call.handle(ev.Enqueued(entry()))
+    return call
+
+
+@pytest.mark.parametrize("ending", [ev.Expired(), ev.RequesterGone(), ev.Stopping()])
+def test_an_mcp_ask_that_ends_unanswered_records_the_definition_asked_about(
+    ending: ev.Event,
+) -> None:
+    [record] = mcp_waiting().handle(ending)
+    assert isinstance(record, ev.AppendRecord)
+    assert isinstance(record.body, Approval)
+    assert record.body.definition == DEFINITION
+
+
+def test_an_approved_mcp_ask_records_the_re_decisions_definition() -> None:
+    call = mcp_waiting()
+    again = mcp_verdict("auto")
+    call.handle(ev.OwnerApproved(again))
+    [record] = call.handle(ev.Looked(gone=False))
+    assert isinstance(record, ev.AppendRecord)
+    assert isinstance(record.body, Approval)
+    assert (record.body.outcome, record.body.definition) == (ApprovalOutcome.ALLOWED, DEFINITION)
+
+
+def test_a_built_in_call_records_no_definition() -> None:
+    call = new_call()
+    [record] = call.handle(ev.Decided(run_verdict()))
+    assert isinstance(record, ev.AppendRecord)
+    assert isinstance(record.body, Decision)
+    assert record.body.definition is None

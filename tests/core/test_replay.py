@@ -456,3 +456,51 @@ def test_the_same_arguments_for_another_tool_never_share_a_cache_entry() -> None
         2: Outcome(VerdictCode.RUN, None, "list", None),
     }
     assert replay.flips == 4
+
+
+def test_recorded_external_calls_are_replayed_against_family_grants() -> None:
+    # bxctl has no gateway: a recorded mcp.* call is decided as if its tool were accepted.
+    then = grants(g("all-mcp", "mcp.*", "auto") + g("bash", "claude.Bash", "ask"))
+    log = Decision(
+        "c-0000000000000001",
+        SESSION,
+        "mcp.git.git_log",
+        {"repo_path": "/w"},
+        VerdictCode.RUN,
+        None,
+        "all-mcp",
+        FRESH.taint,
+        FRESH.untrusted,
+        BOOT,
+        "ab" * 32,
+    )
+    calls = [
+        Record(1, NOW.isoformat(), PREV, log),
+        decided(2, "claude.Bash", {"command": "ls"}, then),
+    ]
+    assert [d.body.grant for d in calls] == ["all-mcp", "bash"]
+    same = Replay(then)
+    assert list(same.run(calls)) == []
+    assert (same.replayed, same.unchanged) == (2, 2)
+    candidate = Replay(grants(g("no-git", "mcp.git.*", "deny") + g("all-mcp", "mcp.*", "auto")))
+    flips = list(candidate.run(calls))
+    assert [(f.recorded.seq, f.now) for f in flips] == [
+        (
+            1,
+            Outcome(
+                VerdictCode.DENY,
+                Reason.DENIED_BY_GRANT,
+                "no-git",
+                'grant no-git denies mcp.git.git_log on {"repo_path":"/w"}',
+            ),
+        ),
+        (
+            2,
+            Outcome(
+                VerdictCode.DENY,
+                Reason.NO_GRANT,
+                None,
+                'no grant allows claude.Bash on {"command":"ls"}',
+            ),
+        ),
+    ]

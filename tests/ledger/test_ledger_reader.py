@@ -47,11 +47,13 @@ def decision(
     session: str = "s-1",
     arguments: dict[str, Any] | None = None,
     reason: Reason | None = None,
+    tool: str = "read_file",
+    definition: str | None = None,
 ) -> Decision:
     return Decision(
         call,
         session,
-        "read_file",
+        tool,
         {"path": "a"} if arguments is None else arguments,
         verdict,
         reason,
@@ -59,6 +61,7 @@ def decision(
         Taint.PUBLIC,
         False,
         BOOT,
+        definition,
     )
 
 
@@ -249,7 +252,7 @@ def bodies(draw: st.DrawFn) -> Body:
         return Decision(
             draw(st.sampled_from(["c-1", "c-2"])),
             draw(st.sampled_from(["s-1", "s-2"])),
-            draw(st.sampled_from(["read_file", "shell"])),
+            draw(st.sampled_from(["read_file", "shell", "mcp.git.git_log"])),
             draw(st.dictionaries(TEXT, TEXT | st.integers(-(2**63), 2**63 - 1), max_size=2)),
             draw(st.sampled_from(VerdictCode)),
             draw(st.none() | st.sampled_from(Reason)),
@@ -257,6 +260,7 @@ def bodies(draw: st.DrawFn) -> Body:
             draw(st.sampled_from(Taint)),
             draw(st.booleans()),
             BOOT,
+            draw(st.none() | TEXT),
         )
     if kind == "approval":
         return Approval(
@@ -296,7 +300,7 @@ def damaged(draw: st.DrawFn, good: bytes) -> bytes:
     elif how == "unknown kind":
         fields["kind"] = draw(st.sampled_from(["decisions", "other", "Decision"]))
     elif how == "extra":
-        fields[draw(st.sampled_from(["extra", "decision"]))] = draw(WRONG_VALUES)
+        fields[draw(st.sampled_from(["extra", "decision", "definition"]))] = draw(WRONG_VALUES)
     else:
         del fields[name]
     return fields_line(fields)
@@ -340,7 +344,13 @@ def test_the_fast_path_yields_exactly_the_decisions_of_the_typed_path(lines: lis
 
 
 def _every_damage_of_a_decision() -> list[bytes]:
-    fields = orjson.loads(line(1, decision()))
+    damaged = _every_damage_of(orjson.loads(line(1, decision())))
+    # A decision of an MCP tool carries one field more, its definition hash.
+    with_definition = decision(tool="mcp.git.git_log", definition="ab" * 32)
+    return damaged + _every_damage_of(orjson.loads(line(1, with_definition)))
+
+
+def _every_damage_of(fields: dict[str, Any]) -> list[bytes]:
     damaged = []
     for name in sorted(fields):
         missing = dict(fields)

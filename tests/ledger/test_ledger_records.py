@@ -87,6 +87,9 @@ EVERY_BODY = [
         output_bytes=0,
         stopped=True,
     ),
+    attrs.evolve(DECISION, tool="mcp.git.git_log", definition="12" * 32),
+    attrs.evolve(APPROVAL, definition="12" * 32, approver="mcp-client:claude-code"),
+    attrs.evolve(RESULT, definition="12" * 32),
 ]
 
 
@@ -137,6 +140,50 @@ def test_a_result_says_stopped_only_when_a_run_was_stopped() -> None:
         RESULT, status=ResultStatus.FAILED, reason=Reason.REQUESTER_GONE, stopped=True
     )
     assert orjson.loads(encode_line(9, AT, PREV, stopped))["stopped"] is True
+
+
+APPROVAL_LINE = (
+    b'{"approval":"a-01234567","at":"2026-01-02T03:04:05.678Z","by":"owner",'
+    b'"call":"c-0123456789abcdef","kind":"approval","outcome":"refused","prev":"'
+    + PREV.encode()
+    + b'","reason":"not today, \xc3\xbcn\xc3\xafcode","seq":7,"taint":"public","untrusted":false}'
+)
+RESULT_LINE = (
+    b'{"at":"2026-01-02T03:04:05.678Z","call":"c-0123456789abcdef","kind":"result",'
+    b'"label":{"taint":"secret","untrusted":true},"output_bytes":12,"output_sha256":"'
+    + b"cd" * 32
+    + b'","prev":"'
+    + PREV.encode()
+    + b'","reason":null,"seq":7,"status":"ok","taint_after":"secret","untrusted_after":true}'
+)
+
+
+def test_records_without_a_definition_or_approver_keep_their_lines_byte_for_byte() -> None:
+    """A ledger written before ``definition`` and ``approver`` existed verifies as it did:
+    a record without them is the very line it always was (the decision's: above)."""
+    assert encode_line(7, AT, PREV, APPROVAL) == APPROVAL_LINE
+    assert encode_line(7, AT, PREV, RESULT) == RESULT_LINE
+    assert decode_line(APPROVAL_LINE).body == APPROVAL
+    assert decode_line(RESULT_LINE).body == RESULT
+
+
+def test_a_definition_and_an_approver_are_written_where_they_are() -> None:
+    digest = "12" * 32
+    decision = attrs.evolve(DECISION, tool="mcp.git.git_log", definition=digest)
+    assert orjson.loads(encode_line(5, AT, PREV, decision))["definition"] == digest
+    approval = orjson.loads(
+        encode_line(7, AT, PREV, attrs.evolve(APPROVAL, definition=digest, approver="mcp-client:x"))
+    )
+    assert (approval["definition"], approval["approver"]) == (digest, "mcp-client:x")
+    only_approver = orjson.loads(encode_line(7, AT, PREV, attrs.evolve(APPROVAL, approver="y")))
+    assert "definition" not in only_approver
+    assert only_approver["approver"] == "y"
+    assert (
+        orjson.loads(encode_line(7, AT, PREV, attrs.evolve(RESULT, definition=digest)))[
+            "definition"
+        ]
+        == digest
+    )
 
 
 def test_non_ascii_is_utf8_not_escaped() -> None:

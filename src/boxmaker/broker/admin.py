@@ -265,6 +265,7 @@ async def _write_always(broker: Broker, request: Approve) -> str | OwnerError:
         owner=owner_name(broker.owner_uid),
         now=utc_now(),
         workspace=str(broker.workspace),
+        external=broker.gateway.catalogue(),
     )
     if isinstance(planned, OwnerError):
         return planned

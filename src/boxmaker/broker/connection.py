@@ -27,7 +27,10 @@ command, an HTTP fetch: :data:`~boxmaker.broker.runner.STOPPABLE_TOOLS`) runs in
 nursery of the connection beside a hang-up watcher (:meth:`Requester.while_here`, the
 shape of hypercorn's per-connection task group). When the requester leaves, the run is
 cancelled — the sandbox's processes are killed on the way out — and the machine records
-the result ``failed`` ``requester_gone``.
+the result ``failed`` ``requester_gone``. An ``mcp.*`` call's run is the gateway's
+(:mod:`boxmaker.broker.mcp_port`), awaited the same way, so a hang-up cancels it; a
+``claude.*`` call runs nothing here (the client runs its own tool once allowed): its
+answer is ``ok`` ``"allowed"``, its result recorded like any other.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Final, TypeVar, assert_never
 import trio
 
 from boxmaker.broker.decide_now import BrokerSources, decide_now
+from boxmaker.broker.mcp_port import McpGateway
 from boxmaker.broker.pending import ApproveCommand, RefuseCommand, report
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.runner import STOPPABLE_TOOLS
@@ -71,12 +75,14 @@ from boxmaker.core.call_events import (
     StateUnrecordable,
     Stopping,
 )
-from boxmaker.core.catalogue import catalogue_tools
+from boxmaker.core.catalogue import ExternalArgs, catalogue_tools, external_catalogue_tools
 from boxmaker.core.decide import Ask, Ruling, Run, Verdict
 from boxmaker.core.drive import drive, resume
+from boxmaker.core.external_tools import CLAUDE_PREFIX
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
+from boxmaker.core.reasons import Reason
 from boxmaker.core.state import StateUnreadable
 from boxmaker.core.vocabulary import (
     Answer,
@@ -124,6 +130,9 @@ DRAIN: Final = 65536
 after its request: they can mean nothing (one call per connection), and left unread
 they would keep the socket readable."""
 
+
+CLIENT_TOOL_ALLOWED: Final = "allowed"
+"""A ``claude.*`` call's answer content when it may run: the client runs it itself."""
 
 T = TypeVar("T")
 
@@ -224,7 +233,7 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
             return
         requester = Requester(stream)
-        request = await _read_request(requester, broker.capacity.budget)
+        request = await _read_request(requester, broker.capacity.budget, broker.gateway)
         if request is None:
             return
         ports = _Ports(broker, requester, request)
@@ -260,7 +269,9 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         log.exception("broker.sock: a connection failed")
 
 
-async def _read_request(requester: Requester, budget: BufferBudget) -> ToolRequest | None:
+async def _read_request(
+    requester: Requester, budget: BufferBudget, gateway: McpGateway
+) -> ToolRequest | None:
     """The first frame: a tool request, or None once anything else was answered.
 
     The request is read in its own frame, so what reading it took (the reader, the raw
@@ -268,12 +279,14 @@ async def _read_request(requester: Requester, budget: BufferBudget) -> ToolReque
     once, so its bytes go back to the budget shared by all."""
     reader = FrameReader(requester.stream, budget=budget)
     try:
-        return await _read_first(requester, reader)
+        return await _read_first(requester, reader, gateway)
     finally:
         reader.close()
 
 
-async def _read_first(requester: Requester, reader: FrameReader) -> ToolRequest | None:
+async def _read_first(
+    requester: Requester, reader: FrameReader, gateway: McpGateway
+) -> ToolRequest | None:
     try:
         line = await receive_frame_within(reader, FIRST_FRAME_S)
     except trio.TooSlowError:
@@ -297,7 +310,8 @@ async def _read_first(requester: Requester, reader: FrameReader) -> ToolRequest 
         return None
     match frame:
         case CatalogueRequest():
-            await requester.final(CatalogueAnswer(tools=catalogue_tools()))
+            tools = catalogue_tools() + external_catalogue_tools(gateway.catalogue())
+            await requester.final(CatalogueAnswer(tools=tools))
             return None
         case ToolRequest():
             return frame
@@ -325,6 +339,7 @@ async def _evaluate(
     grants: GrantSet | GrantsProblem | None = None,
     *,
     look_before_asking: bool = False,
+    asked: Ruling | None = None,
 ) -> Verdict:
     """The decision with the grants and state as they are now (also approve's
     re-decision): :func:`decide_now`, as ``bxctl grants test`` decides. Grants are read
@@ -333,7 +348,7 @@ async def _evaluate(
     if grants is None:
         grants = await broker.grants.current()
     return await decide_now(
-        request, grants, BrokerSources(broker), look_before_asking=look_before_asking
+        request, grants, BrokerSources(broker), look_before_asking=look_before_asking, asked=asked
     )
 
 
@@ -459,6 +474,8 @@ class _Ports:
         return self.requester.gone()
 
     async def run(self, verdict: Run | Ask, *, approved: bool) -> Ran | RequesterGone:
+        if verdict.checked.external is not None:
+            return await self._run_external(verdict)
         broker = self.broker
         spec = RunSpec.for_verdict(
             verdict,
@@ -482,6 +499,36 @@ class _Ports:
         return Ran(
             RunOutcome(result.ok, result.reason, result.detail, result.content, result.label)
         )
+
+    async def _run_external(self, verdict: Run | Ask) -> Ran | RequesterGone:
+        """An external tool's run: ``claude.*`` runs nothing (the client runs its own
+        tool once allowed); ``mcp.*`` is the gateway's call, stopped (cancelled) when
+        the requester leaves, as a shell run is."""
+        checked = verdict.checked
+        tool = checked.external
+        assert tool is not None
+        assert isinstance(checked.value, ExternalArgs)
+        if tool.name.startswith(CLAUDE_PREFIX):
+            return Ran(RunOutcome(True, None, None, CLIENT_TOOL_ALLOWED, tool.label))
+        arguments = checked.value.arguments
+        gateway = self.broker.gateway
+
+        async def call() -> RunResult:
+            try:
+                return await gateway.call(tool, arguments)
+            except Exception as exc:
+                # Cancelled is not an Exception: a withdrawn call's cancel passes.
+                log.warning("call %s: %s failed in the gateway", verdict.decision.call, tool.name)
+                detail = f"{tool.name}: {type(exc).__name__}: {exc}"[:500]
+                return RunResult.failure(Reason.MCP_SERVER_FAILED, detail, tool.label)
+
+        finished = await self.requester.while_here(call)
+        if finished is None:
+            call_id = verdict.decision.call
+            log.info("call %s: its requester left while %s ran; cancelled", call_id, tool.name)
+            return RequesterGone()
+        ran = finished
+        return Ran(RunOutcome(ran.ok, ran.reason, ran.detail, ran.content, ran.label))
 
     async def raise_state(self, session: str, label: Label) -> StateRaised | StateUnrecordable:
         raised = await _raise_state(self.broker, session, label)
@@ -516,7 +563,7 @@ class _Ports:
                 return None
             case ApproveCommand():
                 self.reply_to = command.reply
-                verdict = await _evaluate(self.broker, self.request)
+                verdict = await _evaluate(self.broker, self.request, asked=self.call.decision)
                 log.info("call %s: approved by the owner (note %r)", call, command.note)
                 # An empty note is no note: the record keeps its line without one.
                 return OwnerApproved(verdict, command.grant_written, command.note or None)

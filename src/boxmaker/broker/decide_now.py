@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 from boxmaker.broker.sandbox_check import sandbox_problem
 from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.core.before_asking import before_asking, needs_sandbox, path_to_look
-from boxmaker.core.decide import Verdict, evaluate
+from boxmaker.core.decide import Ruling, Verdict, evaluate
+from boxmaker.core.external_tools import ExternalCatalogue
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
@@ -48,6 +49,10 @@ class Sources(Protocol):
         """Whether a decision can be recorded now (step 2)."""
         ...
 
+    def catalogue(self) -> ExternalCatalogue:
+        """The external tools as they are now (brokerd's gateway)."""
+        ...
+
     def state(self, session: str) -> Awaitable[Label | StateUnreadable]:
         """The session's state as its file says now."""
         ...
@@ -69,12 +74,15 @@ async def decide_now(
     sources: Sources,
     *,
     look_before_asking: bool = True,
+    asked: Ruling | None = None,
 ) -> Verdict:
-    """The verdict on ``request`` with ``grants`` and the state as they are now.
+    """The verdict on ``request`` with ``grants``, the state and the external tools as
+    they are now.
 
     ``look_before_asking``: take the look before an ask (a new call's decision, and
     ``grants test``'s); approve's re-decision, for a call the owner was already asked
-    about, takes none."""
+    about, takes none, and passes the ask's decision as ``asked`` (an external tool's
+    definition must still be the one asked about)."""
     state = await sources.state(request.session)
     verdict = evaluate(
         request,
@@ -83,6 +91,8 @@ async def decide_now(
         state=state,
         now=utc_now(),
         workspace=str(sources.workspace),
+        external=sources.catalogue(),
+        asked=asked,
     )
     if not look_before_asking:
         return verdict
@@ -109,6 +119,9 @@ class BrokerSources:
 
     def ledger_usable(self) -> bool:
         return self.broker.writer.usable
+
+    def catalogue(self) -> ExternalCatalogue:
+        return self.broker.gateway.catalogue()
 
     def state(self, session: str) -> Awaitable[Label | StateUnreadable]:
         return self.broker.states.read(session)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import attrs
 
@@ -165,6 +165,8 @@ class RunSpec:
         runner: RunnerConfig,
         labels: LabelRules,
     ) -> RunSpec:
+        if checked.external is not None:
+            raise ValueError(f"call {call}: {checked.tool} runs through the gateway")
         if grant.tool != checked.tool:
             raise ValueError(f"call {call}: grant {grant.id} is not for {checked.tool}")
         label = result_label(checked, labels, grant.label_taint)
@@ -199,7 +201,8 @@ class RunSpec:
 
     @property
     def tool(self) -> ToolName:
-        return self._arguments.tool
+        # Only a built-in tool's call has a RunSpec (:meth:`_build` refuses the others).
+        return cast(ToolName, self._arguments.tool)
 
     @property
     def arguments(self) -> CheckedArguments:

@@ -20,7 +20,14 @@ from boxmaker.broker.tools.files import list_dir, read_file, read_file_cached, w
 from boxmaker.broker.tools.host import REAL_HOST, Host
 from boxmaker.broker.tools.http_get import http_get
 from boxmaker.broker.tools.shell import run_shell
-from boxmaker.core.catalogue import ListDirArgs, ReadFileArgs, ShellArgs, ToolName, WriteFileArgs
+from boxmaker.core.catalogue import (
+    HttpGetArgs,
+    ListDirArgs,
+    ReadFileArgs,
+    ShellArgs,
+    ToolName,
+    WriteFileArgs,
+)
 from boxmaker.core.reasons import Reason
 from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
@@ -60,6 +67,7 @@ async def execute(
             return await to_thread(write_file, spec, value, host)
         if isinstance(value, ShellArgs):
             return await run_shell(spec, value.command, sandboxes)
+        assert isinstance(value, HttpGetArgs), "an external tool has no RunSpec"
         return await http_get(spec, value, host)
     except ToolFailed as failed:
         return RunResult.failure(failed.reason, failed.detail, spec.label)

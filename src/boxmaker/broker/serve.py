@@ -48,6 +48,7 @@ from boxmaker.broker.cgroups import CgroupTree, SandboxBounds, find_cgroups
 from boxmaker.broker.connection import handle_broker_connection
 from boxmaker.broker.grants_watcher import GrantsWatcher
 from boxmaker.broker.home_guard import HomeGuard
+from boxmaker.broker.mcp_port import EmptyGateway, McpGateway
 from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
@@ -148,6 +149,7 @@ async def serve_broker(
     raise_state: StateRaiser = state_files.raise_state,
     to_thread: ToThread = WORKER_THREAD,
     cgroups: Callable[[str], CgroupTree | NoCgroups] = find_cgroups,
+    gateway: McpGateway | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -162,6 +164,7 @@ async def serve_broker(
     slow run), ``raise_state`` (a state that cannot be raised) and ``to_thread`` (every
     blocking step run inline, so the autojump clock stays exact; :mod:`boxmaker.runtime.threads`)
     and ``cgroups`` (what bounds each sandbox, made for the boot: cgroups.py).
+    ``gateway`` is the MCP servers' port (broker/mcp_port.py; default: none).
     """
     prepared = await to_thread(
         functools.partial(
@@ -208,6 +211,7 @@ async def serve_broker(
         raise_state=raise_state,
         to_thread=to_thread,
         sandboxes=SandboxPool(bounds),
+        gateway=EmptyGateway() if gateway is None else gateway,
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -222,6 +226,7 @@ async def serve_broker(
             nursery.start_soon(_stop_when_refused, broker)
             await nursery.start(broker.sandboxes.run)
             await nursery.start(broker.notifier.run)
+            await nursery.start(broker.gateway.run)
             if handle_signals:
                 nursery.start_soon(_signals, broker)
             await _serve_connections(broker, listeners[0], listeners[1], task_status)

@@ -20,6 +20,7 @@ from boxmaker.broker import runner
 from boxmaker.broker.grants_watcher import GrantsWatcher
 from boxmaker.broker.home_guard import HomeGuard
 from boxmaker.broker.limits import Capacity
+from boxmaker.broker.mcp_port import EmptyGateway, McpGateway
 from boxmaker.broker.notify import Notifier
 from boxmaker.broker.pending import PendingCalls
 from boxmaker.broker.run_spec import RunResult, RunSpec
@@ -84,6 +85,8 @@ class Broker:
     """Call ids seen this boot; a reused one is refused (see connection.py)."""
     stopping: bool = False
     sandboxes: SandboxPool = attrs.Factory(SandboxPool)
+    gateway: McpGateway = attrs.Factory(EmptyGateway)
+    """The MCP servers' tools (broker/mcp_port.py): an empty one without ``[mcp_servers]``."""
     """The shell sandbox kept set up ahead of the next call (sandbox_pool.py)."""
     states: SessionStates = attrs.field(init=False)
     """The session states read this boot (:class:`SessionStates`)."""

@@ -28,6 +28,7 @@ import trio
 
 from boxmaker.cli.terminal import OwnerTerminal
 from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
+from boxmaker.core.external_tools import assumed_catalogue
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked
 from boxmaker.core.hosts import DEFAULT_PORTS
 from boxmaker.formats.clock import local_time, utc_now
@@ -66,6 +67,8 @@ class AlwaysGrant:
         "http_get of any URL of the host example.org on its scheme's own port (80, 443)"
         """
         tool, arguments = self.arguments.tool, self.arguments
+        if arguments.external is not None:
+            return f"{tool} with exactly these arguments and no other: {arguments.subject()}"
         if tool in FILE_TOOLS:
             return f"{tool} of exactly the path: {arguments.paths[0]}"
         if tool == "shell":
@@ -114,6 +117,8 @@ def always_grant_for(home: Home, entry: ApprovalView) -> AlwaysGrant | ScopeProb
         tool=entry.tool,
         arguments=entry.arguments,
         workspace=workspace,
+        # bxctl cannot ask brokerd's gateway: brokerd checks the tool again when it writes.
+        external=assumed_catalogue(entry.tool),
     )
     if isinstance(found, ScopeProblem):
         return found

@@ -31,6 +31,7 @@ from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.what_if import what_if
 from boxmaker.core.catalogue import ArgumentProblem, check_arguments
 from boxmaker.core.decide import Ruling
+from boxmaker.core.external_tools import EMPTY_CATALOGUE, ExternalCatalogue, assumed_catalogue
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_usage import GrantUsage, tally_decisions
@@ -304,9 +305,15 @@ class _AsRead:
     read_state: Label | StateUnreadable
     sandbox_uid: int | None
     """config.toml's ``[runner] sandbox_uid``, as brokerd reads it."""
+    external: ExternalCatalogue = EMPTY_CATALOGUE
+    """An ``mcp.*`` tool taken as accepted (:func:`assumed_catalogue`): bxctl cannot ask
+    brokerd's gateway."""
 
     def ledger_usable(self) -> bool:
         return True
+
+    def catalogue(self) -> ExternalCatalogue:
+        return self.external
 
     async def state(self, session: str) -> Label | StateUnreadable:
         del session
@@ -380,7 +387,8 @@ def _test_call(tool: str, arguments: str, session: str | None, home: Home) -> _T
         return fail(f"{exc}; see docs/runbook.md#config", Exit.FAILED)
     # The workspace's real path, as brokerd resolves it at start (broker/serve.py).
     workspace = Path(os.path.realpath(config.workspace))
-    checked = check_arguments(tool, raw, workspace=str(workspace))
+    external = assumed_catalogue(tool)
+    checked = check_arguments(tool, raw, workspace=str(workspace), external=external)
     if isinstance(checked, ArgumentProblem):
         return fail(f"{checked.reason}: {checked.detail}", Exit.USAGE)
     # The grants before the state, as brokerd reads them.
@@ -391,7 +399,7 @@ def _test_call(tool: str, arguments: str, session: str | None, home: Home) -> _T
     request = ToolRequest(
         call=TEST_CALL, session=session or "s-000000000000", tool=tool, arguments=raw
     )
-    sources = _AsRead(workspace, state, config.runner.sandbox_uid)
+    sources = _AsRead(workspace, state, config.runner.sandbox_uid, external)
     return _TestCall(home, request, session, grants, sources)
 
 

@@ -23,6 +23,7 @@ import orjson
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
 from boxmaker.cli.audit import grant_of, grant_then_lines, select_with_policies
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.core.external_tools import server_of
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.reasons import Reason, reason_words
 from boxmaker.core.vocabulary import (
@@ -135,6 +136,21 @@ def _when(at: str, now: dt.datetime) -> str:
         return at
 
 
+def _definition_words(tool: str, definition: str | None) -> list[str]:
+    """An MCP tool's server and the definition (hash) it was decided on or ran with.
+
+    >>> _definition_words("mcp.git.git_log", "ab12")
+    ['  MCP server git, tool definition sha256 ab12']
+    >>> _definition_words("read_file", None)
+    []
+    """
+    server = server_of(tool)
+    if server is None and definition is None:
+        return []
+    where = f"MCP server {server}, " if server is not None else ""
+    return [f"  {where}tool definition sha256 {definition or '(none recorded)'}"]
+
+
 def _decision_words(life: Life, now: dt.datetime) -> list[str]:
     decision = life.decision.body
     arguments = orjson.dumps(decision.arguments, option=orjson.OPT_SORT_KEYS).decode()
@@ -154,6 +170,7 @@ def _decision_words(life: Life, now: dt.datetime) -> list[str]:
         lines += grant_then_lines(grant.then, grant.id, indent="    ")
     else:
         lines.append("  no grant decided it")
+    lines += _definition_words(decision.tool, decision.definition)
     if decision.reason is not None:
         lines.append(f"  denied because {_because(decision.reason.value)}")
     lines.append(f"  the session was taint {decision.taint.value}, {_trust(decision.untrusted)}")
@@ -182,6 +199,8 @@ def _approval_words(record: Record[Approval], now: dt.datetime) -> list[str]:
         lines.append(f'  the reason the model was told: "{reason}"')
     elif reason is not None and outcome is not ApprovalOutcome.EXPIRED:
         lines.append(f"  because {_because(reason)}")
+    if approval.approver is not None:
+        lines.append(f"  answered from {approval.approver}, not at bxctl")
     if approval.note is not None:
         lines.append(f'  the owner\'s note: "{approval.note}"')
     written = approval.grant_written
@@ -190,6 +209,8 @@ def _approval_words(record: Record[Approval], now: dt.datetime) -> list[str]:
     if outcome in _DECIDED_AGAIN:
         state = f"{approval.taint.value}, {_trust(approval.untrusted)}"
         lines.append(f"  decided again on the session at taint {state}")
+        if approval.definition is not None:
+            lines.append(f"  on tool definition sha256 {approval.definition}")
     return lines
 
 

@@ -237,7 +237,9 @@ class Call:
         outcome, reason, by = _ENDINGS[type(event)]
         if isinstance(event, OwnerRefused):
             reason = event.reason
-        return Ending(event), [AppendRecord(Approval.of(entry, outcome, reason, by, asked))]
+        definition = self.decision.definition if self.decision is not None else None
+        ending = Approval.of(entry, outcome, reason, by, asked, definition=definition)
+        return Ending(event), [AppendRecord(ending)]
 
     def _ending_recorded(self, at: Ending, event: Recorded) -> _Step:
         ending = at.ending
@@ -310,7 +312,12 @@ class Call:
         """The requester left before the run, or during it (``stopped``): the ledger
         closes the call with a ``failed`` ``requester_gone`` result on the state the run
         was decided on."""
-        gone = Result.requester_gone(self.call, verdict.decision.state, stopped=stopped)
+        gone = Result.requester_gone(
+            self.call,
+            verdict.decision.state,
+            stopped=stopped,
+            definition=verdict.decision.definition,
+        )
         return Gone(told), [AppendRecord(gone)]
 
     def _gone_recorded(self, at: Gone, event: Recorded | RecordFailed) -> _Step:
@@ -332,6 +339,7 @@ class Call:
             label=ran.label,
             content=ran.content,
             after=event.state,
+            definition=self.decision.definition if self.decision is not None else None,
         )
         return RecordingResult(ran, at.told), [AppendRecord(result)]
 
@@ -370,7 +378,16 @@ def _approval(
         detail = None
     state = decision.state if decision.recordable else UNKNOWN
     reason_text = reason.value if reason is not None else None
-    body = Approval.of(entry, outcome, reason_text, ApprovalBy.OWNER, state, grant_written, note)
+    body = Approval.of(
+        entry,
+        outcome,
+        reason_text,
+        ApprovalBy.OWNER,
+        state,
+        grant_written,
+        note,
+        definition=decision.definition,
+    )
     return Approving(verdict, ApprovedReply(outcome, reason, detail)), [AppendRecord(body)]
 
 

@@ -24,6 +24,18 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from boxmaker.core.external_tools import (
+    EMPTY_CATALOGUE,
+    MCP_PREFIX,
+    ExternalCatalogue,
+    ExternalTool,
+    ToolState,
+    canonical_json,
+    claude_tool,
+    is_claude_name,
+    json_problem,
+    not_pinned_detail,
+)
 from boxmaker.core.hosts import Destination, url_host_problem
 from boxmaker.core.labels import (
     HTTP_GET_LABEL,
@@ -84,7 +96,14 @@ class HttpGetArgs:
     url: str
 
 
-ToolArgs = ReadFileArgs | ListDirArgs | WriteFileArgs | ShellArgs | HttpGetArgs
+@attrs.frozen
+class ExternalArgs:
+    """An external tool's arguments, as given (never normalized: the server reads them)."""
+
+    arguments: Mapping[str, Any]
+
+
+ToolArgs = ReadFileArgs | ListDirArgs | WriteFileArgs | ShellArgs | HttpGetArgs | ExternalArgs
 
 _ARG_CLASSES: Final[Mapping[str, type[ToolArgs]]] = {
     "read_file": ReadFileArgs,
@@ -179,6 +198,32 @@ def catalogue_tools() -> list[dict[str, Any]]:
     ]
 
 
+def external_catalogue_tools(external: ExternalCatalogue) -> list[dict[str, Any]]:
+    """The catalogue frame's entries for the accepted ``mcp.*`` tools of ``external``, by
+    name (OpenAI's tool format: the name the model calls, the server's description, its
+    input schema as the parameters; a fresh copy). Tools not accepted are not offered.
+
+    >>> from boxmaker.core.labels import FRESH
+    >>> tool = ExternalTool("mcp.git.log", "Show the log.", {"type": "object"}, FRESH)
+    >>> external_catalogue_tools({"mcp.git.log": tool})[0]["function"]
+    {'name': 'mcp.git.log', 'description': 'Show the log.', 'parameters': {'type': 'object'}}
+    >>> external_catalogue_tools({"mcp.git.log": attrs.evolve(tool, state=ToolState.CHANGED)})
+    []
+    """
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": tool.description,
+                "parameters": copy.deepcopy(dict(tool.input_schema)),
+            },
+        }
+        for name, tool in sorted(external.items())
+        if tool.state is ToolState.ACCEPTED and name.startswith(MCP_PREFIX) and tool.name == name
+    ]
+
+
 @attrs.frozen
 class ArgumentProblem:
     """Why a request's tool or arguments are refused (``unknown_tool``, ``bad_arguments``)."""
@@ -189,10 +234,15 @@ class ArgumentProblem:
 
 @attrs.frozen
 class CheckedArguments:
-    """Arguments that fit their tool's schema, with paths normalized (core.paths)."""
+    """Arguments that fit their tool's schema, with paths normalized (core.paths).
 
-    tool: ToolName
+    An external tool's (``mcp.*``, ``claude.*``) carry the tool as the catalogue described
+    it when they were checked (``external``), so its definition hash is the one decided on.
+    """
+
+    tool: str
     value: ToolArgs
+    external: ExternalTool | None = None
     paths: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
     """Every workspace path the call touches."""
     command: str | None = attrs.field(init=False, eq=False, repr=False)
@@ -230,16 +280,28 @@ class CheckedArguments:
     def _match_paths(self) -> tuple[str, ...]:
         return tuple(match_form(path) for path in self.paths)
 
+    @property
+    def definition(self) -> str | None:
+        """An ``mcp.*`` tool's definition hash as decided on; None for any other tool."""
+        external = self.external
+        return None if external is None else external.definition
+
     def subject(self) -> str:
-        """What the call is about, for details: the path, the command or the host."""
+        """What the call is about, for details: the path, the command, the host, or an
+        external tool's arguments (canonical JSON)."""
         if self.paths:
             return self.paths[0]
-        if self.command is not None:
-            return self.command if len(self.command) <= 200 else self.command[:200] + "…"
+        text = self.command
+        if text is None and isinstance(self.value, ExternalArgs):
+            text = canonical_json(self.value.arguments)
+        if text is not None:
+            return text if len(text) <= 200 else text[:200] + "…"
         return self.host or ""
 
     def to_json(self) -> dict[str, Any]:
         """The checked arguments as recorded and run (unset optionals left out)."""
+        if isinstance(self.value, ExternalArgs):
+            return dict(self.value.arguments)
         raw: dict[str, Any] = converter.unstructure(self.value)
         return {key: value for key, value in raw.items() if value is not None}
 
@@ -308,12 +370,48 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
+def _check_external(
+    tool: str, raw_arguments: object, external: ExternalCatalogue
+) -> CheckedArguments | ArgumentProblem:
+    """:func:`check_arguments` for a tool that is not built in: a ``claude.<Name>``, or an
+    ``mcp.*`` tool of the catalogue that the owner accepted as it is now."""
+    if tool.startswith(MCP_PREFIX):
+        found = external.get(tool)
+        # The catalogue's key and the tool's own name must agree: a catalogue built wrong
+        # must not let one name run another tool.
+        if found is None or found.name != tool:
+            return ArgumentProblem(Reason.UNKNOWN_TOOL, f"unknown tool {tool[:100]!r}")
+        if found.state is not ToolState.ACCEPTED:
+            changed = found.state is ToolState.CHANGED
+            reason = Reason.TOOL_CHANGED if changed else Reason.TOOL_NOT_PINNED
+            return ArgumentProblem(reason, not_pinned_detail(tool, found.state))
+    elif is_claude_name(tool):
+        found = claude_tool(tool)
+    else:
+        return ArgumentProblem(Reason.UNKNOWN_TOOL, f"unknown tool {tool[:100]!r}")
+    problem = json_problem(raw_arguments)
+    if problem is None:
+        assert isinstance(raw_arguments, Mapping)
+        problem = found.schema_problem(raw_arguments)
+    if problem is not None:
+        return ArgumentProblem(Reason.BAD_ARGUMENTS, problem)
+    assert isinstance(raw_arguments, Mapping)
+    return CheckedArguments(tool, ExternalArgs(raw_arguments), found)
+
+
 def check_arguments(
-    tool: str, raw_arguments: object, *, workspace: str | None = None
+    tool: str,
+    raw_arguments: object,
+    *,
+    workspace: str | None = None,
+    external: ExternalCatalogue = EMPTY_CATALOGUE,
 ) -> CheckedArguments | ArgumentProblem:
     """Check a request's tool and arguments (the pipeline's step 3); never raises.
 
     ``workspace`` (the absolute workspace root) lets an absolute path inside it through.
+    ``external`` is the gateway's catalogue now: an ``mcp.*`` tool must be in it and
+    accepted (else ``unknown_tool``, ``tool_not_pinned``, ``tool_changed``); a
+    ``claude.<Name>`` takes any JSON object (:mod:`boxmaker.core.external_tools`).
 
     >>> check_arguments("read_file", {"path": "./notes.txt"}).to_json()
     {'path': 'notes.txt'}
@@ -326,7 +424,7 @@ def check_arguments(
     """
     name = _TOOL_LOOKUP.get(tool)
     if name is None:
-        return ArgumentProblem(Reason.UNKNOWN_TOOL, f"unknown tool {tool[:100]!r}")
+        return _check_external(tool, raw_arguments, external)
     if not isinstance(raw_arguments, Mapping) or not all(isinstance(k, str) for k in raw_arguments):
         return ArgumentProblem(Reason.BAD_ARGUMENTS, "arguments must be a JSON object")
     problem = _schema_problem(TOOL_SCHEMAS[tool]["parameters"], raw_arguments)
@@ -364,7 +462,8 @@ def result_label(
     """The label of a successful call's result (each tool's label; a
     file's from the ``[labels]`` rules).
 
-    ``label_taint`` is the matched grant's (only shell grants have one).
+    ``label_taint`` is the matched grant's (only shell grants have one). An external
+    tool's is its own: an ``mcp.*`` server's configured label, none for ``claude.*``.
 
     >>> url = check_arguments("http_get", {"url": "https://a.example/"})
     >>> result_label(url, LabelRules(), None)
@@ -373,6 +472,8 @@ def result_label(
     <Taint.SECRET: 'secret'>
     """
     value = arguments.value
+    if arguments.external is not None:
+        return arguments.external.label
     if isinstance(value, ReadFileArgs | ListDirArgs):
         return rules.label_for_path(value.path)
     if isinstance(value, WriteFileArgs):

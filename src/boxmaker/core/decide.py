@@ -27,6 +27,7 @@ from typing import Any, TypeAlias, assert_never
 import attrs
 
 from boxmaker.core.catalogue import ArgumentProblem, CheckedArguments, check_arguments
+from boxmaker.core.external_tools import EMPTY_CATALOGUE, ExternalCatalogue
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.core.labels import UNKNOWN, Label
@@ -74,6 +75,8 @@ class Ruling:
     state: Label = UNKNOWN
     recordable: bool = True
     """False only for ``audit_unavailable`` (step 2: it cannot be recorded)."""
+    definition: str | None = None
+    """An ``mcp.*`` tool's definition hash as decided on (an approval binds it)."""
 
 
 @attrs.frozen
@@ -146,6 +149,7 @@ def _deny(
             mode=mode,
             note=grant.note if grant else None,
             state=state,
+            definition=request.arguments.definition,
         )
     )
 
@@ -210,6 +214,7 @@ def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.date
         mode=mode,
         note=grant.note,
         state=state,
+        definition=request.arguments.definition,
     )
     if mode is Mode.ASK:
         return Ask(decision, grant, request.arguments)
@@ -224,16 +229,22 @@ def evaluate(
     state: Label | StateUnreadable,
     now: dt.datetime,
     workspace: str | None = None,
+    external: ExternalCatalogue = EMPTY_CATALOGUE,
+    asked: Ruling | None = None,
 ) -> Verdict:
     """Steps 2-6, in order; total (never raises for any request).
 
     ``workspace`` is the absolute workspace root (an absolute path inside it is accepted,
-    docs/decisions.md). The same call with the current grants and state is approve's
-    re-decision.
+    docs/decisions.md); ``external`` the gateway's catalogue now. The same call with the
+    current grants, state and catalogue is approve's re-decision, which passes the ask's
+    decision as ``asked``: an external tool whose definition is no longer the one the
+    owner was asked about is denied ``tool_changed`` (an approval binds the definition).
     """
     seen = state if isinstance(state, Label) else UNKNOWN
 
-    def early(reason: Reason, detail: str, arguments: dict[str, Any]) -> Deny:
+    def early(
+        reason: Reason, detail: str, arguments: dict[str, Any], definition: str | None = None
+    ) -> Deny:
         return Deny(
             Ruling(
                 call=request.call,
@@ -245,14 +256,24 @@ def evaluate(
                 detail=detail,
                 state=seen,
                 recordable=reason is not Reason.AUDIT_UNAVAILABLE,
+                definition=definition,
             )
         )
 
     if not ledger_usable:
         return early(Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL, request.arguments)
-    checked = check_arguments(request.tool, request.arguments, workspace=workspace)
+    checked = check_arguments(
+        request.tool, request.arguments, workspace=workspace, external=external
+    )
     if isinstance(checked, ArgumentProblem):
         return early(checked.reason, checked.detail, request.arguments)
+    bound = None if asked is None or checked.external is None else asked.definition
+    if bound is not None and checked.definition != bound:
+        detail = (
+            f"{request.tool}: its definition changed since the owner was asked "
+            f"(asked about {bound}, now {checked.definition})"
+        )
+        return early(Reason.TOOL_CHANGED, detail, checked.to_json(), checked.definition)
     if isinstance(grants, GrantsProblem):
         return early(Reason.GRANTS_INVALID, grants.detail(), checked.to_json())
     if isinstance(state, StateUnreadable):

@@ -11,8 +11,9 @@ Warnings, only for a valid file (docs/decisions.md, "Grants"):
 
 - ``shadowed``: :func:`boxmaker.core.decide.decide` takes the first matching grant in
   the order deny, auto with ``wins_over_ask``, ask, auto, file order within each; a
-  grant that comes later in that order than a grant of the same tool matching every
-  call it matches (for at least as long: see :func:`_outlives`) never decides anything.
+  grant that comes later in that order than a grant of the same tool (or of a family
+  holding it: :func:`tool_covers`) matching every call it matches (for at least as long:
+  see :func:`_outlives`) never decides anything.
   "Matches every call" is judged from the patterns alone and conservatively (:func:`glob_covers`,
   :func:`command_covers`, :func:`host_covers`): a warning is always true; a shadowed
   grant whose patterns are too clever may go unflagged.
@@ -235,7 +236,7 @@ def _shadowed(grants: GrantSet, now: dt.datetime, lines: _Lines) -> Iterator[Fin
     index = {g.id: i for i, g in enumerate(grants.grants)}
     for position, grant in enumerate(order):
         for earlier in order[:position]:
-            if earlier.tool == grant.tool and shadows(earlier, grant, now):
+            if shadows(earlier, grant, now):
                 why = (
                     "an earlier grant of the same mode"
                     if precedence_rank(earlier) == precedence_rank(grant)
@@ -261,7 +262,17 @@ def _shadowed(grants: GrantSet, now: dt.datetime, lines: _Lines) -> Iterator[Fin
 def shadows(first: Grant, later: Grant, now: dt.datetime) -> bool:
     """Does ``first`` (tried before ``later``, same tool) match every call ``later``
     matches, for as long as ``later`` can match? Conservative: True only when sure."""
-    if first.tool != later.tool or first.expired(now) or not _outlives(first, later):
+    if not tool_covers(first.tool, later.tool):
+        return False
+    if first.expired(now) or not _outlives(first, later):
+        return False
+    if first.arguments is not None and not _arguments_cover(first.arguments, later.arguments):
+        return False
+    if not first.other_arguments and (
+        later.other_arguments
+        or not {name for name, _ in later.arguments or ()}
+        <= {name for name, _ in first.arguments or ()}
+    ):
         return False
     if first.paths is not None and not _globs_cover(first.paths, later.paths):
         return False
@@ -271,6 +282,39 @@ def shadows(first: Grant, later: Grant, now: dt.datetime) -> bool:
             return False
     if first.tool == "http_get":
         return all(any(host_covers(a, b) for a in first.hosts) for b in later.hosts)
+    return True
+
+
+def tool_covers(wide: str, narrow: str) -> bool:
+    """Does a grant for ``wide`` cover every tool a grant for ``narrow`` covers (equal
+    names, or an external family holding the other: ``mcp.*`` ⊇ ``mcp.git.*`` ⊇
+    ``mcp.git.log``)?
+
+    >>> tool_covers("mcp.*", "mcp.git.*"), tool_covers("mcp.git.*", "mcp.git.log")
+    (True, True)
+    >>> tool_covers("mcp.git.*", "mcp.*"), tool_covers("claude.*", "mcp.git.x")
+    (False, False)
+    >>> tool_covers("shell", "shell"), tool_covers("mcp.git.*", "mcp.github.x")
+    (True, False)
+    """
+    if wide == narrow:
+        return True
+    return wide.endswith(".*") and narrow.startswith(wide[:-1])
+
+
+def _arguments_cover(
+    first: tuple[tuple[str, tuple[str, ...]], ...],
+    later: tuple[tuple[str, tuple[str, ...]], ...] | None,
+) -> bool:
+    """Does every argument ``first`` names have patterns in ``later`` that ``first``'s
+    patterns cover (:func:`command_covers`: the same fnmatch rules, whole value)?"""
+    wanted = dict(later or ())
+    for name, patterns in first:
+        narrow = wanted.get(name)
+        if narrow is None:
+            return False
+        if not all(any(command_covers(a, b) for a in patterns) for b in narrow):
+            return False
     return True
 
 

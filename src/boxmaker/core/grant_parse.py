@@ -19,8 +19,9 @@ from typing import Any, Final
 
 import attrs
 
-from boxmaker.core.catalogue import FILE_TOOLS, TOOL_NAMES, ToolName
-from boxmaker.core.grants import GRANT_ID, Grant, GrantSet, Mode
+from boxmaker.core.catalogue import FILE_TOOLS, TOOL_NAMES
+from boxmaker.core.external_tools import is_external, is_tool_pattern
+from boxmaker.core.grants import APPROVERS, GRANT_ID, OWNER, Grant, GrantSet, Mode
 from boxmaker.core.hosts import HostRule
 from boxmaker.core.labels import Taint
 from boxmaker.core.paths import Glob, glob_problem
@@ -116,6 +117,9 @@ _KEYS: Final = (
     "wins_over_ask",
     "expires",
     "note",
+    "arguments",
+    "other_arguments",
+    "approvers",
 )
 _APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
     "paths": lambda tool: tool in FILE_TOOLS,
@@ -126,6 +130,8 @@ _APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
     # opens directories (never hard-linked), and write_file's rename replaces the name,
     # so the other names keep the old content.
     "hard_links": lambda tool: tool == "read_file",
+    "arguments": is_external,
+    "other_arguments": is_external,
 }
 _MAX_NOTE: Final = 500
 
@@ -233,12 +239,61 @@ def _grant_id(nth: str, raw: Mapping[str, Any], seen: set[str]) -> str:
     return gid
 
 
-def _tool(gid: str | None, value: object) -> ToolName:
+def _tool(gid: str | None, value: object) -> str:
+    if isinstance(value, str) and is_external(value):
+        if not is_tool_pattern(value):
+            message = (
+                f"{_show(value)} is not an external tool's name or family "
+                "(mcp.SERVER.TOOL, mcp.SERVER.*, mcp.*, claude.NAME, claude.*)"
+            )
+            raise _Invalid(gid, "tool", message)
+        return value
     if not isinstance(value, str) or value not in TOOL_NAMES:
         words = ", ".join(TOOL_NAMES)
         message = f"expected one of {words}, got {_show(value)}"
         raise _Invalid(gid, "tool", message, _nearest(value, TOOL_NAMES))
     return TOOL_NAMES[TOOL_NAMES.index(value)]
+
+
+def _arguments(gid: str | None, value: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if not isinstance(value, dict):
+        raise _Invalid(gid, "arguments", f"expected a table of arrays, got {_type_name(value)}")
+    if not value:
+        raise _Invalid(gid, "arguments", "an empty table (leave the key out instead)")
+    pairs = []
+    # Any JSON key is an argument's name, and an empty pattern matches the empty string:
+    # approve --always writes a call's names and values as they are.
+    for name, patterns in value.items():
+        if not isinstance(patterns, list):
+            message = f"{_show(name)}: expected an array of strings, got {_type_name(patterns)}"
+            raise _Invalid(gid, "arguments", message)
+        if not patterns:
+            message = f"{_show(name)}: an empty array matches nothing (leave the name out instead)"
+            raise _Invalid(gid, "arguments", message)
+        for pattern in patterns:
+            if not isinstance(pattern, str):
+                message = (
+                    f"{_show(name)}: expected an array of strings, got {_type_name(pattern)} in it"
+                )
+                raise _Invalid(gid, "arguments", message)
+            if "\x00" in pattern:
+                raise _Invalid(gid, "arguments", f"{_show(name)}: NUL byte in a pattern")
+        pairs.append((name, tuple(patterns)))
+    return tuple(pairs)
+
+
+def _approvers(gid: str | None, value: object) -> tuple[str, ...]:
+    approvers = _strings(gid, "approvers", value)
+    for approver in approvers:
+        if approver not in APPROVERS:
+            words = ", ".join(APPROVERS)
+            message = f"expected some of {words}, got {_show(approver)}"
+            raise _Invalid(gid, "approvers", message, _nearest(approver, APPROVERS))
+    if len(set(approvers)) != len(approvers):
+        raise _Invalid(gid, "approvers", "an approver named twice")
+    if OWNER not in approvers:
+        raise _Invalid(gid, "approvers", 'the owner can always answer: name "owner" too')
+    return tuple(approvers)
 
 
 def _label_taint(gid: str | None, value: object) -> Taint:
@@ -260,6 +315,9 @@ _VALUES: Final[Mapping[str, Callable[[str | None, object], Any]]] = {
     "wins_over_ask": lambda gid, value: _boolean(gid, "wins_over_ask", value),
     "expires": _expires,
     "note": _note,
+    "arguments": _arguments,
+    "other_arguments": lambda gid, value: _boolean(gid, "other_arguments", value),
+    "approvers": _approvers,
 }
 
 
@@ -292,7 +350,7 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
     problems += [
         _Invalid(gid, key, "required key missing") for key in ("tool", "mode") if key not in raw
     ]
-    tool: ToolName | None = check("tool", _tool, gid)
+    tool: str | None = check("tool", _tool, gid)
     mode: Mode | None = check("mode", lambda value: _enum(gid, "mode", value, Mode))
     skip = {key for key in _KEYS if key not in raw}
     if tool is not None:
@@ -305,6 +363,8 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
     values = {key: check(key, parse, gid) for key, parse in _VALUES.items() if key not in skip}
     if values.get("wins_over_ask") and mode is not None and mode is not Mode.AUTO:
         problems.append(_Invalid(gid, "wins_over_ask", "applies to auto grants only"))
+    if values.get("approvers") and mode is not None and mode is not Mode.ASK:
+        problems.append(_Invalid(gid, "approvers", "applies to ask grants only"))
     if problems:
         for problem in problems:
             problem.index = index
@@ -332,6 +392,9 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
         wins_over_ask=value("wins_over_ask", False),
         expires=values.get("expires"),
         note=values.get("note"),
+        arguments=values.get("arguments"),
+        other_arguments=value("other_arguments", True),
+        approvers=value("approvers", (OWNER,)),
     )
 
 

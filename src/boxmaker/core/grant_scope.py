@@ -12,6 +12,10 @@ The grant is never broader than the approved call, in any key:
   ``hard_links``, and its ``expires`` when that comes before ``--for``'s), and never
   runs an untrusted session's call without asking: its ``if_untrusted`` is ``ask``, or
   ``deny`` where the asking grant's was;
+- an external tool's (``mcp.*``, ``claude.*``): ``tool`` its exact name, ``arguments``
+  every top-level argument's exact value (a string as it is, any other value as its
+  canonical JSON) escaped for fnmatch, and ``other_arguments = false``, so a call with
+  one argument more does not match it either;
 - it is ``mode = "auto"`` with ``wins_over_ask = true``, so it decides before the ask
   grant that asked (a deny grant still wins: core.grants' precedence).
 
@@ -32,7 +36,14 @@ from typing import Any, Final
 import attrs
 
 from boxmaker.core import durations
-from boxmaker.core.catalogue import FILE_TOOLS, ArgumentProblem, CheckedArguments, check_arguments
+from boxmaker.core.catalogue import (
+    FILE_TOOLS,
+    ArgumentProblem,
+    CheckedArguments,
+    ExternalArgs,
+    check_arguments,
+)
+from boxmaker.core.external_tools import EMPTY_CATALOGUE, ExternalCatalogue, canonical_json
 from boxmaker.core.grant_parse import GrantsProblem, grants_from_document
 from boxmaker.core.grants import GRANT_ID, Grant, GrantSet, Mode
 from boxmaker.core.hosts import url_host_problem
@@ -93,10 +104,22 @@ def grant_id(approval: str) -> str:
     return f"always-{approval}"
 
 
-def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, list[str]] | ScopeProblem:
+def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, Any] | ScopeProblem:
     tool = arguments.tool
     if scope is Scope.DIR and tool not in FILE_TOOLS:
         return ScopeProblem(f"--scope dir applies to file tools only, not {tool}")
+    value = arguments.value
+    if isinstance(value, ExternalArgs):
+        exact = {
+            name: [escape_command(given if isinstance(given, str) else canonical_json(given))]
+            for name, given in value.arguments.items()
+        }
+        if any("\x00" in pattern[0] for pattern in exact.values()):
+            return ScopeProblem(
+                "an argument holds a NUL byte, which a grant cannot name; approve it once"
+            )
+        patterns: dict[str, Any] = {"arguments": exact} if exact else {}
+        return {**patterns, "other_arguments": False}
     if tool in FILE_TOOLS:
         path = arguments.paths[0]
         if path == ROOT:
@@ -147,16 +170,18 @@ def asked(
     tool: str,
     arguments: Mapping[str, Any],
     workspace: str,
+    external: ExternalCatalogue = EMPTY_CATALOGUE,
 ) -> Asked | ScopeProblem:
     """The grant ``grant`` that asked for a waiting call of ``tool`` with ``arguments``,
-    and those arguments checked in ``workspace`` (a real path); or why no grant can be
-    made from them. brokerd's approve and bxctl's confirmation both start here."""
+    and those arguments checked in ``workspace`` (a real path) with the external tools'
+    catalogue ``external``; or why no grant can be made from them. brokerd's approve and
+    bxctl's confirmation both start here."""
     if isinstance(grants, GrantsProblem):
         return ScopeProblem(f"grants.toml is invalid: {grants.describe()}")
     asking = next((each for each in grants.grants if each.id == grant), None)
     if asking is None:
         return ScopeProblem(f"grant {grant}, which asked, is no longer in grants.toml")
-    checked = check_arguments(tool, dict(arguments), workspace=workspace)
+    checked = check_arguments(tool, dict(arguments), workspace=workspace, external=external)
     if isinstance(checked, ArgumentProblem):
         return ScopeProblem(checked.detail)
     return Asked(asking, checked)

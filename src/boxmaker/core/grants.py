@@ -15,7 +15,14 @@ Matching (:meth:`Grant.matches`):
   ``a.b.example.com``, never ``example.com`` itself); and the URL's port is the entry's
   ``:port``, or without one the scheme's own (80, 443) (:mod:`boxmaker.core.hosts`,
   which also says which resolved addresses an entry must name);
+- ``arguments`` (external tools only, :mod:`boxmaker.core.external_tools`): each named
+  top-level argument must be present, and its value (a string as it is, any other JSON
+  value as its canonical JSON, so ``["/work/a", "/etc/x"]`` is the text ``[...]``, never
+  its items one by one) must match one of its patterns whole (:func:`fnmatch.fnmatchcase`);
 - ``expires``: a grant matches strictly before it (``now >= expires`` → no match).
+
+An external tool's grant names it exactly or by family (``mcp.git.*``, ``mcp.*``,
+``claude.*``); a built-in tool's grant never covers an external tool, nor the reverse.
 
 Precedence (:meth:`GrantSet.in_precedence`): ``deny`` grants first, then ``auto`` grants
 with ``wins_over_ask = true`` (what ``bxctl approve --always`` writes: the owner's answer
@@ -39,12 +46,20 @@ from typing import Final
 
 import attrs
 
-from boxmaker.core.catalogue import TOOL_NAMES, CheckedArguments, ToolName
+from boxmaker.core.catalogue import TOOL_NAMES, CheckedArguments, ExternalArgs
+from boxmaker.core.external_tools import canonical_json, tool_patterns
 from boxmaker.core.hosts import HostSet, host_rules
 from boxmaker.core.labels import Taint
 from boxmaker.core.paths import Glob, any_glob
 
 GRANT_ID: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+OWNER: Final = "owner"
+MCP_CLIENT: Final = "mcp-client"
+APPROVERS: Final = (OWNER, MCP_CLIENT)
+"""Who may answer a grant's ask: the owner (always), and where the grant says so, the MCP
+client's own prompt (elicitation: the client software's answer, not the owner's)."""
+_EXTERNAL_CACHE: Final = 1024
+"""External tool names whose grants a GrantSet keeps looked up (then it starts over)."""
 
 
 class Mode(enum.StrEnum):
@@ -60,7 +75,8 @@ class Grant:
     """One ``[[grant]]`` table, validated, globs and command patterns compiled."""
 
     id: str
-    tool: ToolName
+    tool: str
+    """A built-in tool's name, or an external tool's name or family (``mcp.git.*``)."""
     mode: Mode
     paths: tuple[Glob, ...] | None = None
     """File tools: None = every workspace path."""
@@ -78,10 +94,20 @@ class Grant:
     """An ``auto`` grant that comes before every ``ask`` grant in precedence."""
     expires: dt.datetime | None = None
     note: str | None = None
+    arguments: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    """External tools: (argument name, its patterns) pairs; None = any arguments."""
+    other_arguments: bool = True
+    """External tools: may a call carry top-level arguments ``arguments`` does not name?
+    approve --always writes false, so its grant is never broader than the call."""
+    approvers: tuple[str, ...] = (OWNER,)
+    """Ask grants: who may answer (:data:`APPROVERS`)."""
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
     _path_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
     _command_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
     _host_set: HostSet = attrs.field(eq=False, repr=False, init=False)
+    _argument_res: tuple[tuple[str, re.Pattern[str]], ...] | None = attrs.field(
+        eq=False, repr=False, init=False
+    )
 
     @_path_re.default
     def _compile_paths(self) -> re.Pattern[str] | None:
@@ -97,13 +123,23 @@ class Grant:
     def _compile_hosts(self) -> HostSet:
         return HostSet(host_rules(self.hosts))
 
+    @_argument_res.default
+    def _compile_arguments(self) -> tuple[tuple[str, re.Pattern[str]], ...] | None:
+        if self.arguments is None:
+            return None
+        return tuple(
+            (name, re.compile("|".join(fnmatch.translate(p) for p in patterns)))
+            for name, patterns in self.arguments
+        )
+
     def expired(self, now: dt.datetime) -> bool:
         """At or after ``expires`` the grant does not match (the boundary is ``>=``)."""
         return self.expires is not None and now >= self.expires
 
     def matches(self, tool: str, arguments: CheckedArguments, now: dt.datetime) -> bool:
         """Does this grant cover the call? ``now`` is an aware datetime."""
-        return tool == self.tool and self.covers(arguments, now)
+        named = tool == self.tool or self.tool in tool_patterns(tool)
+        return named and self.covers(arguments, now)
 
     def covers(self, arguments: CheckedArguments, now: dt.datetime) -> bool:
         """:meth:`matches` for arguments already known to be for this grant's tool."""
@@ -120,6 +156,11 @@ class Grant:
             command = arguments.command
             if command is None or command_re.match(command) is None:
                 return False
+        argument_res = self._argument_res
+        if argument_res is not None and not _arguments_match(argument_res, arguments.value):
+            return False
+        if not self.other_arguments and not _only_named(self.arguments, arguments.value):
+            return False
         if self.tool == "http_get":
             # Fail closed: an http_get grant without hosts (only built by hand) allows none.
             destination = arguments.destination
@@ -129,6 +170,30 @@ class Grant:
     def covers_path(self, path: str) -> bool:
         """Is the workspace path ``path`` within ``paths`` (True when there are none)?"""
         return self.paths is None or any(glob.matches(path) for glob in self.paths)
+
+
+def _arguments_match(patterns: tuple[tuple[str, re.Pattern[str]], ...], value: object) -> bool:
+    """Is every named argument present, its value matching its patterns whole? Fails
+    closed for a built-in tool's arguments (only a grant built by hand gets here)."""
+    if not isinstance(value, ExternalArgs):
+        return False
+    given = value.arguments
+    for name, pattern in patterns:
+        if name not in given:
+            return False
+        found = given[name]
+        text = found if isinstance(found, str) else canonical_json(found)
+        if pattern.fullmatch(text) is None:
+            return False
+    return True
+
+
+def _only_named(named: tuple[tuple[str, tuple[str, ...]], ...] | None, value: object) -> bool:
+    """Does the call carry no top-level argument but those ``named``?"""
+    if not isinstance(value, ExternalArgs):
+        return False
+    names = {name for name, _ in named or ()}
+    return all(key in names for key in value.arguments)
 
 
 def opened_refusal(grant: Grant, requested: str, real: str, links: int) -> str | None:
@@ -188,6 +253,10 @@ class GrantSet:
         eq=False, repr=False, init=False
     )
     _by_precedence: Mapping[str, tuple[Grant, ...]] = attrs.field(eq=False, repr=False, init=False)
+    _external: dict[str, tuple[tuple[Grant, ...], tuple[Grant, ...]]] = attrs.field(
+        factory=dict, eq=False, repr=False, init=False
+    )
+    """External tool name → (its grants in file order, in precedence), looked up lazily."""
 
     @_by_tool.default
     def _index(self) -> Mapping[str, tuple[Grant, ...]]:
@@ -207,18 +276,40 @@ class GrantSet:
             tool: tuple(sorted(self._by_tool[tool], key=precedence_rank)) for tool in TOOL_NAMES
         }
 
+    def _external_grants(self, tool: str) -> tuple[tuple[Grant, ...], tuple[Grant, ...]]:
+        """The grants covering the external tool ``tool`` by name or family, in file
+        order and in precedence; cached per name (a new name costs one pass)."""
+        found = self._external.get(tool)
+        if found is None:
+            patterns = tool_patterns(tool)
+            in_order = tuple(g for g in self.grants if g.tool in patterns)
+            found = (in_order, tuple(sorted(in_order, key=precedence_rank)))
+            if len(self._external) >= _EXTERNAL_CACHE:
+                self._external.clear()
+            self._external[tool] = found
+        return found
+
     def in_precedence(self, tool: str) -> tuple[Grant, ...]:
         """The grants for ``tool`` in the order decide() tries them (the module docstring:
         deny, auto winning over ask, ask, auto; file order within each)."""
-        return self._by_precedence.get(tool, ())
+        found = self._by_precedence.get(tool)
+        if found is not None:
+            return found
+        return self._external_grants(tool)[1]
 
     def for_tool(self, tool: str) -> tuple[Grant, ...]:
         """The grants for ``tool``, in file order."""
-        return self._by_tool.get(tool, ())
+        found = self._by_tool.get(tool)
+        if found is not None:
+            return found
+        return self._external_grants(tool)[0]
 
     def for_tool_and_mode(self, tool: str, mode: Mode) -> tuple[Grant, ...]:
         """The grants for ``tool`` with ``mode``, in file order."""
-        return self._by_tool_mode.get((tool, mode), ())
+        found = self._by_tool_mode.get((tool, mode))
+        if found is not None:
+            return found
+        return tuple(g for g in self._external_grants(tool)[0] if g.mode is mode)
 
     def matching(self, tool: str, arguments: CheckedArguments, now: dt.datetime) -> list[Grant]:
         """Every unexpired grant that matches, in file order."""

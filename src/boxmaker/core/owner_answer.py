@@ -32,6 +32,7 @@ import attrs
 
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call_events import AdminReply, NotRecorded
+from boxmaker.core.external_tools import EMPTY_CATALOGUE, ExternalCatalogue
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked, grant_of
 from boxmaker.core.grants import Grant, GrantSet
@@ -138,18 +139,21 @@ def grant_to_write(
     owner: str,
     now: dt.datetime,
     workspace: str,
+    external: ExternalCatalogue = EMPTY_CATALOGUE,
 ) -> GrantToWrite | OwnerError:
     """The grant an approve-always of the waiting ``entry`` writes, made from the grant
     that asked as ``grants`` (grants.toml now) says it and the entry's arguments checked
     again in ``workspace`` (a real path); or ``grant_not_written`` saying why there is
     none (grants.toml invalid, the asking grant gone or expired, arguments that no
-    longer fit, a call no grant can name). ``lasting`` is ``--for``; ``now`` is aware."""
+    longer fit, a call no grant can name). ``lasting`` is ``--for``; ``now`` is aware;
+    ``external`` the external tools' catalogue now."""
     found = asked(
         grants,
         grant=entry.grant.id,
         tool=entry.tool,
         arguments=entry.arguments,
         workspace=workspace,
+        external=external,
     )
     if isinstance(found, ScopeProblem):
         return not_written(found.message)

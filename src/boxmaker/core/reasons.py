@@ -27,7 +27,10 @@ class Reason(enum.StrEnum):
     TOO_MANY_PENDING = "too_many_pending"
     """An ask while ``[broker] max_pending`` calls already wait for the owner."""
     TOOL_NOT_PINNED = "tool_not_pinned"
+    """An MCP server's tool the owner has not accepted (``bxctl mcp pin``)."""
     TOOL_CHANGED = "tool_changed"
+    """An MCP server's tool whose definition is not the one pinned, or not the one an
+    ask was decided on (an approval binds the definition)."""
     # failures: a call that was decided to run and did not succeed (a ``failed`` answer)
     TOOL_ERROR = "tool_error"
     TIMEOUT = "timeout"
@@ -38,6 +41,7 @@ class Reason(enum.StrEnum):
     REQUESTER_GONE = "requester_gone"
     RESULT_UNRECORDED = "result_unrecorded"
     MCP_SERVER_FAILED = "mcp_server_failed"
+    """An MCP server died, timed out or answered with an error while running a call."""
 
 
 REASON_WORDS: Final[Mapping[Reason, str]] = {
@@ -55,8 +59,8 @@ REASON_WORDS: Final[Mapping[Reason, str]] = {
     Reason.AUDIT_UNAVAILABLE: "the ledger could not be written",
     Reason.BROKER_STOPPING: "brokerd was stopping",
     Reason.TOO_MANY_PENDING: "too many calls already waited for the owner",
-    Reason.TOOL_NOT_PINNED: "the owner has not pinned that MCP tool",
-    Reason.TOOL_CHANGED: "the MCP tool's definition changed since it was pinned",
+    Reason.TOOL_NOT_PINNED: "the MCP tool was not pinned (accepted) by the owner",
+    Reason.TOOL_CHANGED: "the MCP tool's definition changed since it was pinned or asked about",
     Reason.TOOL_ERROR: "the tool failed",
     Reason.TIMEOUT: "it ran past its time limit",
     Reason.NOT_FOUND: "the file or directory does not exist",
@@ -65,7 +69,7 @@ REASON_WORDS: Final[Mapping[Reason, str]] = {
     Reason.SANDBOX_UNAVAILABLE: "the sandbox could not be set up",
     Reason.REQUESTER_GONE: "the requester left (its chat or turn ended)",
     Reason.RESULT_UNRECORDED: "its result could not be recorded",
-    Reason.MCP_SERVER_FAILED: "the MCP server failed, died or did not answer in time",
+    Reason.MCP_SERVER_FAILED: "the MCP server failed while running it",
 }
 """Each reason code in words, for the owner."""
 

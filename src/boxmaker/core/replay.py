@@ -43,6 +43,7 @@ from boxmaker.core.catalogue import (
     check_arguments,
 )
 from boxmaker.core.decide import CheckedRequest, Verdict, decide
+from boxmaker.core.external_tools import MCP_PREFIX, assumed_catalogue
 from boxmaker.core.grants import Grant, GrantSet
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
@@ -198,7 +199,14 @@ class Replay:
         cover them, and decide with the whole grant set. Also the grant that precedence
         picks for them, which does not depend on the session's state: later states
         are decided on it alone (:meth:`_decide`)."""
-        checked = check_arguments(decision.tool, decision.arguments)
+        tool = decision.tool
+        if tool.startswith(MCP_PREFIX):
+            # A recorded MCP tool is decided as if accepted: what-if asks which grant
+            # would decide it, not whether its server still offers it.
+            external = assumed_catalogue(tool)
+            checked = check_arguments(tool, decision.arguments, external=external)
+        else:
+            checked = check_arguments(tool, decision.arguments)
         if isinstance(checked, ArgumentProblem):
             return None
         self._note_matches(checked, now)

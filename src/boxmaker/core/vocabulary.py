@@ -364,6 +364,9 @@ class Decision:
     taint: Taint
     untrusted: bool
     boot: str
+    definition: str | None = None
+    """An ``mcp.*`` tool's definition hash as decided on; left out of the line when
+    there is none, so a line written before it existed reads the same."""
 
     @classmethod
     def of(cls, ruling: Ruling, boot: str) -> Decision:
@@ -380,6 +383,7 @@ class Decision:
             taint=ruling.state.taint,
             untrusted=ruling.state.untrusted,
             boot=boot,
+            definition=ruling.definition,
         )
 
 
@@ -403,6 +407,12 @@ class Approval:
     note: str | None = None
     """The owner's note with an approve (``bxctl approve --note``); left out of the
     line when there is none, so a line written before it existed reads the same."""
+    definition: str | None = None
+    """An ``mcp.*`` tool's definition hash the ending was decided on (an approve's
+    re-decision's); left out of the line when there is none."""
+    approver: str | None = None
+    """Who answered when not the owner at bxctl: ``mcp-client:<name>`` for an answer
+    from the MCP client's own prompt (a grant's ``approvers``); left out when None."""
 
     @classmethod
     def of(
@@ -414,6 +424,7 @@ class Approval:
         state: Label,
         grant_written: str | None = None,
         note: str | None = None,
+        definition: str | None = None,
     ) -> Approval:
         """How ``entry``'s ask ended, decided on ``state``."""
         return cls(
@@ -426,6 +437,7 @@ class Approval:
             untrusted=state.untrusted,
             grant_written=grant_written,
             note=note,
+            definition=definition,
         )
 
 
@@ -446,10 +458,20 @@ class Result:
     stopped: bool = False
     """``requester_gone`` only: the run had begun and was stopped (a shell's sandbox
     killed) when its requester left; absent when it never began."""
+    definition: str | None = None
+    """An ``mcp.*`` tool's definition hash it ran with; left out of the line when none."""
 
     @classmethod
     def of_run(
-        cls, call: str, *, ok: bool, reason: Reason | None, label: Label, content: str, after: Label
+        cls,
+        call: str,
+        *,
+        ok: bool,
+        reason: Reason | None,
+        label: Label,
+        content: str,
+        after: Label,
+        definition: str | None = None,
     ) -> Result:
         """A run's result: what its output hashes to, and the session's state ``after``
         the raise by its ``label``."""
@@ -463,10 +485,13 @@ class Result:
             untrusted_after=after.untrusted,
             output_sha256=hashlib.sha256(output).hexdigest(),
             output_bytes=len(output),
+            definition=definition,
         )
 
     @classmethod
-    def requester_gone(cls, call: str, state: Label, *, stopped: bool) -> Result:
+    def requester_gone(
+        cls, call: str, state: Label, *, stopped: bool, definition: str | None = None
+    ) -> Result:
         """The requester left before the run (the last look), or during it (``stopped``):
         ``failed`` ``requester_gone`` on the state the run was decided on; no output, no
         label (nobody saw anything)."""
@@ -480,4 +505,5 @@ class Result:
             output_sha256=None,
             output_bytes=0,
             stopped=stopped,
+            definition=definition,
         )

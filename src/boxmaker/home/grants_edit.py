@@ -178,6 +178,12 @@ def _grant_tables(document: tomlkit.TOMLDocument) -> AoT | None:
 def _grant_table(fields: dict[str, Any]) -> Table:
     table = tomlkit.table()
     for name, value in fields.items():
+        if isinstance(value, dict):
+            # An inline table (an external tool's ``arguments``): a [grant.arguments]
+            # sub-table would be a header of its own, where the grant's text is cut.
+            inline = tomlkit.inline_table()
+            inline.update(value)
+            value = inline
         table.add(name, value)
     return table
 

@@ -64,7 +64,8 @@ POLICY_WORD: Final = Kind.POLICY.value.encode()
 """Every policy line holds these bytes (its kind)."""
 
 _DECISION_FIELDS: Final = 14
-"""A decision line's keys: the four common ones and the body's ten, none else."""
+"""A decision line's keys: the four common ones and the body's ten, none else (one more,
+``definition``, for an ``mcp.*`` tool's)."""
 _VERDICTS: Final = {code.value: code for code in VerdictCode}
 _REASONS: Final[dict[str | None, Reason | None]] = {None: None} | {r.value: r for r in Reason}
 _TAINTS: Final = {taint.value: taint for taint in Taint}
@@ -179,8 +180,9 @@ def decision_of(fields: dict[str, Any]) -> Record[Decision] | None:
     raises :class:`~boxmaker.ledger.records.BadRecord`. By hand, not by the converter:
     a fifth of the cost (docs/performance.md).
     """
-    if len(fields) != _DECISION_FIELDS:
+    if len(fields) != _DECISION_FIELDS + ("definition" in fields):
         return None  # a field missing (found below), or one no decision has
+    definition = fields.get("definition")
     try:
         seq, at, prev = fields["seq"], fields["at"], fields["prev"]
         call, session, tool = fields["call"], fields["session"], fields["tool"]
@@ -197,6 +199,7 @@ def decision_of(fields: dict[str, Any]) -> Record[Decision] | None:
             or not (grant is None or type(grant) is str)
             or type(untrusted) is not bool
             or type(boot) is not str
+            or not (definition is None or type(definition) is str)
         ):
             return None
         verdict = _VERDICTS[fields["verdict"]]
@@ -205,5 +208,7 @@ def decision_of(fields: dict[str, Any]) -> Record[Decision] | None:
         record_time(at)
     except (KeyError, TypeError, ValueError):
         return None
-    body = Decision(call, session, tool, arguments, verdict, reason, grant, taint, untrusted, boot)
+    body = Decision(
+        call, session, tool, arguments, verdict, reason, grant, taint, untrusted, boot, definition
+    )
     return Record(seq, at, prev, body)

@@ -155,8 +155,8 @@ class McpTools:
 
 Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy | McpTools
 
-# An approval without a grant written or a note keeps the line it had before the field
-# existed.
+# An approval without a grant written, a note, a definition or an approver keeps the line
+# it had before the field existed.
 converter.register_unstructure_hook(
     Approval,
     make_dict_unstructure_fn(
@@ -164,11 +164,23 @@ converter.register_unstructure_hook(
         converter,
         grant_written=override(omit_if_default=True),
         note=override(omit_if_default=True),
+        definition=override(omit_if_default=True),
+        approver=override(omit_if_default=True),
     ),
 )
-# Likewise a result of a run that was not stopped.
+# Likewise a result of a run that was not stopped, and any record of a built-in tool's call.
 converter.register_unstructure_hook(
-    Result, make_dict_unstructure_fn(Result, converter, stopped=override(omit_if_default=True))
+    Result,
+    make_dict_unstructure_fn(
+        Result,
+        converter,
+        stopped=override(omit_if_default=True),
+        definition=override(omit_if_default=True),
+    ),
+)
+converter.register_unstructure_hook(
+    Decision,
+    make_dict_unstructure_fn(Decision, converter, definition=override(omit_if_default=True)),
 )
 
 BODY_TYPES: dict[Kind, type[Body]] = {
