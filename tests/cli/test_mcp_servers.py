@@ -16,10 +16,11 @@ from tests.harness.cli import bxctl_in_process
 from tests.harness.mcp_servers import echo_definition, fake_server
 from tests.harness.sandbox import sandbox_workspace, use_sandbox_workspace
 
+from boxmaker.core.external_tools import definition_hash
 from boxmaker.home.config import load_config
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import GENESIS_PREV, Genesis, McpTools, encode_line, line_hash
-from boxmaker.mcp.pins import Pin, definition_hash, read_pins, write_pins
+from boxmaker.mcp.pins import Pin, read_pins, write_pins
 
 CLAUDE = {
     "mcpServers": {

@@ -6,8 +6,8 @@ line of DEFINITION_FILE when it exists (a test changes it between two starts). I
 behave badly on purpose:
 
 - ``echo``: answers its ``text``.
-- ``hang``: never answers; prints ``cancelled <request id>`` on stderr when the client
-  cancels it (``notifications/cancelled``).
+- ``hang``: never answers; prints ``hanging <request id>`` on stderr, and ``cancelled
+  <request id>`` when the client cancels it (``notifications/cancelled``).
 - ``crash``: the process exits (status 3) in the middle of the call.
 - ``huge``: writes a line of 5 MiB without a newline on the MCP stream.
 - ``chatter``: sends notifications without end.
@@ -88,6 +88,7 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "echo":
             return _text(str(arguments.get("text", "")))
         case "hang":
+            print(f"hanging {ctx.request_id}", file=sys.stderr, flush=True)
             try:
                 await trio.sleep_forever()
             finally:

@@ -13,19 +13,22 @@ from __future__ import annotations
 import contextlib
 import os
 import site
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import attrs
+import orjson
 import trio
 
+from boxmaker.core.external_tools import ExternalTool
 from boxmaker.home.config import Config, workspace_problem
 from boxmaker.home.mcp_config import McpServerConfig
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import Body
-from boxmaker.mcp.gateway import Gateway, GatewayTool
+from boxmaker.mcp.gateway import Gateway
 from boxmaker.mcp.pins import Pin, write_pins
 
 FAKE_SERVER = Path(__file__).resolve().parent.parent / "fakes" / "mcp_server.py"
@@ -104,5 +107,36 @@ def echo_definition(description: str = "Echo the text back.") -> dict[str, Any]:
     return {"name": "echo", "description": description, "inputSchema": schema}
 
 
-def tool(gateway: Gateway, name: str) -> GatewayTool:
+def tool(gateway: Gateway, name: str) -> ExternalTool:
     return gateway.catalogue()[name]
+
+
+def server_toml(name: str, server: McpServerConfig) -> str:
+    """``server`` as a config.toml table ``[mcp_servers.NAME]``."""
+    env = server.env.items()
+    lines = [
+        f"[mcp_servers.{name}]",
+        f"command = {orjson.dumps(server.command).decode()}",
+        f"args = {orjson.dumps(list(server.args)).decode()}",
+        f"env = {{ {', '.join(f'{k} = {orjson.dumps(v).decode()}' for k, v in env)} }}",
+        f"read_only_paths = {orjson.dumps(list(server.read_only_paths)).decode()}",
+        f"writable_paths = {orjson.dumps(list(server.writable_paths)).decode()}",
+        f"call_timeout_s = {server.call_timeout_s}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def make_repository(workspace: Path) -> Path:
+    """A git repository in ``workspace`` (one commit, one change), owned as the
+    workspace is (the sandbox's uid, as root)."""
+    repo = workspace / "repo"
+    repo.mkdir()
+    run = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(repo)]
+    subprocess.run([*run, "init", "-q", "-b", "main"], check=True)
+    (repo / "notes.txt").write_text("first\n")
+    subprocess.run([*run, "add", "notes.txt"], check=True)
+    subprocess.run([*run, "commit", "-q", "-m", "the first note"], check=True)
+    (repo / "notes.txt").write_text("first\nsecond\n")
+    owner = workspace.stat()
+    subprocess.run(["chown", "-R", f"{owner.st_uid}:{owner.st_gid}", str(repo)], check=True)
+    return repo

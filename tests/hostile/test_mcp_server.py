@@ -33,11 +33,12 @@ from tests.harness.mcp_servers import (
 )
 from tests.harness.sandbox import sandbox_workspace
 
+from boxmaker.core.external_tools import ToolState
 from boxmaker.core.reasons import Reason
 from boxmaker.home.paths import Home
 from boxmaker.mcp.gateway import Gateway
 from boxmaker.mcp.gateway_server import LOG_CAP, MAX_MESSAGE, MAX_UNASKED
-from boxmaker.mcp.pins import Pin, ToolStatus, write_pins
+from boxmaker.mcp.pins import Pin, write_pins
 
 pytestmark = pytest.mark.slow
 LIMIT = 30
@@ -75,7 +76,7 @@ def gateway(home: Home, workspace: Path) -> Gateway:
 
 async def _call(gateway: Gateway, name: str, **arguments: object) -> tuple[object, str | None, str]:
     found = tool(gateway, f"mcp.fake.{name}")
-    assert found.state is ToolStatus.ACCEPTED, found
+    assert found.state is ToolState.ACCEPTED, found
     result = await gateway.call(found, arguments)
     return result.reason, result.detail, result.content
 

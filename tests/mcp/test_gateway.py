@@ -5,7 +5,6 @@ every server stopped with the gateway. The hostile servers are tests/hostile/tes
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from tests.harness.mcp_servers import (
     echo_definition,
     fake_server,
     make_gateway,
+    make_repository,
     pin_all,
     python_server,
     running,
@@ -23,12 +23,12 @@ from tests.harness.mcp_servers import (
 )
 from tests.harness.sandbox import processes_with, sandbox_workspace, wait_gone
 
+from boxmaker.core.external_tools import ToolState, definition_hash
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import McpTools
 from boxmaker.mcp.gateway import Gateway
-from boxmaker.mcp.pins import ToolStatus, definition_hash
 
 pytestmark = pytest.mark.slow
 LIMIT = 30
@@ -64,7 +64,7 @@ async def test_a_pinned_tool_starts_its_server_on_demand_and_its_list_is_recorde
         async with running(gateway):
             echo = tool(gateway, "mcp.fake.echo")
             # From the pin alone, before the server ever ran.
-            assert echo.state is ToolStatus.ACCEPTED
+            assert echo.state is ToolState.ACCEPTED
             assert echo.definition == definition_hash(echo_definition())
             assert echo.label == Label(Taint.INTERNAL, True)
             assert not processes_with(str(definition))
@@ -74,7 +74,7 @@ async def test_a_pinned_tool_starts_its_server_on_demand_and_its_list_is_recorde
             again = await gateway.call(echo, {"text": "again"})
             assert again.content == "again"
             # The others, listed at the start, are offered as not pinned (core denies them).
-            assert tool(gateway, "mcp.fake.hang").state is ToolStatus.NOT_PINNED
+            assert tool(gateway, "mcp.fake.hang").state is ToolState.NOT_PINNED
     recorded = gateway.record
     assert isinstance(recorded, Recorded)
     [record] = recorded.bodies  # one start, one record
@@ -100,21 +100,21 @@ async def test_a_definition_changed_between_two_starts_is_refused_until_pinned(
     with trio.fail_after(LIMIT):
         async with running(gateway):
             echo = tool(gateway, "mcp.fake.echo")
-            assert echo.state is ToolStatus.ACCEPTED  # nothing known yet but the pin
+            assert echo.state is ToolState.ACCEPTED  # nothing known yet but the pin
             result = await gateway.call(echo, {"text": "hello"})
             assert (result.ok, result.reason) == (False, Reason.TOOL_CHANGED)
             assert result.detail == (
-                "mcp.fake.echo: its definition changed since it was pinned; "
-                "run `bxctl mcp pin fake echo`"
+                "mcp.fake.echo: its definition changed since it was pinned: "
+                "run `bxctl mcp pin fake echo`; see docs/runbook.md#mcp-pin"
             )
             now = tool(gateway, "mcp.fake.echo")
-            assert (now.state, now.definition) == (ToolStatus.CHANGED, definition_hash(changed))
+            assert (now.state, now.definition) == (ToolState.CHANGED, definition_hash(changed))
             assert now.description == changed["description"]
             # The owner pins the new definition: the next look at the pins accepts it.
             pin_all(home, "fake", {"echo": changed})
             await gateway.reload_pins()
             accepted = tool(gateway, "mcp.fake.echo")
-            assert accepted.state is ToolStatus.ACCEPTED
+            assert accepted.state is ToolState.ACCEPTED
             assert (await gateway.call(accepted, {"text": "hi"})).content == "hi"
 
 
@@ -165,19 +165,7 @@ async def _fail_twice(gateway: Gateway) -> None:
 
 @pytest.fixture
 def repository(workspace: Path) -> Path:
-    repo = workspace / "repo"
-    repo.mkdir()
-    run = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(repo)]
-    subprocess.run([*run, "init", "-q", "-b", "main"], check=True)
-    (repo / "notes.txt").write_text("first\n")
-    subprocess.run([*run, "add", "notes.txt"], check=True)
-    subprocess.run([*run, "commit", "-q", "-m", "the first note"], check=True)
-    (repo / "notes.txt").write_text("first\nsecond\n")
-    subprocess.run(
-        ["chown", "-R", f"{workspace.stat().st_uid}:{workspace.stat().st_gid}", str(repo)],
-        check=True,
-    )
-    return repo
+    return make_repository(workspace)
 
 
 async def test_mcp_server_git_from_the_registry_runs_in_its_sandbox(
@@ -193,14 +181,14 @@ async def test_mcp_server_git_from_the_registry_runs_in_its_sandbox(
             started = await gateway.start("git")
             assert not isinstance(started, str), started
             listed = tool(gateway, "mcp.git.git_status")
-            assert listed.state is ToolStatus.NOT_PINNED
+            assert listed.state is ToolState.NOT_PINNED
             assert "repo_path" in listed.input_schema["properties"]
             # The owner pins what it listed (bxctl mcp pin, after showing it).
             live = gateway.status()["servers"]["git"]["tools"]
             pin_all(home, "git", {"git_status": live["git_status"]["definition"]})
             await gateway.reload_pins()
             status = tool(gateway, "mcp.git.git_status")
-            assert status.state is ToolStatus.ACCEPTED
+            assert status.state is ToolState.ACCEPTED
             result = await gateway.call(status, {"repo_path": str(repository)})
             assert result.ok, result.detail
             assert "On branch main" in result.content

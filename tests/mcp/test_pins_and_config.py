@@ -12,11 +12,14 @@ import mcp_types as types
 import orjson
 import pytest
 
+from boxmaker.broker.serve import CONFIG_CONCERN, LIVE_KEYS
+from boxmaker.core.external_tools import definition_hash
 from boxmaker.core.labels import Label, Taint
 from boxmaker.home.config import ConfigError, parse_config, workspace_problem
 from boxmaker.home.mcp_config import McpServerConfig
 from boxmaker.home.paths import Home
-from boxmaker.mcp.gateway import backoff, result_text, split_name
+from boxmaker.home.reload import reload_config
+from boxmaker.mcp.gateway import backoff, result_text
 from boxmaker.mcp.gateway_launch import server_mounts
 from boxmaker.mcp.gateway_server import LOG_ROTATE, _open_log, tool_definition
 from boxmaker.mcp.pins import (
@@ -24,7 +27,6 @@ from boxmaker.mcp.pins import (
     PinsError,
     ToolStatus,
     compare,
-    definition_hash,
     read_pins,
     write_pins,
 )
@@ -182,9 +184,7 @@ def test_a_definition_is_what_the_server_sent() -> None:
     }
 
 
-def test_names_backoff_and_result_text() -> None:
-    assert split_name("mcp.git.git_log") == ("git", "git_log")
-    assert split_name("mcp.git") is None
+def test_backoff_and_result_text() -> None:
     assert [backoff(n) for n in (1, 2, 6, 7, 30)] == [1.0, 2.0, 32.0, 60.0, 60.0]
     result = types.CallToolResult(
         content=[
@@ -211,3 +211,11 @@ def test_a_log_past_its_size_is_moved_aside_at_a_start(tmp_path: Path) -> None:
         import os
 
         os.close(fd)
+
+
+def test_a_changed_mcp_servers_table_needs_brokerds_restart() -> None:
+    old = parse_config('[mcp_servers.git]\ncommand = "a"\n', HOME)
+    new = parse_config('[mcp_servers.git]\ncommand = "b"\n', HOME)
+    done = reload_config(old, new, concern=CONFIG_CONCERN, live=LIVE_KEYS)
+    assert (done.applied, done.needs_restart) == ((), ("mcp_servers",))
+    assert done.config.mcp_servers["git"].command == "a"

@@ -19,12 +19,11 @@ from typing import Any, Final
 
 import attrs
 
+from boxmaker.core.external_tools import SERVER_NAME
 from boxmaker.core.labels import Label, Taint
 from boxmaker.formats.convert import InvalidField
 
 RUNBOOK_MCP_SERVERS: Final = "docs/runbook.md#mcp-servers"
-SERVER_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-"""A server's name: the ``<server>`` of its tools' names ``mcp.<server>.<tool>``."""
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 UNTRUSTED: Final = "untrusted"
 LABELS: Final[Mapping[str, Label]] = {

@@ -24,9 +24,10 @@ import orjson
 import tomlkit
 import tomlkit.exceptions
 
+from boxmaker.core.external_tools import SERVER_NAME
 from boxmaker.home.config import ConfigError, parse_config
 from boxmaker.home.file_ops import write_atomically
-from boxmaker.home.mcp_config import RUNBOOK_MCP_SERVERS, SERVER_NAME
+from boxmaker.home.mcp_config import RUNBOOK_MCP_SERVERS
 from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import NotRegularFile, read_regular_file
 

@@ -22,9 +22,9 @@ from typing import Final
 
 import attrs
 
+from boxmaker.core.external_tools import SERVER_NAME
 from boxmaker.formats.convert import SESSION_ID
 from boxmaker.home.defaults import DEFAULT_GRANTS_TEXT, initial_config_text
-from boxmaker.home.mcp_config import SERVER_NAME
 
 HOME_ENV: Final = "BOXMAKER_HOME"
 DEFAULT_HOME: Final = "~/.local/state/boxmaker"

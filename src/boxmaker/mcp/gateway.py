@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import types as types_
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -37,7 +38,14 @@ import trio
 from boxmaker.broker.cgroups import UNBOUNDED, SandboxBounds
 from boxmaker.broker.run_spec import RunResult, describe_error
 from boxmaker.core.catalogue import MAX_BYTES
-from boxmaker.core.labels import Label
+from boxmaker.core.external_tools import (
+    ExternalCatalogue,
+    ExternalTool,
+    ToolState,
+    definition_hash,
+    mcp_name,
+    not_pinned_detail,
+)
 from boxmaker.core.reasons import Reason
 from boxmaker.formats.clock import format_utc, utc_now
 from boxmaker.home.config import Config
@@ -52,15 +60,7 @@ from boxmaker.mcp.gateway_server import (
     run_server,
     tool_definition,
 )
-from boxmaker.mcp.pins import (
-    TOOL_NAME,
-    Pin,
-    PinsError,
-    ToolStatus,
-    compare,
-    definition_hash,
-    read_pins,
-)
+from boxmaker.mcp.pins import Pin, PinsError, ToolStatus, compare, read_pins
 from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
 log = logging.getLogger("boxmaker.brokerd.mcp")
@@ -74,22 +74,6 @@ PREFIX: Final = "mcp."
 Recorder = Callable[[Body], Awaitable[bool]]
 
 
-def tool_name(server: str, tool: str) -> str:
-    return f"{PREFIX}{server}.{tool}"
-
-
-def split_name(name: str) -> tuple[str, str] | None:
-    """``mcp.<server>.<tool>`` → (server, tool); None for any other name.
-
-    >>> split_name("mcp.git.git_status"), split_name("read_file")
-    (('git', 'git_status'), None)
-    """
-    if not name.startswith(PREFIX):
-        return None
-    server, dot, tool = name[len(PREFIX) :].partition(".")
-    return (server, tool) if dot and server and tool else None
-
-
 def backoff(failures: int) -> float:
     """Seconds before a server that failed ``failures`` times in a row starts again.
 
@@ -99,40 +83,30 @@ def backoff(failures: int) -> float:
     return float(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures - 1, 16)))
 
 
-@attrs.frozen
-class GatewayTool:
-    """One tool the gateway offers, as core decides on it."""
-
-    name: str
-    """``mcp.<server>.<tool>``."""
-    server: str
-    tool: str
-    description: str
-    input_schema: Mapping[str, Any]
-    label: Label
-    definition: str
-    """The hash of the definition offered: the pin's, or the live one when not accepted."""
-    state: ToolStatus
-    read_only: bool = False
-    """The server's ``readOnlyHint``: shown, never trusted."""
+STATES: Final[Mapping[ToolStatus, ToolState]] = {
+    ToolStatus.ACCEPTED: ToolState.ACCEPTED,
+    ToolStatus.NOT_PINNED: ToolState.NOT_PINNED,
+    ToolStatus.CHANGED: ToolState.CHANGED,
+}
+"""A tool's comparison with its pin, as core decides on it (a removed tool is not offered)."""
 
 
-def _tool(
-    server: str, config: McpServerConfig, definition: Mapping[str, Any], state: ToolStatus
-) -> GatewayTool:
+def external_tool(
+    name: str, config: McpServerConfig, definition: Mapping[str, Any], state: ToolState
+) -> ExternalTool:
+    """A server's tool as core decides on it: its definition (the pin's when accepted,
+    else the one listed), the server's label."""
     annotations = definition.get("annotations")
     hint = isinstance(annotations, dict) and annotations.get("readOnlyHint") is True
     schema = definition.get("inputSchema")
-    return GatewayTool(
-        name=tool_name(server, str(definition["name"])),
-        server=server,
-        tool=str(definition["name"]),
+    return ExternalTool(
+        name=name,
         description=str(definition.get("description") or ""),
         input_schema=schema if isinstance(schema, dict) else {},
         label=config.result_label,
         definition=definition_hash(definition),
-        state=state,
         read_only=hint,
+        state=state,
     )
 
 
@@ -186,7 +160,7 @@ class Gateway:
     _servers: dict[str, _Server] = attrs.field(init=False)
     _pins: dict[str, dict[str, Pin]] = attrs.Factory(dict)
     _pins_key: object = None
-    _catalogue: dict[str, GatewayTool] = attrs.Factory(dict)
+    _catalogue: ExternalCatalogue = attrs.Factory(dict)
     _nursery: trio.Nursery | None = None
     _status_lock: trio.Lock = attrs.Factory(trio.Lock)
 
@@ -197,25 +171,26 @@ class Gateway:
 
     # -- the catalogue ----------------------------------------------------------------
 
-    def catalogue(self) -> Mapping[str, GatewayTool]:
-        """Every tool offered now, by name (non-blocking: rebuilt when pins or a
-        server's tool list change)."""
+    def catalogue(self) -> ExternalCatalogue:
+        """Every tool offered now, by name (non-blocking: replaced whole when the pins
+        or a server's tool list change)."""
         return self._catalogue
 
     def _rebuild(self) -> None:
-        catalogue: dict[str, GatewayTool] = {}
+        catalogue: dict[str, ExternalTool] = {}
         for server in self._servers.values():
             pinned = self._pins.get(server.name, {})
-            for name, status in compare(pinned, server.live).items():
-                if status is ToolStatus.REMOVED or not TOOL_NAME.fullmatch(name):
+            for tool, status in compare(pinned, server.live).items():
+                name = mcp_name(server.name, tool)
+                state = STATES.get(status)
+                if name is None or state is None:
                     continue
                 if status is ToolStatus.ACCEPTED:
-                    definition = pinned[name].definition
+                    definition = pinned[tool].definition
                 else:
-                    definition = (server.live or {})[name]
-                tool = _tool(server.name, server.config, definition, status)
-                catalogue[tool.name] = tool
-        self._catalogue = catalogue
+                    definition = (server.live or {})[tool]
+                catalogue[name] = external_tool(name, server.config, definition, state)
+        self._catalogue = types_.MappingProxyType(catalogue)
 
     async def reload_pins(self) -> None:
         """Read mcp_pins.json again when it changed. A file that cannot be used keeps
@@ -333,7 +308,7 @@ class Gateway:
     async def _listed(self, server: _Server, connection: ServerConnection) -> None:
         live: dict[str, dict[str, Any]] = {}
         for tool in connection.tools:
-            if TOOL_NAME.fullmatch(tool.name):
+            if mcp_name(server.name, tool.name) is not None:
                 live[tool.name] = tool_definition(tool)
             else:
                 log.warning("MCP server %s: tool %r is never offered", server.name, tool.name)
@@ -346,33 +321,34 @@ class Gateway:
 
     # -- calls ------------------------------------------------------------------------
 
-    async def call(self, tool: GatewayTool, arguments: Mapping[str, Any]) -> RunResult:
-        """Run ``tool`` (as decided) with ``arguments`` at its server. Never raises for
-        the server's failure; lets Cancelled through (the server is told)."""
+    async def call(self, tool: ExternalTool, arguments: Mapping[str, Any]) -> RunResult:
+        """Run ``tool`` (an accepted ``mcp.*`` tool, as decided) with ``arguments`` at its
+        server. Never raises for the server's failure; lets Cancelled through (the
+        server is then told the call is cancelled)."""
         label = tool.label
-        server = self._servers.get(tool.server)
+        server = self._servers.get(tool.server or "")
         if server is None:
-            return RunResult.failure(Reason.TOOL_ERROR, f"no MCP server {tool.server!r}", label)
+            detail = f"{tool.name}: no such MCP server in config.toml"
+            return RunResult.failure(Reason.MCP_SERVER_FAILED, detail, label)
         started = await self.start_server(server)
         if isinstance(started, str):
             return RunResult.failure(Reason.MCP_SERVER_FAILED, started, label)
-        live = (server.live or {}).get(tool.tool)
+        own_name = tool.name.split(".", 2)[2]
+        live = (server.live or {}).get(own_name)
         if live is None:
             detail = f"{tool.name}: the server no longer lists it (removed)"
             return RunResult.failure(Reason.MCP_SERVER_FAILED, detail, label)
         if definition_hash(live) != tool.definition:
-            detail = (
-                f"{tool.name}: its definition changed since it was pinned; run "
-                f"`bxctl mcp pin {tool.server} {tool.tool}`"
-            )
+            detail = not_pinned_detail(tool.name, ToolState.CHANGED)
             return RunResult.failure(Reason.TOOL_CHANGED, detail, label)
-        return await self._send(server, started, tool, arguments)
+        return await self._send(server, started, tool, own_name, arguments)
 
     async def _send(
         self,
         server: _Server,
         connection: ServerConnection,
-        tool: GatewayTool,
+        tool: ExternalTool,
+        own_name: str,
         arguments: Mapping[str, Any],
     ) -> RunResult:
         label = tool.label
@@ -383,7 +359,7 @@ class Gateway:
         problem = ""
         with trio.move_on_after(timeout) as scope:
             try:
-                result = await session.call_tool(tool.tool, dict(arguments))
+                result = await session.call_tool(own_name, dict(arguments))
             except Exception as exc:
                 problem = describe_error(exc)
         if scope.cancelled_caught:

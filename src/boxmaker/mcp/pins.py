@@ -14,42 +14,16 @@ tool the server no longer lists is removed. Only an accepted tool is ever called
 from __future__ import annotations
 
 import enum
-import hashlib
-import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import attrs
 import orjson
 
+from boxmaker.core.external_tools import RUNBOOK_MCP_PIN, SERVER_NAME, definition_hash
 from boxmaker.home.file_ops import write_atomically
-from boxmaker.home.mcp_config import SERVER_NAME
 from boxmaker.home.regular_file import NotRegularFile, read_regular_file
-
-RUNBOOK_MCP_PIN: Final = "docs/runbook.md#mcp-pin"
-TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""A server's tool name that may be offered as ``mcp.<server>.<tool>``."""
-DEFINITION_KEYS: Final = (
-    "name",
-    "title",
-    "description",
-    "inputSchema",
-    "outputSchema",
-    "annotations",
-)
-
-
-def definition_hash(definition: Mapping[str, Any]) -> str:
-    """SHA-256 hex of a tool's canonical definition: its :data:`DEFINITION_KEYS` as
-    sent, as JSON with sorted keys, no spaces, UTF-8 (the design's canonical form).
-
-    >>> definition_hash({"name": "a", "description": "é"}) == definition_hash(
-    ...     {"description": "é", "name": "a", "other": 1})
-    True
-    """
-    canonical = {key: definition[key] for key in DEFINITION_KEYS if key in definition}
-    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class PinsError(Exception):
