@@ -118,6 +118,7 @@ def bench(session: nox.Session) -> None:
     the built-in model's among them."""
     _install(session)
     _install_model(session)
+    session.install("-e", ".[mcp]")
     # Each script exits 1 when its target is missed; run them all so every figure prints.
     for script in (
         "bench_decide",
@@ -128,6 +129,7 @@ def bench(session: nox.Session) -> None:
         "bench_proxy",
         "bench_model",
         "bench_turns",
+        "bench_mcp_gateway",
     ):
         session.run("python", f"tools/{script}.py", success_codes=[0, 1])
 
