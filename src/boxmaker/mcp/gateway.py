@@ -69,7 +69,6 @@ BACKOFF_FIRST: Final = 1.0
 BACKOFF_MAX: Final = 60.0
 PINS_POLL_S: Final = 1.0
 """How often brokerd looks whether mcp_pins.json changed (a stat)."""
-PREFIX: Final = "mcp."
 
 Recorder = Callable[[Body], Awaitable[bool]]
 
