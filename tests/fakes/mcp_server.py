@@ -15,7 +15,7 @@ behave badly on purpose:
 - ``noisy``: writes 8 MiB on stderr, then answers ``noisy done``.
 - ``reach``: tries to connect to the network and to read ``path``; answers what each
   attempt got, so a test sees the attempt ran.
-- ``escapes``: its description and answer carry terminal escapes.
+- ``escapes``: its description, and its answer (an error result), carry terminal escapes.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         case "reach":
             return _text(_reach(str(arguments.get("path", "/"))))
         case "escapes":
-            return _text(f"result{ESCAPES}end")
+            failed = _text(f"failed{ESCAPES}here")
+            return types.CallToolResult(content=failed.content, is_error=True)
     return types.CallToolResult(content=[types.TextContent(type="text", text="?")], is_error=True)
 
 
