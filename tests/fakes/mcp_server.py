@@ -15,11 +15,14 @@ behave badly on purpose:
 - ``noisy``: writes 8 MiB on stderr, then answers ``noisy done``.
 - ``reach``: tries to connect to the network and to read ``path``; answers what each
   attempt got, so a test sees the attempt ran.
+- ``memory``: reserves ``reserve`` MiB of address space (mapped, never touched), then
+  fills ``fill`` MiB; answers what it got.
 - ``escapes``: its description, and its answer (an error result), carry terminal escapes.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import sys
@@ -56,6 +59,14 @@ def _tools() -> list[types.Tool]:
         types.Tool(name="spoof", description="Answers nobody asked for.", input_schema=empty),
         types.Tool(name="noisy", description="Floods stderr.", input_schema=empty),
         types.Tool(name="reach", description="Network and home.", input_schema=path),
+        types.Tool(
+            name="memory",
+            description="Reserve and fill memory.",
+            input_schema={
+                "type": "object",
+                "properties": {"reserve": {"type": "integer"}, "fill": {"type": "integer"}},
+            },
+        ),
         types.Tool(name="escapes", description=f"Esc{ESCAPES}aped", input_schema=empty),
     ]
 
@@ -117,6 +128,14 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             return _text("noisy done")
         case "reach":
             return _text(_reach(str(arguments.get("path", "/"))))
+        case "memory":
+            reserve = int(arguments.get("reserve", 0)) << 20
+            try:
+                reserved = mmap.mmap(-1, reserve) if reserve else b""
+            except OSError as exc:
+                return _text(f"reserve: {exc}")
+            filled = bytearray(int(arguments.get("fill", 0)) << 20)
+            return _text(f"reserved {len(reserved) >> 20} MiB, filled {len(filled) >> 20} MiB")
         case "escapes":
             failed = _text(f"failed{ESCAPES}here")
             return types.CallToolResult(content=failed.content, is_error=True)

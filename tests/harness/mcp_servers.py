@@ -122,6 +122,7 @@ def server_toml(name: str, server: McpServerConfig) -> str:
         f"read_only_paths = {orjson.dumps(list(server.read_only_paths)).decode()}",
         f"writable_paths = {orjson.dumps(list(server.writable_paths)).decode()}",
         f"call_timeout_s = {server.call_timeout_s}",
+        f'label = "{server.label}"',
     ]
     return "\n".join(lines) + "\n"
 

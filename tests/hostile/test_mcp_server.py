@@ -25,7 +25,7 @@ import attrs
 import orjson
 import pytest
 import trio
-from tests.harness.broker import Client, tool_request, waiting_approvals
+from tests.harness.broker import Client, call, tool_request, waiting_approvals
 from tests.harness.broker import running as running_broker
 from tests.harness.homes import grant, write_grants
 from tests.harness.mcp_servers import (
@@ -37,7 +37,7 @@ from tests.harness.mcp_servers import (
     server_toml,
     tool,
 )
-from tests.harness.sandbox import sandbox_workspace
+from tests.harness.sandbox import CGROUPS, sandbox_workspace
 
 from boxmaker.core.external_tools import ToolState
 from boxmaker.core.reasons import Reason
@@ -310,3 +310,58 @@ async def test_escapes_in_a_result_are_escaped_on_the_owners_approval_screen(
     assert f"ran and failed: tool_error \u2014 failed{ESCAPED}here" in shown
     assert "\x1b" not in shown
     assert "\u202e" not in shown
+
+
+MEMORY = {
+    "name": "memory",
+    "description": "Reserve and fill memory.",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"reserve": {"type": "integer"}, "fill": {"type": "integer"}},
+    },
+}
+
+
+@pytest.mark.skipif(
+    not CGROUPS, reason="brokerd has no cgroups here (docs/runbook.md#sandbox-limits)"
+)
+async def test_with_a_cgroup_a_server_may_reserve_address_space_but_not_hold_memory(
+    home: Home, workspace: Path
+) -> None:
+    definition = workspace.parent / "definition" / "echo.txt"
+    definition.parent.mkdir()
+    write_pins(home.mcp_pins, {"fake": {"memory": Pin.of(MEMORY)}})
+    home.config_toml.write_text(
+        f"workspace = {orjson.dumps(str(workspace)).decode()}\n"
+        "[runner]\nmemory_limit_mib = 256\n\n"
+        # Trusted results, so the second call runs on its auto grant without asking.
+        + server_toml("fake", fake_server(definition, call_timeout_s=10.0, label="internal"))
+    )
+    write_grants(home, grant("memory", "mcp.fake.memory", "auto"))
+    with trio.fail_after(LIMIT):
+        async with running_broker(home):
+            # Twice the memory limit of address space, as Node reserves: no RLIMIT_AS.
+            reserve = tool_request("mcp.fake.memory", {"reserve": 512, "fill": 0})
+            [reserved] = await call(home, reserve)
+            assert reserved["content"] == "reserved 512 MiB, filled 0 MiB", reserved
+            # Holding more than the limit: the cgroup's OOM killer ends the server.
+            fill = tool_request("mcp.fake.memory", {"fill": 512})
+            [filled] = await call(home, fill)
+    assert (filled["outcome"], filled["reason"]) == ("failed", "mcp_server_failed")
+    assert filled["detail"] == (
+        "mcp.fake.memory: it was killed: it exceeded [runner] memory_limit_mib (256 MiB); "
+        "see docs/runbook.md#sandbox-limits"
+    )
+
+
+async def test_without_a_cgroup_the_address_space_stays_limited(
+    home: Home, workspace: Path
+) -> None:
+    definition = workspace.parent / "definition" / "echo.txt"
+    definition.parent.mkdir()
+    write_pins(home.mcp_pins, {"fake": {"memory": Pin.of(MEMORY)}})
+    gateway = make_gateway(home, workspace, {"fake": fake_server(definition)})
+    with trio.fail_after(LIMIT):
+        async with running(gateway):
+            _, _, content = await _call(gateway, "memory", reserve=2048, fill=0)
+    assert content == "reserve: [Errno 12] Cannot allocate memory"

@@ -37,6 +37,7 @@ from mcp.client.session import ClientSession
 from mcp.shared.message import SessionMessage
 
 from boxmaker import __version__
+from boxmaker.broker.cgroup_plan import RUNBOOK
 from boxmaker.broker.cgroups import SandboxBounds
 from boxmaker.broker.run_spec import describe_error
 from boxmaker.broker.sandbox import Sandbox
@@ -175,21 +176,32 @@ async def _list_tools(session: ClientSession) -> tuple[types.Tool, ...]:
             return tuple(tools)
 
 
-def describe_exit(status: int) -> str:
-    """How a server's bwrap ended, in words.
+def describe_exit(status: int, oom_kills: int = 0, memory: int = 0) -> str:
+    """How a server's bwrap ended, in words: bwrap exits 128 + N when the server was
+    killed by signal N; a kill its cgroup's OOM killer made names the limit.
 
-    >>> describe_exit(3), describe_exit(-9)
-    ('it exited (status 3)', 'it was killed (signal 9)')
+    >>> describe_exit(3), describe_exit(137), describe_exit(-9)
+    ('it exited (status 3)', 'it was killed (signal 9)', 'it was killed (signal 9)')
+    >>> describe_exit(137, oom_kills=1, memory=256 << 20)  # doctest: +ELLIPSIS
+    'it was killed: it exceeded [runner] memory_limit_mib (256 MiB); see docs/runbook...'
     """
-    if status < 0:
-        return f"it was killed (signal {-status})"
+    if oom_kills:
+        return (
+            f"it was killed: it exceeded [runner] memory_limit_mib ({memory >> 20} MiB); "
+            f"see {RUNBOOK}"
+        )
+    if status < 0 or status > 128:
+        return f"it was killed (signal {-status if status < 0 else status - 128})"
     return f"it exited (status {status})"
 
 
 async def _watch_exit(connection: ServerConnection) -> None:
-    connection.exit_status = await connection.sandbox.wait()
+    sandbox = connection.sandbox
+    connection.exit_status = await sandbox.wait()
     connection._exited.set()
-    connection.fail(describe_exit(connection.exit_status))
+    oom_kills = 0 if sandbox.cgroup is None else sandbox.cgroup.usage().oom_kills
+    memory = sandbox.launch.limits.memory
+    connection.fail(describe_exit(connection.exit_status, oom_kills, memory))
 
 
 async def _read_stdout(
