@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 import trio
 from tests.harness.mcp_servers import (
@@ -87,6 +88,9 @@ async def test_a_pinned_tool_starts_its_server_on_demand_and_its_list_is_recorde
     assert await wait_gone(str(definition)) == []  # stopped with the gateway
     assert home.mcp_log("fake").read_text().startswith("[boxmaker: the server starts]\n")
     assert home.mcp_status.stat().st_mode & 0o777 == 0o600
+    status = orjson.loads(home.mcp_status.read_bytes())["servers"]["fake"]
+    assert (status["state"], status["failure"]) == ("stopped", None)
+    assert status["tools"]["echo"]["sha256"] == definition_hash(echo_definition())
 
 
 async def test_a_definition_changed_between_two_starts_is_refused_until_pinned(

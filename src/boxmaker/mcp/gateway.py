@@ -221,6 +221,9 @@ class Gateway:
                     await self.reload_pins()
         finally:
             self._nursery = None
+            # Every server has stopped: bxctl mcp list must not show one as running.
+            with trio.CancelScope(shield=True):
+                await self._write_status()
 
     async def _serve(
         self,
