@@ -13,8 +13,8 @@ behave badly on purpose:
 - ``chatter``: sends notifications without end.
 - ``spoof``: sends answers to requests never made, without end.
 - ``noisy``: writes 8 MiB on stderr, then answers ``noisy done``.
-- ``reach``: tries to connect to the network and to read ``path``; answers what each
-  attempt got, so a test sees the attempt ran.
+- ``reach``: says its uid and capabilities, tries to connect to the network and to read
+  ``path``; answers what each attempt got, so a test sees the attempt ran.
 - ``memory``: reserves ``reserve`` MiB of address space (mapped, never touched), then
   fills ``fill`` MiB; answers what it got.
 - ``escapes``: its description, and its answer (an error result), carry terminal escapes.
@@ -76,7 +76,9 @@ def _text(text: str) -> types.CallToolResult:
 
 
 def _reach(path: str) -> str:
-    seen = []
+    status = Path("/proc/self/status").read_text().splitlines()
+    caps = next(line.split()[1] for line in status if line.startswith("CapEff:"))
+    seen = [f"uid {os.getuid()}, capabilities {caps}"]
     try:
         with socket.create_connection(("1.1.1.1", 53), timeout=2):
             seen.append("network: connected")

@@ -37,7 +37,7 @@ from tests.harness.mcp_servers import (
     server_toml,
     tool,
 )
-from tests.harness.sandbox import CGROUPS, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, CGROUPS, SANDBOX_UID, sandbox_workspace
 
 from boxmaker.core.external_tools import ToolState
 from boxmaker.core.reasons import Reason
@@ -185,13 +185,17 @@ async def test_a_flood_of_stderr_is_cut_in_its_log_and_never_reaches_the_model(
     assert len(log) == header + LOG_CAP + len(note)
 
 
-async def test_the_network_and_the_owners_home_are_not_there(gateway: Gateway, home: Home) -> None:
+async def test_the_server_is_no_root_and_the_network_and_the_owners_home_are_not_there(
+    gateway: Gateway, home: Home
+) -> None:
     secret = home.grants_toml
     with trio.fail_after(LIMIT):
         async with running(gateway):
             reason, _, content = await _call(gateway, "reach", path=str(secret))
     assert reason is None
+    uid = SANDBOX_UID if AS_ROOT else os.getuid()  # the workspace's owner
     assert content == (
+        f"uid {uid}, capabilities 0000000000000000\n"
         "network: [Errno 101] Network is unreachable\n"
         f"read {secret}: [Errno 2] No such file or directory: '{secret}'"
     )
