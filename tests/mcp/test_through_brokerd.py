@@ -15,6 +15,7 @@ import trio
 from tests.harness.broker import Client, body, call, records, records_of, running, tool_request
 from tests.harness.cli import bxctl_in_process
 from tests.harness.homes import grant, write_grants
+from tests.harness.mcp_client import connected, serve_on, text_of
 from tests.harness.mcp_servers import (
     echo_definition,
     fake_server,
@@ -160,3 +161,22 @@ async def test_mcp_server_git_pinned_with_bxctl_then_called_through_brokerd(
     assert decision["definition"] == body(result)["definition"] == pin.sha256
     [tools] = [record for record in records(home) if record["kind"] == "mcp_tools"]
     assert tools["tools"]["git_status"] == pin.sha256
+
+
+async def test_both_ways_an_mcp_client_calls_a_sandboxed_servers_tool_through_brokerd(
+    home: Home, definition: Path
+) -> None:
+    """An MCP client, through `bxctl mcp serve`'s server, calls the fake server's tool:
+    the client sees brokerd's catalogue (the gateway's pinned tool under its client
+    name), and the call is brokerd's, decided and recorded, run in the server's sandbox."""
+    pin_all(home, "fake", {"echo": echo_definition()})
+    write_grants(home, grant("echo", "mcp.fake.echo", "auto"))
+    with trio.fail_after(LIMIT):
+        async with running(home), connected(serve_on(home)) as client:
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            assert listed["mcp__fake__echo"].description == "Echo the text back."
+            result = await client.call_tool("mcp__fake__echo", {"text": "both ways"})
+    assert (result.is_error, text_of(result)) == (False, "both ways")
+    [decision] = [r for r in records(home) if r["kind"] == "decision"]
+    assert (decision["tool"], decision["verdict"]) == ("mcp.fake.echo", "run")
+    assert decision["definition"] == definition_hash(echo_definition())
