@@ -130,6 +130,7 @@ def bench(session: nox.Session) -> None:
         "bench_proxy",
         "bench_model",
         "bench_turns",
+        "bench_mcp_gateway",
     ):
         session.run("python", f"tools/{script}.py", success_codes=[0, 1])
 

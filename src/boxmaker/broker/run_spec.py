@@ -83,7 +83,8 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:STDERR_TAIL]
 
 
-def _sandbox_limits(runner: RunnerConfig) -> SandboxLimits:
+def sandbox_limits(runner: RunnerConfig) -> SandboxLimits:
+    """The sandbox limits of `[runner]` (a shell call's, and an MCP server's)."""
     cpu_time = runner.cpu_time_limit
     return SandboxLimits(
         memory=runner.memory_limit_mib << 20,
@@ -99,7 +100,7 @@ def _launch(workspace: Path, runner: RunnerConfig) -> Launch | str:
     found = find_sandbox(workspace, runner.sandbox_uid)
     if isinstance(found, str):
         return found
-    limits = _sandbox_limits(runner)
+    limits = sandbox_limits(runner)
     return Launch(sandbox_argv(found.bwrap, workspace, limits), found.user, limits)
 
 

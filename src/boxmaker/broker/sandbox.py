@@ -178,6 +178,28 @@ class Sandbox:
     def argv(self) -> tuple[str, ...]:
         return self.launch.argv
 
+    @property
+    def stdin(self) -> trio.lowlevel.FdStream:
+        """The sandbox's stdin: the launcher's command, or an MCP server's stream."""
+        return self._command_in
+
+    @property
+    def stdout(self) -> trio.lowlevel.FdStream:
+        return self._outputs[0]
+
+    @property
+    def stderr(self) -> trio.lowlevel.FdStream:
+        return self._outputs[1]
+
+    @property
+    def status(self) -> trio.lowlevel.FdStream:
+        """bwrap's ``--json-status-fd``: a line with ``exit-code`` once the command ended."""
+        return self._outputs[2]
+
+    async def wait(self) -> int:
+        """bwrap's exit status, once it has exited."""
+        return await _wait(self.process)
+
     @classmethod
     def start(
         cls,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -80,17 +81,23 @@ class SandboxLimits:
     cpu_time: int
     """Seconds of CPU time per process (RLIMIT_CPU)."""
 
-    def ulimit(self) -> str:
+    def ulimit(self, *, address_space: bool = True, cpu_time: bool = True) -> str:
         """The shell line that sets them, or exits with :data:`LIMITS_FAILED` (the
         command never runs without them). RLIMIT_NPROC is ``-u`` in bash and busybox,
         ``-p`` in dash. CPU time: the hard limit a second above the soft one, so a
         command over it gets SIGXCPU (which names the limit), and SIGKILL only if it
-        ignores that."""
+        ignores that. An MCP server leaves out the address space (its cgroup bounds its
+        memory: Node reserves large ranges it never uses) and the CPU time (it lives as
+        long as brokerd; each call has a time limit instead)."""
         processes = self.processes
+        steps = [f"ulimit -f {self.file_size // 512}"]
+        if address_space:
+            steps.insert(0, f"ulimit -v {self.memory // 1024}")
+        if cpu_time:
+            steps += [f"ulimit -St {self.cpu_time}", f"ulimit -Ht {self.cpu_time + 1}"]
+        steps.append(f"{{ ulimit -u {processes} 2>/dev/null || ulimit -p {processes}; }}")
         return (
-            f"{{ ulimit -v {self.memory // 1024} && ulimit -f {self.file_size // 512} && "
-            f"ulimit -St {self.cpu_time} && ulimit -Ht {self.cpu_time + 1} && "
-            f"{{ ulimit -u {processes} 2>/dev/null || ulimit -p {processes}; }}; }} || "
+            f"{{ {' && '.join(steps)}; }} || "
             f"{{ echo '{LIMITS_FAILED_WORDS}' >&2; exit {LIMITS_FAILED}; }}; "
         )
 
@@ -173,9 +180,58 @@ def sandbox_argv(
     every call in one workspace: the command reaches :data:`LAUNCHER` on stdin, after
     ``limits`` are set. :meth:`Sandbox.start` passes all but the last three arguments
     (``/bin/sh -c`` and the launcher) through ``--args``."""
-    env: list[str] = []
-    for key, value in SANDBOX_ENV.items():
-        env += ["--setenv", key, value]
+    return _bwrap_argv(
+        bwrap,
+        env=SANDBOX_ENV,
+        mounts=("--bind", str(workspace), WORKSPACE),
+        chdir=WORKSPACE,
+        tmpfs_size=limits.memory,
+        script=limits.ulimit() + LAUNCHER,
+    )
+
+
+SERVER_HOME: Final = "/tmp"  # noqa: S108  (the sandbox's own tmpfs)
+"""An MCP server's HOME and working directory: the sandbox's own, sized /tmp."""
+
+
+def server_argv(
+    bwrap: str,
+    *,
+    env: Mapping[str, str],
+    mounts: tuple[str, ...],
+    limits: SandboxLimits,
+    argv: tuple[str, ...],
+    address_space: bool,
+) -> tuple[str, ...]:
+    """The bwrap command line of an MCP server's sandbox (mcp/gateway_launch.py): the
+    shell's sandbox with ``mounts`` in place of the workspace, ``env`` over
+    :data:`SANDBOX_ENV`, and the server's own ``argv`` exec'ed once the limits are set
+    (stdin and stdout stay the MCP stream). ``address_space``: whether the launcher sets
+    RLIMIT_AS (only without a cgroup to bound memory)."""
+    script = limits.ulimit(address_space=address_space, cpu_time=False)
+    script += "exec " + " ".join(shlex.quote(part) for part in argv)
+    return _bwrap_argv(
+        bwrap,
+        env={**SANDBOX_ENV, "HOME": SERVER_HOME, **env},
+        mounts=mounts,
+        chdir=SERVER_HOME,
+        tmpfs_size=limits.memory,
+        script=script,
+    )
+
+
+def _bwrap_argv(
+    bwrap: str,
+    *,
+    env: Mapping[str, str],
+    mounts: tuple[str, ...],
+    chdir: str,
+    tmpfs_size: int,
+    script: str,
+) -> tuple[str, ...]:
+    setenv: list[str] = []
+    for key, value in env.items():
+        setenv += ["--setenv", key, value]
     return (
         bwrap,
         "--unshare-all",
@@ -188,7 +244,7 @@ def sandbox_argv(
         "--cap-drop",
         "ALL",
         "--clearenv",
-        *env,
+        *setenv,
         *_system_mounts(),
         "--proc",
         "/proc",
@@ -200,24 +256,22 @@ def sandbox_argv(
         # The in-memory file systems a command can write are no bigger than its memory
         # limit: /dev/shm and /tmp sized, /dev itself (a tmpfs too) read-only.
         "--size",
-        str(limits.memory),
+        str(tmpfs_size),
         "--tmpfs",
         "/dev/shm",  # noqa: S108  (the sandbox's own, sized tmpfs)
         "--remount-ro",
         "/dev",
         "--size",
-        str(limits.memory),
+        str(tmpfs_size),
         "--tmpfs",
         "/tmp",  # noqa: S108  (a fresh tmpfs inside the sandbox, not the host's /tmp)
-        "--bind",
-        str(workspace),
-        WORKSPACE,
+        *mounts,
         # Last, so the mounts above exist: the sandbox's root (and /etc in it) read-only.
         "--remount-ro",
         "/",
         "--chdir",
-        WORKSPACE,
+        chdir,
         "/bin/sh",
         "-c",
-        limits.ulimit() + LAUNCHER,
+        script,
     )

@@ -27,6 +27,7 @@ watcher tick and SIGHUP (:class:`HomeGuard`); found later, brokerd stops and exi
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import resource
@@ -53,7 +54,7 @@ from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
 from boxmaker.home import state_files
-from boxmaker.home.config import Config, ConfigError, load_config
+from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
 from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.ledger.policies import policies_dir
@@ -81,7 +82,9 @@ GRANTS_POLL_S: Final = 2.0
 
 LedgerOpener = Callable[[Path], LedgerFile]
 
-CONFIG_CONCERN: Final = frozenset({"workspace", "broker", "labels", "runner", "notify"})
+CONFIG_CONCERN: Final = frozenset(
+    {"workspace", "broker", "labels", "runner", "notify", "mcp_servers"}
+)
 """The parts of config.toml brokerd reads."""
 LIVE_KEYS: Final = frozenset({"broker.pending_timeout", "labels", "runner"})
 """What SIGHUP applies at once, each read afresh by every call that comes after (a call
@@ -116,6 +119,8 @@ def _prepare(
     problem = guard.problem()
     if problem is not None:
         raise ConfigError([f"{home.config_toml.name}: workspace: {problem}"])
+    if config.mcp_servers and importlib.util.find_spec("mcp") is None:
+        raise ConfigError([MCP_EXTRA_MISSING])
     # Every directory of the home 0700 (a looser run/ tightened, another user's refused:
     # docs/protocol.md); state/sessions must exist before the first state is raised.
     home.create()
@@ -134,6 +139,33 @@ def _prepare(
             report.problems[0],
         )
     return _Prepared(config, guard, tail, open_file(home.audit_log), repaired, report.open_calls)
+
+
+MCP_EXTRA_MISSING: Final = (
+    "config.toml: [mcp_servers]: the MCP SDK is not installed: pip install "
+    "'boxmaker[mcp]'; see docs/runbook.md#mcp-servers"
+)
+
+
+def _gateway(broker: Broker, prepared: _Prepared, bounds: SandboxBounds) -> McpGateway:
+    """The MCP servers of config.toml behind brokerd; the SDK is loaded only when there
+    are some (docs/mcp.md)."""
+    config = prepared.config
+    if not config.mcp_servers:
+        return EmptyGateway()
+    from boxmaker.mcp.gateway import Gateway  # the SDK: only when needed
+
+    home = broker.home
+    return Gateway(
+        home=home,
+        config=config,
+        workspace=prepared.guard.real_workspace,
+        home_problem=lambda path: workspace_problem(home, path),
+        record=broker.record,
+        boot=broker.boot,
+        bounds=bounds,
+        to_thread=broker.to_thread,
+    )
 
 
 async def serve_broker(
@@ -211,8 +243,10 @@ async def serve_broker(
         raise_state=raise_state,
         to_thread=to_thread,
         sandboxes=SandboxPool(bounds),
-        gateway=EmptyGateway() if gateway is None else gateway,
+        gateway=gateway or EmptyGateway(),
     )
+    if gateway is None:
+        broker.gateway = _gateway(broker, prepared, bounds)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(writer.run)
@@ -226,10 +260,13 @@ async def serve_broker(
             nursery.start_soon(_stop_when_refused, broker)
             await nursery.start(broker.sandboxes.run)
             await nursery.start(broker.notifier.run)
-            await nursery.start(broker.gateway.run)
             if handle_signals:
                 nursery.start_soon(_signals, broker)
-            await _serve_connections(broker, listeners[0], listeners[1], task_status)
+            async with trio.open_nursery() as servers:
+                await servers.start(broker.gateway.run)
+                await _serve_connections(broker, listeners[0], listeners[1], task_status)
+                # The MCP servers stop with the calls, before the sandboxes' cgroups go.
+                servers.cancel_scope.cancel()
             if not await broker.record(Stop(boot=broker.boot)):
                 log.error("the stop record could not be written")
             await writer.aclose()

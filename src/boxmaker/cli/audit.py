@@ -45,6 +45,8 @@ SHOWN_FIELDS = (
     "version",
     "ledger",
     "file",
+    "server",
+    "tools",
 )
 
 

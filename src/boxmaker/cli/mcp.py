@@ -1,9 +1,12 @@
-"""``bxctl mcp``: boxmaker and MCP clients (docs/mcp.md).
+"""``bxctl mcp``: boxmaker and MCP, both ways (docs/mcp.md).
 
 ``bxctl mcp serve`` is what an MCP client starts (``claude mcp add boxmaker -- bxctl mcp
 serve``): it speaks MCP on stdin/stdout and asks brokerd about every call on broker.sock,
 as loopd does. It needs the optional extra ``boxmaker[mcp]`` (the SDK is imported only
 when the command runs, so bxctl works without it).
+
+``bxctl mcp list``, ``pin``, ``logs`` and ``import`` are the other way: the MCP servers
+whose tools go through brokerd (cli/mcp_servers.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Final
 from cyclopts import App
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
+from boxmaker.cli.mcp_servers import import_, list_, logs, pin
 from boxmaker.home.config import ConfigError, load_config
 from boxmaker.loop.broker_port import BrokerPort
 from boxmaker.runtime.daemon import setup_logging
@@ -21,7 +25,15 @@ RUNBOOK_EXTRA: Final = "docs/runbook.md#mcp-extra"
 INSTALL_EXTRA: Final = "pip install 'boxmaker[mcp]'"
 SDK_MODULES: Final = frozenset({"mcp", "mcp_types"})
 
-mcp_app = App(name="mcp", help="boxmaker's tools for MCP clients (docs/mcp.md).")
+mcp_app = App(
+    name="mcp",
+    help="MCP both ways: boxmaker's tools for MCP clients, and the MCP servers whose "
+    "tools go through brokerd (docs/mcp.md).",
+)
+mcp_app.command(list_, name="list")
+mcp_app.command(pin)
+mcp_app.command(logs)
+mcp_app.command(import_, name="import")
 
 
 @mcp_app.command

@@ -183,6 +183,7 @@ class Kind(enum.StrEnum):
     APPROVAL = "approval"
     RESULT = "result"
     POLICY = "policy"
+    MCP_TOOLS = "mcp_tools"
 
 
 # ---------------------------------------------------------------------------------------

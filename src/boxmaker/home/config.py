@@ -16,6 +16,7 @@ import attrs
 
 from boxmaker.core.labels import LabelRules
 from boxmaker.formats.convert import InvalidField, converter, format_path, problems
+from boxmaker.home.mcp_config import RUNBOOK_MCP_SERVERS, McpServerConfig, check_server_paths
 from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import NotRegularFile, read_regular_file
 
@@ -169,6 +170,9 @@ class Config:
     labels: LabelRules = attrs.Factory(LabelRules)
     runner: RunnerConfig = attrs.Factory(RunnerConfig)
     notify: NotifyConfig = attrs.Factory(NotifyConfig)
+    mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
+    """``[mcp_servers.NAME]``: the MCP servers whose tools go through brokerd
+    (home/mcp_config.py)."""
 
     @classmethod
     def defaults(cls, home: Home) -> Config:
@@ -209,6 +213,9 @@ def workspace_problem(home: Home, workspace: Path) -> str | None:
 
 
 def _describe(file: Path, path: tuple[str | int, ...], message: str) -> str:
+    if len(path) >= 3 and path[0] == "mcp_servers":
+        where = f"[mcp_servers.{path[1]}] {format_path(path[2:])}"
+        return f"{file.name}: {where}: {message}; see {RUNBOOK_MCP_SERVERS}"
     if len(path) >= 2 and isinstance(path[0], str):
         where = f"[{path[0]}] {format_path(path[1:])}"
     elif path:
@@ -251,7 +258,23 @@ def parse_config(text: str, home: Home, *, file: Path | None = None) -> Config:
     problem = workspace_problem(home, config.workspace)
     if problem is not None:
         raise ConfigError([f"{file.name}: workspace: {problem}"])
-    return config
+    return _with_server_paths(config, home, file)
+
+
+def _with_server_paths(config: Config, home: Home, file: Path) -> Config:
+    servers: dict[str, McpServerConfig] = {}
+    found: list[str] = []
+    for name, server in config.mcp_servers.items():
+        servers[name], problems_here = check_server_paths(
+            name,
+            server,
+            workspace=config.workspace,
+            home_problem=lambda path: workspace_problem(home, path),
+        )
+        found += (f"{file.name}: {problem}" for problem in problems_here)
+    if found:
+        raise ConfigError(found)
+    return attrs.evolve(config, mcp_servers=servers) if servers else config
 
 
 def load_config(home: Home) -> Config:

@@ -22,6 +22,7 @@ from typing import Final
 
 import attrs
 
+from boxmaker.core.external_tools import SERVER_NAME
 from boxmaker.formats.convert import SESSION_ID
 from boxmaker.home.defaults import DEFAULT_GRANTS_TEXT, initial_config_text
 
@@ -142,6 +143,24 @@ class Home:
     def model_sock(self) -> Path:
         """``run/model.sock``: the built-in model's llama-server (owner only)."""
         return self.run_dir / "model.sock"
+
+    @property
+    def mcp_pins(self) -> Path:
+        """``state/mcp_pins.json``: the MCP tool definitions the owner accepted
+        (``bxctl mcp pin``; mcp/pins.py)."""
+        return self.state_dir / "mcp_pins.json"
+
+    @property
+    def mcp_status(self) -> Path:
+        """``state/mcp_servers.json``: each MCP server as brokerd last saw it
+        (``bxctl mcp list``)."""
+        return self.state_dir / "mcp_servers.json"
+
+    def mcp_log(self, server: str) -> Path:
+        """``logs/mcp-<server>.log``: an MCP server's stderr (``bxctl mcp logs``)."""
+        if not SERVER_NAME.fullmatch(server):
+            raise ValueError(f"not an MCP server's name: {server!r}")
+        return self.logs_dir / f"mcp-{server}.log"
 
     def pid_file(self, program: str) -> Path:
         return self.run_dir / f"{_program(program)}.pid"

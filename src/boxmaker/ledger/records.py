@@ -59,6 +59,7 @@ __all__ = [
     "Decision",
     "Genesis",
     "Kind",
+    "McpTools",
     "NotJson",
     "Policy",
     "Record",
@@ -138,7 +139,21 @@ class Policy:
     problem: str | None
 
 
-Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy
+@attrs.frozen
+class McpTools:
+    """The tools an MCP server listed when brokerd started it (docs/protocol.md, "MCP
+    tools records"; docs/mcp.md): each tool's name and the SHA-256 of its canonical
+    definition, written after every ``tools/list``, before any call of that start, so
+    a changed definition is on record whether or not it was pinned."""
+
+    kind: ClassVar[Kind] = Kind.MCP_TOOLS
+    boot: str
+    server: str
+    tools: dict[str, str]
+    """Tool name -> definition hash (64 lowercase hex)."""
+
+
+Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy | McpTools
 
 # An approval without a grant written, a note, a definition or an approver keeps the line
 # it had before the field existed.
@@ -177,6 +192,7 @@ BODY_TYPES: dict[Kind, type[Body]] = {
     Kind.APPROVAL: Approval,
     Kind.RESULT: Result,
     Kind.POLICY: Policy,
+    Kind.MCP_TOOLS: McpTools,
 }
 
 

@@ -377,6 +377,12 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                     problem(seq, f"policy record with sha256 {sha!r}")
                 elif type(rec["problem"]) is not str:
                     problem(seq, "policy record with neither a sha256 nor a problem")
+            elif kind == "mcp_tools":
+                tools = rec["tools"]
+                if type(rec["server"]) is not str or type(tools) is not dict:
+                    problem(seq, "mcp_tools record with a field of the wrong type")
+                elif not all(is_sha256(digest) for digest in tools.values()):
+                    problem(seq, "mcp_tools record with a definition hash that is not a sha256")
             elif kind != "repair":
                 problem(seq, f"unknown kind {kind!r}")
         except KeyError as missing:
