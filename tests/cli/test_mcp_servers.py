@@ -87,6 +87,29 @@ async def test_import_from_a_codex_config_maps_its_timeouts(
     assert "off" not in load_config(home).mcp_servers
 
 
+async def test_import_says_what_would_stop_a_server_starting_in_its_sandbox(
+    home: Home, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An entry made for the owner's shell: a bare name that only the owner's PATH finds.
+    owner_bin = tmp_path / "venv" / "bin"
+    owner_bin.mkdir(parents=True)
+    program = owner_bin / "shell-only-mcp"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", str(owner_bin))
+    claude = {"mcpServers": {"mine": {"command": "shell-only-mcp"}, "ok": {"command": "sh"}}}
+    source = _write(tmp_path / "claude.json", orjson.dumps(claude).decode())
+    assert await bxctl_in_process(home, "mcp", "import", str(source)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "imported into config.toml: mine, ok; review them, then bxctl mcp pin NAME",
+        "mine: command 'shell-only-mcp' is not on the sandbox's PATH "
+        f"(/usr/local/bin:/usr/bin:/bin): it is {program} on your PATH; give that as "
+        "command, and the directory it is installed in as read_only_paths",
+    ]
+    assert load_config(home).mcp_servers["mine"].command == "shell-only-mcp"
+
+
 async def test_import_refuses_entries_that_would_not_load(
     home: Home, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,6 +27,7 @@ from tests.harness.sandbox import processes_with, sandbox_workspace, wait_gone
 from boxmaker.core.external_tools import ToolState, definition_hash
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.home.mcp_config import McpServerConfig
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import McpTools
 from boxmaker.mcp.gateway import Gateway
@@ -150,6 +151,26 @@ async def test_a_server_that_cannot_start_fails_the_call_and_waits_before_the_ne
     with trio.fail_after(LIMIT):
         await _fail_twice(gateway)
     assert "no such module" in home.mcp_log("fake").read_text()
+
+
+async def test_a_program_the_sandbox_cannot_see_fails_the_call_naming_it(
+    home: Home, workspace: Path, tmp_path: Path
+) -> None:
+    # The server would exit 127 in its sandbox, its log empty: brokerd says why first.
+    program = tmp_path / "outside" / "my-mcp"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    pin_all(home, "fake", {"echo": echo_definition()})
+    gateway = make_gateway(home, workspace, {"fake": McpServerConfig(command=str(program))})
+    with trio.fail_after(LIMIT):
+        async with running(gateway):
+            result = await gateway.call(tool(gateway, "mcp.fake.echo"), {"text": "x"})
+    assert (result.reason, result.detail) == (
+        Reason.MCP_SERVER_FAILED,
+        f"[mcp_servers.fake] command {program}: the sandbox does not show it; add the "
+        "directory it is installed in to read_only_paths; see docs/runbook.md#mcp-servers",
+    )
 
 
 async def _fail_twice(gateway: Gateway) -> None:

@@ -12,6 +12,7 @@ server (``pin``): bxctl starts without the ``mcp`` extra.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,6 +28,7 @@ from boxmaker.home.config import Config, ConfigError, load_config, workspace_pro
 from boxmaker.home.mcp_import import McpImportError, add_servers, read_servers
 from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import read_regular_file
+from boxmaker.mcp.gateway_launch import command_problem
 from boxmaker.mcp.pins import Pin, PinsError, ToolStatus, compare, read_pins, write_pins
 
 
@@ -273,8 +275,12 @@ async def import_(file: str, /, *, replace: bool = False, common: Common = DEFAU
             )
     except McpImportError as exc:
         return fail(str(exc))
+    problems: list[str] = []
+    if imported.entries:
+        problems = await trio.to_thread.run_sync(_start_problems, home, sorted(imported.entries))
     if common.json:
-        print_json({"imported": sorted(imported.entries), "notes": list(imported.notes)})
+        notes = [*imported.notes, *problems]
+        print_json({"imported": sorted(imported.entries), "notes": notes})
         return Exit.DONE
     for note in imported.notes:
         print(printable(note))
@@ -282,4 +288,15 @@ async def import_(file: str, /, *, replace: bool = False, common: Common = DEFAU
         return fail(f"{file}: no server to import")
     names = ", ".join(sorted(imported.entries))
     print(printable(f"imported into config.toml: {names}; review them, then bxctl mcp pin NAME"))
+    for problem in problems:
+        print(printable(problem))
     return Exit.DONE
+
+
+def _start_problems(home: Home, names: list[str]) -> list[str]:
+    """What would stop each imported server from starting in its sandbox: an entry made
+    for the owner's shell often names a program by the owner's PATH, or a script whose
+    interpreter lies outside what a sandbox shows."""
+    servers = load_config(home).mcp_servers
+    problems = ((name, command_problem(servers[name], os.environ.get("PATH"))) for name in names)
+    return [f"{name}: {problem}" for name, problem in problems if problem is not None]

@@ -18,12 +18,14 @@ docs/threat-model.md.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Final
 
 from boxmaker.broker.run_spec import sandbox_limits
 from boxmaker.broker.sandbox_check import find_sandbox
-from boxmaker.broker.sandbox_plan import Launch, server_argv
+from boxmaker.broker.sandbox_plan import SANDBOX_PATH, SYSTEM_DIRS, Launch, server_argv
 from boxmaker.home.config import RunnerConfig
 from boxmaker.home.mcp_config import RUNBOOK_MCP_SERVERS, McpServerConfig
 
@@ -64,6 +66,76 @@ def server_mounts(
     return tuple(mounts)
 
 
+SHEBANG_BYTES: Final = 256
+"""How much of a script brokerd reads to find its interpreter (the kernel reads 256)."""
+
+
+def _shown(path: Path, server: McpServerConfig) -> bool:
+    roots = ("/usr", *(f"/{name}" for name in SYSTEM_DIRS))
+    roots += (*server.read_only_paths, *server.writable_paths)
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def _interpreter(program: Path) -> Path | None:
+    try:
+        with program.open("rb") as script:
+            head = script.read(SHEBANG_BYTES)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    return Path(os.fsdecode(words[0])) if words else None
+
+
+def command_problem(server: McpServerConfig, owner_path: str | None) -> str | None:
+    """Why the server's ``command`` cannot start in its sandbox, or None: a bare name
+    not on the sandbox's PATH, or a program (or a script's interpreter) the sandbox does
+    not show. Without this the server only exits 127, its log empty. ``owner_path`` is
+    the PATH the owner's shell would search (to say where the program is). Blocking.
+
+    >>> print(command_problem(McpServerConfig(command="no-such-server-x"), ""))
+    command 'no-such-server-x' is not on the sandbox's PATH (/usr/local/bin:/usr/bin:/bin)
+    >>> command_problem(McpServerConfig(command="sh"), "") is None
+    True
+    """
+    command = server.command
+    if "/" in command:
+        program = Path(command)
+    else:
+        found = shutil.which(command, path=SANDBOX_PATH)
+        if found is None:
+            elsewhere = shutil.which(command, path=owner_path)
+            hint = (
+                f": it is {elsewhere} on your PATH; give that as command, and the directory "
+                "it is installed in as read_only_paths"
+                if elsewhere
+                else ""
+            )
+            return f"command {command!r} is not on the sandbox's PATH ({SANDBOX_PATH}){hint}"
+        program = Path(found)
+    if not program.is_file():
+        return f"command {command}: no such program"
+    if not _shown(program, server):
+        return (
+            f"command {command}: the sandbox does not show it; add the directory it is "
+            "installed in to read_only_paths"
+        )
+    interpreter = _interpreter(program)
+    if interpreter is None:
+        return None
+    real = Path(os.path.realpath(interpreter))
+    for shown in (interpreter, real):
+        if not _shown(shown, server):
+            named = f"{interpreter} ({real})" if real != interpreter else f"{interpreter}"
+            return (
+                f"command {command} is a script run by {named}, which the sandbox does "
+                f"not show; add {shown.parent.parent} (the interpreter's installation) to "
+                "read_only_paths, or run a system interpreter (docs/mcp.md)"
+            )
+    return None
+
+
 def server_launch(
     name: str,
     server: McpServerConfig,
@@ -83,6 +155,9 @@ def server_launch(
     mounts = server_mounts(server, workspace=workspace, home_problem=home_problem)
     if isinstance(mounts, str):
         return f"[mcp_servers.{name}] {mounts}; see {RUNBOOK_MCP_SERVERS}"
+    problem = command_problem(server, environ.get("PATH"))
+    if problem is not None:
+        return f"[mcp_servers.{name}] {problem}; see {RUNBOOK_MCP_SERVERS}"
     limits = sandbox_limits(runner)
     argv = server_argv(
         found.bwrap,
