@@ -15,7 +15,7 @@ import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import orjson
 import trio
@@ -23,12 +23,12 @@ from cyclopts import Parameter
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.log_tail import read_tail
+from boxmaker.cli.terminal import OwnerTerminal, is_interactive
 from boxmaker.formats.printable import printable
 from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.mcp_import import McpImportError, add_servers, read_servers
 from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import read_regular_file
-from boxmaker.mcp.gateway_launch import command_problem
 from boxmaker.mcp.pins import Pin, PinsError, ToolStatus, compare, read_pins, write_pins
 
 
@@ -145,11 +145,25 @@ def logs(
     return Exit.DONE
 
 
-def _confirm(question: str) -> bool:
-    sys.stdout.write(question)
-    sys.stdout.flush()
-    answer = sys.stdin.readline()
-    return answer.strip().lower() in ("y", "yes")
+PIN_ANSWER_LIMIT: Final = 8
+
+
+async def _confirm(question: str) -> bool:
+    """The owner's yes to ``question``. At a terminal the answer is a line typed once the
+    question is shown (cli/terminal.py: keys typed while the server started, before the
+    definitions could be read, are dropped); from a pipe, its next line."""
+    if not is_interactive():
+        sys.stdout.write(question)
+        sys.stdout.flush()
+        answer: str | None = await trio.to_thread.run_sync(sys.stdin.readline)
+    else:
+        terminal = OwnerTerminal()
+        with terminal.keys():
+            try:
+                answer = await terminal.line(question, limit=PIN_ANSWER_LIMIT)
+            except EOFError:
+                answer = None
+    return answer is not None and answer.strip().lower() in ("y", "yes")
 
 
 async def _live_tools(home: Home, config: Config, server: str) -> dict[str, dict[str, Any]] | str:
@@ -238,7 +252,7 @@ async def pin(
             body = _pretty(definitions[name])
         for line in body:
             print(printable("  " + line))
-    if not yes and not _confirm(f"pin these {len(todo)} change(s) of {server}? [y/N] "):
+    if not yes and not await _confirm(f"pin these {len(todo)} change(s) of {server}? [y/N] "):
         return fail("nothing pinned")
     for name, state in todo.items():
         if state is ToolStatus.REMOVED:
@@ -297,6 +311,9 @@ def _start_problems(home: Home, names: list[str]) -> list[str]:
     """What would stop each imported server from starting in its sandbox: an entry made
     for the owner's shell often names a program by the owner's PATH, or a script whose
     interpreter lies outside what a sandbox shows."""
+    # brokerd's sandbox plan: loaded only for this command (tests/cli/test_imports.py).
+    from boxmaker.mcp.gateway_launch import command_problem
+
     servers = load_config(home).mcp_servers
     problems = ((name, command_problem(servers[name], os.environ.get("PATH"))) for name in names)
     return [f"{name}: {problem}" for name, problem in problems if problem is not None]
