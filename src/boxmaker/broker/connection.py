@@ -38,9 +38,11 @@ answer is ``ok`` ``"allowed"``, its result recorded like any other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
-from typing import Final, assert_never
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Final, TypeAlias, assert_never
 
+import attrs
 import trio
 
 from boxmaker.broker.client_answers import AfterRequest, heard
@@ -118,8 +120,12 @@ __all__ = [
     "REFUSAL_UNRECORDED",
     "RESULT_UNRECORDED_DETAIL",
     "STOPPING_DETAIL",
+    "CallOpening",
+    "CallRun",
+    "OpenedCall",
     "Requester",
     "handle_broker_connection",
+    "open_broker_call",
 ]
 
 log = logging.getLogger("boxmaker.brokerd")
@@ -130,22 +136,58 @@ CLIENT_TOOL_ALLOWED: Final = "allowed"
 """A ``claude.*`` call's answer content when it may run: the client runs it itself."""
 
 
-async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) -> None:
-    """trio.serve_listeners' handler for broker.sock: one call, then close.
+@attrs.frozen
+class OpenedCall:
+    """A connection's call, read and ready to drive: its requester, its request, and
+    for an internal call (egress's ``connect``), how it runs and that it may name an
+    internal tool."""
+
+    requester: Requester
+    request: ToolRequest
+    run: CallRun | None = None
+    """The call's own run (a tunnel), instead of the runner's; None: the runner's."""
+    internal: bool = False
+    """Decided with ``internal=True`` (:func:`boxmaker.core.decide.evaluate`): only
+    brokerd's own openings set it, never anything a requester sends."""
+
+
+CallRun: TypeAlias = Callable[[Run | Ask], Awaitable[Ran | RequesterGone]]
+"""An internal call's run: given its verdict, what it ran to."""
+CallOpening: TypeAlias = Callable[[Broker, trio.SocketStream], Awaitable[OpenedCall | None]]
+"""How a connection's call is read: the peer checked, the request read (None once
+anything else was answered)."""
+
+
+async def open_broker_call(broker: Broker, stream: trio.SocketStream) -> OpenedCall | None:
+    """broker.sock's opening: the owner's uid only, then one frame (a tool request)."""
+    # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
+    if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
+        return None
+    requester = Requester(stream)
+    request = await _read_request(requester, broker.capacity.budget, broker.gateway)
+    return None if request is None else OpenedCall(requester, request)
+
+
+async def handle_broker_connection(
+    broker: Broker, stream: trio.SocketStream, opening: CallOpening = open_broker_call
+) -> None:
+    """trio.serve_listeners' handler for broker.sock: one call, then close; with its
+    own ``opening``, the egress proxy's handler for a CONNECT (:mod:`boxmaker.broker.egress`):
+    everything after the request is read (the drive, the wait for the owner, the resume,
+    the close) is this one function's, so a tunnel is decided, asked and recorded exactly
+    as a tool call. (One function and not a helper it calls: a waiting call's stack is
+    this frame alone, docs/decisions.md, "brokerd's hot path and memory".)
 
     Catches every Exception, so one bad client never takes brokerd down; Cancelled
     (shutdown) goes through.
     """
     try:
-        # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
-        if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
+        opened = await opening(broker, stream)
+        if opened is None:
             return
-        requester = Requester(stream)
-        request = await _read_request(requester, broker.capacity.budget, broker.gateway)
-        if request is None:
-            return
-        ports = _Ports(broker, requester, request)
-        del request
+        requester = opened.requester
+        ports = _Ports(broker, requester, opened.request, opened.run, internal=opened.internal)
+        del opened
         try:
             waiting = await drive(ports.call, await ports.first_event(), ports)
             if waiting is None:
@@ -168,6 +210,8 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
                     await trio.lowlevel.wait_readable(stream.socket)
                     while (sent := requester.sent()) is not None:
                         if sent:
+                            if not requester.HEARS_CLIENT_ANSWERS:
+                                break  # a tunnel's bytes before its answer: it left
                             after = after or AfterRequest()
                             asked = ports.call.decision
                             await heard(broker, ports.request, asked, entry, after, sent)
@@ -178,9 +222,18 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         finally:
             ports.close()
     except DISCONNECTS as exc:
-        log.debug("broker.sock: the requester left (%s)", type(exc).__name__)
+        log.debug("%s: the requester left (%s)", requester_name(stream), type(exc).__name__)
     except Exception:
-        log.exception("broker.sock: a connection failed")
+        log.exception("%s: a connection failed", requester_name(stream))
+
+
+def requester_name(stream: trio.SocketStream) -> str:
+    """The socket a connection came in on, for the log."""
+    try:
+        name = stream.socket.getsockname()
+    except OSError:
+        return "a socket"
+    return Path(name).name if isinstance(name, str) and name else "a socket"
 
 
 async def _read_request(
@@ -258,6 +311,7 @@ async def _evaluate(
     *,
     look_before_asking: bool = False,
     asked: Ruling | None = None,
+    internal: bool = False,
 ) -> Verdict:
     """The decision with the grants and state as they are now (also approve's
     re-decision): :func:`decide_now`, as ``bxctl grants test`` decides. Grants are read
@@ -266,7 +320,12 @@ async def _evaluate(
     if grants is None:
         grants = await broker.grants.current()
     return await decide_now(
-        request, grants, BrokerSources(broker), look_before_asking=look_before_asking, asked=asked
+        request,
+        grants,
+        BrokerSources(broker),
+        look_before_asking=look_before_asking,
+        asked=asked,
+        internal=internal,
     )
 
 
@@ -298,16 +357,28 @@ class _Ports:
         "call",
         "closed",
         "holds_grants",
+        "internal",
+        "own_run",
         "reply_to",
         "request",
         "requester",
         "slot",
     )
 
-    def __init__(self, broker: Broker, requester: Requester, request: ToolRequest) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        requester: Requester,
+        request: ToolRequest,
+        own_run: CallRun | None = None,
+        *,
+        internal: bool = False,
+    ) -> None:
         self.broker = broker
         self.requester = requester
         self.request = request
+        self.own_run = own_run
+        self.internal = internal
         self.call = Call(
             request.call,
             request.session,
@@ -333,7 +404,9 @@ class _Ports:
         # meanwhile is recorded after it (GrantsWatcher.take).
         grants = await broker.grants.take()
         self.holds_grants = True
-        verdict = await _evaluate(broker, request, grants, look_before_asking=True)
+        verdict = await _evaluate(
+            broker, request, grants, look_before_asking=True, internal=self.internal
+        )
         full: str | None = None
         if isinstance(verdict, Ask):
             # The ask holds a pending slot and its request's bytes from here (before
@@ -392,6 +465,10 @@ class _Ports:
         return self.requester.gone()
 
     async def run(self, verdict: Run | Ask, *, approved: bool) -> Ran | RequesterGone:
+        if self.own_run is not None:
+            # An internal call's run is its connection's own (a tunnel reads and writes
+            # the requester's stream itself, so no hang-up watcher may read it).
+            return await self.own_run(verdict)
         if verdict.checked.external is not None:
             return await self._run_external(verdict)
         broker = self.broker
@@ -481,7 +558,9 @@ class _Ports:
                 return None
             case ApproveCommand():
                 self.reply_to = command.reply
-                verdict = await _evaluate(self.broker, self.request, asked=self.call.decision)
+                verdict = await _evaluate(
+                    self.broker, self.request, asked=self.call.decision, internal=self.internal
+                )
                 log.info("call %s: approved by the owner (note %r)", call, command.note)
                 # An empty note is no note: the record keeps its line without one.
                 return OwnerApproved(verdict, command.grant_written, command.note or None)
