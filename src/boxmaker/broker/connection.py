@@ -38,6 +38,7 @@ answer is ``ok`` ``"allowed"``, its result recorded like any other.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, TypeAlias, assert_never
@@ -45,6 +46,7 @@ from typing import Final, TypeAlias, assert_never
 import attrs
 import trio
 
+from boxmaker.broker import egress as egress_proxy
 from boxmaker.broker.client_answers import AfterRequest, heard
 from boxmaker.broker.decide_now import BrokerSources, decide_now
 from boxmaker.broker.mcp_port import McpGateway
@@ -52,6 +54,7 @@ from boxmaker.broker.pending import ApproveCommand, ClientAnswered, RefuseComman
 from boxmaker.broker.requester import Requester
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.runner import STOPPABLE_TOOLS
+from boxmaker.broker.sandbox_plan import Launch
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
@@ -80,7 +83,12 @@ from boxmaker.core.call_events import (
     StateUnrecordable,
     Stopping,
 )
-from boxmaker.core.catalogue import ExternalArgs, catalogue_tools, external_catalogue_tools
+from boxmaker.core.catalogue import (
+    ExternalArgs,
+    ShellArgs,
+    catalogue_tools,
+    external_catalogue_tools,
+)
 from boxmaker.core.client_answer import client_approver, client_refusal
 from boxmaker.core.decide import Ask, Ruling, Run, Verdict
 from boxmaker.core.drive import drive, resume
@@ -88,6 +96,7 @@ from boxmaker.core.external_tools import CLAUDE_PREFIX
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
+from boxmaker.core.network import network_grants
 from boxmaker.core.reasons import Reason
 from boxmaker.core.state import StateUnreadable
 from boxmaker.core.vocabulary import (
@@ -480,8 +489,12 @@ class _Ports:
             approved=approved,
         )
 
+        way_out = await self._way_out(spec)
+
         def run() -> Awaitable[RunResult]:
-            return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
+            if way_out is None:
+                return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
+            return self._run_with_egress(spec, *way_out)
 
         if spec.tool in STOPPABLE_TOOLS:
             finished = await self.requester.while_here(run)
@@ -494,6 +507,31 @@ class _Ports:
         return Ran(
             RunOutcome(result.ok, result.reason, result.detail, result.content, result.label)
         )
+
+    async def _way_out(self, spec: RunSpec) -> tuple[egress_proxy.EgressParent, int] | None:
+        """A shell call's way out, when the grants current now give it one
+        (:func:`~boxmaker.core.network.network_grants`): who it is for, and the uid
+        that may use it (the sandbox's). None: today's sandbox, no network at all."""
+        launch = spec.sandbox
+        value = spec.arguments.value
+        if not isinstance(launch, Launch) or not isinstance(value, ShellArgs):
+            return None  # not a shell call, or one whose sandbox cannot start anyway
+        grants = await self.broker.grants.current()
+        if not isinstance(grants, GrantSet):
+            return None
+        if not network_grants(grants, spec.tool, value.command, utc_now()):
+            return None
+        call = self.call
+        parent = egress_proxy.EgressParent(call.call, call.session, spec.tool, value.command)
+        return parent, launch.user.uid if launch.user is not None else os.geteuid()
+
+    async def _run_with_egress(
+        self, spec: RunSpec, parent: egress_proxy.EgressParent, peer: int
+    ) -> RunResult:
+        broker = self.broker
+        async with egress_proxy.open_call_egress(broker, parent, peer=peer) as egress:
+            spec = attrs.evolve(spec, egress_dir=egress.directory)
+            return await broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
 
     async def _run_external(self, verdict: Run | Ask) -> Ran | RequesterGone:
         """An external tool's run: ``claude.*`` runs nothing (the client runs its own

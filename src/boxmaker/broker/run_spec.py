@@ -131,6 +131,9 @@ class RunSpec:
     _bounds: Grant
     """The decision's grant: its ``paths`` and ``hard_links`` bound the file opened."""
     _token: object = attrs.field(validator=_only_for_verdict, repr=False)
+    egress_dir: Path | None = None
+    """shell: the call's way out (``run/egress/<call>/``, :mod:`boxmaker.broker.egress`),
+    which its sandbox binds; None: no network at all."""
 
     @classmethod
     def for_verdict(
