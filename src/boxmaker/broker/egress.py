@@ -35,6 +35,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -55,11 +56,12 @@ from boxmaker.broker.proxy_head import (
     read_head,
 )
 from boxmaker.broker.requester import SEND_S, Requester
-from boxmaker.broker.tunnel import RUNBOOK_EGRESS, Ended, Tunnel
+from boxmaker.broker.tunnel import RUNBOOK_EGRESS, Tunnel
 from boxmaker.core.network import connect_request
 from boxmaker.core.reasons import Reason, reason_words
 from boxmaker.core.vocabulary import Answer, AnswerOutcome, ErrorFrame
 from boxmaker.formats.convert import new_call_id
+from boxmaker.ledger.records import ConnectionEnd
 from boxmaker.runtime.unix_sockets import BACKLOG, peer_uid
 
 if TYPE_CHECKING:
@@ -200,7 +202,7 @@ class CallEgress:
     budget: ByteBudget
     open: dict[trio.SocketStream, Tunnel | None] = attrs.Factory(dict)
     """Each connection open, with its tunnel once its request became a call."""
-    closing: Ended | None = None
+    closing: ConnectionEnd | None = None
     none_open: trio.Event = attrs.Factory(trio.Event)
 
     @property
@@ -236,7 +238,9 @@ class CallEgress:
 
     def _refuse_at_once(self, stream: trio.SocketStream) -> None:
         cap = self.config.tunnels_per_call
-        log.warning("call %s: a connection over [egress] tunnels_per_call (%d)", self.parent.call, cap)
+        log.warning(
+            "call %s: a connection over [egress] tunnels_per_call (%d)", self.parent.call, cap
+        )
         text = (
             f"boxmaker: this call already has {cap} connections open "
             f"([egress] tunnels_per_call); see {RUNBOOK_EGRESS}\n"
@@ -268,7 +272,9 @@ class CallEgress:
         uid = peer_uid(stream)
         if uid != self.peer:
             who = "an unknown uid" if uid is None else f"uid {uid}"
-            log.warning("%s: refused a peer with %s (only uid %d)", self.socket_path, who, self.peer)
+            log.warning(
+                "%s: refused a peer with %s (only uid %d)", self.socket_path, who, self.peer
+            )
             return None
         head: ProxyHead | HeadRefused | None = None
         with trio.move_on_after(HEAD_S) as timer:
@@ -286,7 +292,9 @@ class CallEgress:
             await self._answer(stream, http, target)
             return None
         if self.closing is not None or self.budget.spent:
-            why = self.budget.detail if self.budget.spent else f"the call has ended ({self.closing})"
+            why = (
+                self.budget.detail if self.budget.spent else f"the call has ended ({self.closing})"
+            )
             await self._answer(stream, http, HeadRefused(503, why))
             return None
         parent = self.parent
@@ -307,7 +315,9 @@ class CallEgress:
         return connection.OpenedCall(requester, request, run=tunnel.run, internal=True)
 
     @staticmethod
-    async def _answer(stream: trio.SocketStream, http: h11.Connection, refused: HeadRefused) -> None:
+    async def _answer(
+        stream: trio.SocketStream, http: h11.Connection, refused: HeadRefused
+    ) -> None:
         log.info("egress: refused a request: %s %s", refused.status, refused.detail)
         text = f"boxmaker: {refused.detail}\nsee {RUNBOOK_EGRESS}\n"
         data = answer_bytes(http, refused.status, text)
@@ -316,7 +326,7 @@ class CallEgress:
 
     # -- the end ---------------------------------------------------------------------
 
-    def end_all(self, ended: Ended) -> None:
+    def end_all(self, ended: ConnectionEnd) -> None:
         """Every tunnel ends now with ``ended``."""
         for tunnel in self.open.values():
             if tunnel is not None:
@@ -324,14 +334,16 @@ class CallEgress:
 
     async def watch_ledger(self) -> None:
         await self.broker.writer.broken.wait()
-        log.error("call %s: the ledger failed; every tunnel of the call is closed", self.parent.call)
-        self.end_all(Ended.LEDGER_FAILED)
+        log.error(
+            "call %s: the ledger failed; every tunnel of the call is closed", self.parent.call
+        )
+        self.end_all(ConnectionEnd.LEDGER_FAILED)
 
     async def close(self) -> None:
         """The call is over: every tunnel ends at once, every CONNECT still waiting is
         withdrawn (its socket's reading side shut: the wait sees its requester gone),
         and the records are written."""
-        self.closing = Ended.STOPPING if self.broker.stopping else Ended.CALL_ENDED
+        self.closing = ConnectionEnd.STOPPING if self.broker.stopping else ConnectionEnd.CALL_ENDED
         self.end_all(self.closing)
         for stream in self.open:
             with contextlib.suppress(OSError):
@@ -346,7 +358,7 @@ def _prepare_directory(root: Path, call: str, peer: int) -> tuple[Path, socket.s
     sandbox's too). Blocking."""
     root.mkdir(mode=0o700, exist_ok=True)
     info = root.lstat()
-    if not os.path.isdir(root) or root.is_symlink() or info.st_uid != os.geteuid():
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         raise OSError(errno.EPERM, f"{root} is not brokerd's own directory")
     directory = root / call
     if directory.is_dir() and not directory.is_symlink():

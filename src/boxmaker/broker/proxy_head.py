@@ -25,7 +25,7 @@ HEAD_S: Final = 10.0
 READ_CHUNK: Final = 4096
 """Bytes read at a time while the head is incomplete: a head is small, and what is read
 past it stays in h11's buffer for the tunnel."""
-PROXY_AGENT: Final = b"boxmaker-brokerd"
+PROXY_AGENT: Final = "boxmaker-brokerd"
 
 
 @attrs.frozen
@@ -85,7 +85,7 @@ async def read_head(
             if not data:
                 return None if size == 0 else HeadRefused(400, "the request head was cut short")
             size += len(data)
-            http.receive_data(data)
+            http.receive_data(bytes(data))
             continue
         # h11 gives nothing but a Request, NEED_DATA or an error before a head's end.
         return HeadRefused(400, f"unexpected {type(event).__name__} before a request")

@@ -92,9 +92,9 @@ LIVE_KEYS: Final = frozenset({"broker.pending_timeout", "labels", "runner", "egr
 already waiting or running keeps what it started with): an ask's timeout, the labels
 (a session's taint so far stays; only later reads are labelled anew), the tools' time
 and output and the sandbox's uid and limits (the sandbox kept set up ahead is used only
-for exactly the same launch), a call's bounds on its way out (``[egress]``). Not live: ``workspace`` (its real path is pinned and
-watched from the start: HomeGuard) and the broker.sock caps (sized once, against the
-open-file limit, for the boot)."""
+for exactly the same launch), a call's bounds on its way out (``[egress]``). Not
+live: ``workspace`` (its real path is pinned and watched from the start: HomeGuard) and
+the broker.sock caps (sized once, against the open-file limit, for the boot)."""
 
 
 @attrs.frozen

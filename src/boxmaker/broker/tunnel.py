@@ -26,7 +26,7 @@ origin-form with ``Connection: close``, and the answer relayed until the host cl
 
 from __future__ import annotations
 
-import enum
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Final
 
@@ -41,7 +41,7 @@ from boxmaker.core.catalogue import result_label
 from boxmaker.core.hosts import address_problem, host_rules
 from boxmaker.core.reasons import Reason
 from boxmaker.core.tls_hello import RECORD_HEADER, NotHello, read_hello, record_size
-from boxmaker.ledger.records import Connection
+from boxmaker.ledger.records import Connection, ConnectionEnd
 
 if TYPE_CHECKING:
     from boxmaker.broker.egress import CallEgress, TunnelRequester
@@ -73,21 +73,9 @@ HOP_BY_HOP: Final = frozenset(
 """Headers of a plain-HTTP request that are the proxy hop's, not the host's."""
 
 
-class Ended(enum.StrEnum):
-    """How a tunnel ended: the ``connection`` record's ``ended``."""
-
-    CLOSED = "closed"
-    IDLE = "idle"
-    BYTE_CAP = "byte_cap"
-    CALL_ENDED = "call_ended"
-    SERVER_NAME_MISMATCH = "server_name_mismatch"
-    NOT_TLS = "not_tls"
-    LEDGER_FAILED = "ledger_failed"
-    STOPPING = "stopping"
-    UPSTREAM_ERROR = "upstream_error"
-
-
-FINE_ENDS: Final = frozenset({Ended.CLOSED, Ended.IDLE, Ended.CALL_ENDED, Ended.STOPPING})
+FINE_ENDS: Final = frozenset(
+    {ConnectionEnd.CLOSED, ConnectionEnd.IDLE, ConnectionEnd.CALL_ENDED, ConnectionEnd.STOPPING}
+)
 """Ends of a tunnel that ran as it should: its call's result is ``ok``; any other end
 is ``failed`` ``tool_error`` with the end in its detail."""
 
@@ -113,7 +101,7 @@ class Tunnel:
         self.requester = requester
         self.target = target
         self.call = call
-        self.ended: Ended | None = None
+        self.ended: ConnectionEnd | None = None
         self.server_name: str | None = None
         """The ClientHello's server name, once read."""
         self.detail: str | None = None
@@ -123,7 +111,7 @@ class Tunnel:
         self.last_active = 0.0
         self._directions = 0
 
-    def end(self, ended: Ended, detail: str | None = None) -> None:
+    def end(self, ended: ConnectionEnd, detail: str | None = None) -> None:
         if self.ended is None:
             self.ended = ended
             self.detail = detail
@@ -149,7 +137,7 @@ class Tunnel:
                 else:
                     await self._forward(upstream)
                 if self.ended is None:
-                    self.ended = Ended.CLOSED
+                    self.ended = ConnectionEnd.CLOSED
         except _Refused as refused:
             return self._outcome(label, ok=False, reason=refused.reason, detail=refused.detail)
         finally:
@@ -157,7 +145,7 @@ class Tunnel:
                 with trio.CancelScope(shield=True):
                     await trio.aclose_forcefully(upstream)
         if upstream is None:
-            ended = self.ended or Ended.CALL_ENDED
+            ended = self.ended or ConnectionEnd.CALL_ENDED
             return self._outcome(label, ok=False, detail=f"the tunnel did not open: {ended}")
         return await self._record(label, address, started)
 
@@ -174,7 +162,7 @@ class Tunnel:
         if destination.scheme == "http" and not grant.plain_http:
             raise _Refused(Reason.TOOL_ERROR, f"grant {grant.id} does not allow plain HTTP")
         if not egress.broker.writer.usable:
-            self.end(Ended.LEDGER_FAILED)
+            self.end(ConnectionEnd.LEDGER_FAILED)
         if self.ended is not None:
             raise _Refused(Reason.TOOL_ERROR, f"the tunnel did not open: {self.ended}")
         with trio.move_on_after(DIAL_S):
@@ -207,13 +195,13 @@ class Tunnel:
             return
         hello = read_hello(first)
         if isinstance(hello, NotHello):
-            self.end(Ended.NOT_TLS, hello.detail)
+            self.end(ConnectionEnd.NOT_TLS, hello.detail)
             return
         name = self.server_name = hello.server_name
         expected = None if is_address(self.target.host) else self.target.host
         if (name.lower() if name is not None else None) != expected:
             shown = "none" if name is None else repr(name[:100])
-            self.end(Ended.SERVER_NAME_MISMATCH, f"the TLS server name is {shown}")
+            self.end(ConnectionEnd.SERVER_NAME_MISMATCH, f"the TLS server name is {shown}")
             return
         await self._send_up(upstream, first + rest)
         await self._splice(upstream, both=True)
@@ -222,24 +210,30 @@ class Tunnel:
         """The first TLS record the client sent (and what came after it in the same
         reads), or None once the tunnel ended (nothing sent, not TLS, too slow)."""
         buffer = bytearray(self.requester.http.trailing_data[0])
-        stream = self.requester.stream
-        size: int | NotHello = RECORD_HEADER
         with trio.move_on_after(HELLO_S):
-            while len(buffer) < size:
-                data = await stream.receive_some(size - len(buffer))
-                if not data:
-                    ended = Ended.CLOSED if not buffer else Ended.NOT_TLS
-                    self.end(ended, "the client closed before its first TLS record")
-                    return None, b""
-                buffer += data
-                if len(buffer) >= RECORD_HEADER and size == RECORD_HEADER:
-                    size = record_size(bytes(buffer[:RECORD_HEADER]))
-                    if isinstance(size, NotHello):
-                        self.end(Ended.NOT_TLS, size.detail)
-                        return None, b""
+            if not await self._read_until(buffer, RECORD_HEADER):
+                return None, b""
+            size = record_size(bytes(buffer[:RECORD_HEADER]))
+            if isinstance(size, NotHello):
+                self.end(ConnectionEnd.NOT_TLS, size.detail)
+                return None, b""
+            if not await self._read_until(buffer, size):
+                return None, b""
             return bytes(buffer[:size]), bytes(buffer[size:])
-        self.end(Ended.NOT_TLS, f"no TLS ClientHello within {HELLO_S:g} s")
+        self.end(ConnectionEnd.NOT_TLS, f"no TLS ClientHello within {HELLO_S:g} s")
         return None, b""
+
+    async def _read_until(self, buffer: bytearray, size: int) -> bool:
+        """Read from the client into ``buffer`` until it holds ``size`` bytes; False
+        (the tunnel ended) when the client closed first."""
+        while len(buffer) < size:
+            data = await self.requester.stream.receive_some(size - len(buffer))
+            if not data:
+                ended = ConnectionEnd.CLOSED if not buffer else ConnectionEnd.NOT_TLS
+                self.end(ended, "the client closed before its first TLS record's end")
+                return False
+            buffer += data
+        return True
 
     async def _forward(self, upstream: trio.SocketStream) -> None:
         """One plain-HTTP request to the host, origin-form, ``Connection: close``; then
@@ -257,7 +251,7 @@ class Tunnel:
             if event is h11.NEED_DATA:
                 data = await requester.stream.receive_some(CHUNK)
                 if not data:
-                    self.end(Ended.CLOSED, "the client closed before its request's end")
+                    self.end(ConnectionEnd.CLOSED, "the client closed before its request's end")
                     return
                 http.receive_data(data)
             elif isinstance(event, h11.Data):
@@ -274,12 +268,12 @@ class Tunnel:
         try:
             await upstream.send_all(data[:granted])
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.end(Ended.UPSTREAM_ERROR, describe_error(exc))
+            self.end(ConnectionEnd.UPSTREAM_ERROR, describe_error(exc))
             return
         self.bytes_up += granted
         self.last_active = trio.current_time()
         if granted < len(data):
-            self.end(Ended.BYTE_CAP, self.egress.budget.detail)
+            self.end(ConnectionEnd.BYTE_CAP, self.egress.budget.detail)
 
     async def _splice(self, upstream: trio.SocketStream, *, both: bool) -> None:
         """Bytes both ways until both sides ended (``both``), or until the host ended
@@ -301,8 +295,10 @@ class Tunnel:
     ) -> None:
         # Which side failed says how the tunnel ended: the host's side is upstream_error,
         # the sandbox's side a close.
-        host_error = Ended.UPSTREAM_ERROR
-        source_error, sink_error = (Ended.CLOSED, host_error) if up else (host_error, Ended.CLOSED)
+        host_error = ConnectionEnd.UPSTREAM_ERROR
+        source_error, sink_error = (
+            (ConnectionEnd.CLOSED, host_error) if up else (host_error, ConnectionEnd.CLOSED)
+        )
         budget = self.egress.budget
         while True:
             try:
@@ -324,12 +320,11 @@ class Tunnel:
                 self.bytes_down += granted
             self.last_active = trio.current_time()
             if granted < len(data):
-                self.end(Ended.BYTE_CAP, budget.detail)
+                self.end(ConnectionEnd.BYTE_CAP, budget.detail)
                 return
-        try:
+        # The other side may be gone already: its own direction then says so.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await sink.send_eof()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # the other side is gone already; its own direction says so
         self._directions -= 1
         if self._directions == 0:
             splice.cancel()
@@ -339,7 +334,7 @@ class Tunnel:
         while True:
             deadline = self.last_active + idle
             if trio.current_time() >= deadline:
-                self.end(Ended.IDLE, f"no byte either way for {idle:g} s")
+                self.end(ConnectionEnd.IDLE, f"no byte either way for {idle:g} s")
                 splice.cancel()
                 return
             await trio.sleep_until(deadline)
@@ -349,7 +344,7 @@ class Tunnel:
     async def _record(self, label: Label, address: str, started: float) -> Ran:
         egress = self.egress
         parent = egress.parent
-        ended = self.ended or Ended.CLOSED
+        ended = self.ended or ConnectionEnd.CLOSED
         duration_ms = round((trio.current_time() - started) * 1000)
         record = Connection(
             call=self.call,
@@ -362,7 +357,7 @@ class Tunnel:
             bytes_up=self.bytes_up,
             bytes_down=self.bytes_down,
             duration_ms=duration_ms,
-            ended=ended.value,
+            ended=ended,
         )
         log.info(
             "tunnel call=%s via=%s %s (%s) ended %s: %d bytes up, %d down, %d ms",
