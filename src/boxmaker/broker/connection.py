@@ -83,6 +83,7 @@ from boxmaker.core.call_events import (
     StateUnrecordable,
     Stopping,
 )
+from boxmaker.core.call_phases import Running
 from boxmaker.core.catalogue import (
     ExternalArgs,
     ShellArgs,
@@ -107,6 +108,7 @@ from boxmaker.core.vocabulary import (
     ErrorFrame,
     Pending,
     Result,
+    RunEnd,
     ToolRequest,
 )
 from boxmaker.formats.clock import utc_now
@@ -141,6 +143,8 @@ log = logging.getLogger("boxmaker.brokerd")
 
 FIRST_FRAME_S: Final = 5.0
 """The first frame within 5 s of the connection, else it closes."""
+UNDER_WAY: Final = "it runs: the tunnel is open; its end is recorded in the ledger"
+"""What an owner who approved a tunnel hears once it opened."""
 CLIENT_TOOL_ALLOWED: Final = "allowed"
 """A ``claude.*`` call's answer content when it may run: the client runs it itself."""
 
@@ -160,8 +164,10 @@ class OpenedCall:
     brokerd's own openings set it, never anything a requester sends."""
 
 
-CallRun: TypeAlias = Callable[[Run | Ask], Awaitable[Ran | RequesterGone]]
-"""An internal call's run: given its verdict, what it ran to."""
+CallRun: TypeAlias = Callable[[Run | Ask, Callable[[], None]], Awaitable[Ran | RequesterGone]]
+"""An internal call's run: given its verdict, and what to call once it is under way (a
+tunnel open: an owner whose approve let it run hears so then, not at its end), what it
+ran to."""
 CallOpening: TypeAlias = Callable[[Broker, trio.SocketStream], Awaitable[OpenedCall | None]]
 """How a connection's call is read: the peer checked, the request read (None once
 anything else was answered)."""
@@ -477,7 +483,7 @@ class _Ports:
         if self.own_run is not None:
             # An internal call's run is its connection's own (a tunnel reads and writes
             # the requester's stream itself, so no hang-up watcher may read it).
-            return await self.own_run(verdict)
+            return await self.own_run(verdict, self._under_way)
         if verdict.checked.external is not None:
             return await self._run_external(verdict)
         broker = self.broker
@@ -507,6 +513,14 @@ class _Ports:
         return Ran(
             RunOutcome(result.ok, result.reason, result.detail, result.content, result.label)
         )
+
+    def _under_way(self) -> None:
+        """An internal run is under way (a tunnel opened, which may stay open for long):
+        the owner whose approve let it run hears now that it runs, rather than at its
+        end; the reply at the end then finds no one waiting."""
+        state = self.call.state
+        if isinstance(state, Running) and state.told is not None:
+            self.reply(attrs.evolve(state.told, ran=RunEnd(outcome="ok", detail=UNDER_WAY)))
 
     async def _way_out(self, spec: RunSpec) -> tuple[egress_proxy.EgressParent, int] | None:
         """A shell call's way out, when the grants current now give it one

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import h11
@@ -119,7 +120,7 @@ class Tunnel:
 
     # -- the run ---------------------------------------------------------------------
 
-    async def run(self, verdict: Run | Ask) -> Ran:
+    async def run(self, verdict: Run | Ask, under_way: Callable[[], None]) -> Ran:
         broker = self.egress.broker
         checked = verdict.checked
         label = result_label(checked, broker.config.labels, verdict.grant.label_taint)
@@ -133,9 +134,9 @@ class Tunnel:
                 upstream, address = await self._dial(verdict)
                 started = self.last_active = trio.current_time()
                 if self.target.scheme == "https":
-                    await self._tunnel(upstream)
+                    await self._tunnel(upstream, under_way)
                 else:
-                    await self._forward(upstream)
+                    await self._forward(upstream, under_way)
                 if self.ended is None:
                     self.ended = ConnectionEnd.CLOSED
         except _Refused as refused:
@@ -186,7 +187,7 @@ class Tunnel:
             raise _Refused(Reason.TOOL_ERROR, f"{self._where}: {'; '.join(failures)}"[:500])
         raise _Refused(Reason.TIMEOUT, f"{self._where}: no connection within {DIAL_S:g} s")
 
-    async def _tunnel(self, upstream: trio.SocketStream) -> None:
+    async def _tunnel(self, upstream: trio.SocketStream, under_way: Callable[[], None]) -> None:
         """``200``, the ClientHello checked (its server name kept), then both ways."""
         requester = self.requester
         await requester.established(established_bytes(requester.http))
@@ -204,6 +205,7 @@ class Tunnel:
             self.end(ConnectionEnd.SERVER_NAME_MISMATCH, f"the TLS server name is {shown}")
             return
         await self._send_up(upstream, first + rest)
+        under_way()
         await self._splice(upstream, both=True)
 
     async def _first_record(self) -> tuple[bytes | None, bytes]:
@@ -235,7 +237,7 @@ class Tunnel:
             buffer += data
         return True
 
-    async def _forward(self, upstream: trio.SocketStream) -> None:
+    async def _forward(self, upstream: trio.SocketStream, under_way: Callable[[], None]) -> None:
         """One plain-HTTP request to the host, origin-form, ``Connection: close``; then
         the host's answer relayed until it closes."""
         requester = self.requester
@@ -259,6 +261,8 @@ class Tunnel:
             elif isinstance(event, h11.EndOfMessage):
                 await self._send_up(upstream, client.send(event) or b"")
                 break
+        requester.opened = True
+        under_way()
         await self._splice(upstream, both=False)
 
     # -- both ways -------------------------------------------------------------------
