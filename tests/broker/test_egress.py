@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
@@ -26,22 +24,34 @@ from tests.harness.broker import (
     admin,
     body,
     call,
-    eventually,
     records,
     records_of,
     tool_request,
     waiting_approvals,
 )
-from tests.harness.homes import grant, grant_table, write_config, write_grants
+from tests.harness.homes import grant
 from tests.harness.sandbox import sandbox_workspace
 from tests.harness.tunnels import (
+    COMMAND,
+    RUNBOOK,
     Certificate,
     Resolver,
     ShellStandIn,
     TlsEchoServer,
     at_eof,
+    closed,
+    configure,
+    connect_calls,
+    grants,
+    network_grant,
     proxy_connect,
+    push,
+    run_shell,
     sandbox_connections,
+    shell_call,
+    the_connection,
+    tls_echo,
+    with_egress,
 )
 
 from boxmaker.broker.connection import UNDER_WAY
@@ -51,8 +61,6 @@ from boxmaker.home.paths import Home
 pytestmark = pytest.mark.usefixtures("inline_threads")
 
 Clock = trio.testing.MockClock
-COMMAND = "pip install attrs"
-RUNBOOK = "docs/runbook.md#egress"
 
 
 @pytest.fixture
@@ -60,14 +68,6 @@ def ws(home: Home) -> Iterator[Path]:
     with sandbox_workspace() as workspace:
         configure(home, workspace)
         yield workspace
-
-
-def configure(home: Home, workspace: Path, egress: str = "") -> None:
-    write_config(
-        home,
-        f"workspace = {str(workspace)!r}\n[broker]\npending_timeout = {PENDING_TIMEOUT}\n"
-        f"[egress]\n{egress}\n",
-    )
 
 
 @pytest.fixture
@@ -98,57 +98,6 @@ async def started(brokerd: Brokerd, resolver: Resolver, shell: ShellStandIn, ws:
     before its call (brokerd reads them at each decision)."""
     await brokerd.start(execute=shell, host=resolver.host)
     return brokerd
-
-
-def network_grant(hosts: list[str], mode: str = "auto", gid: str = "net", **extra: str) -> str:
-    quoted = ", ".join(f'"{h}"' for h in hosts)
-    return grant_table(gid, "connect", mode, hosts=f"[{quoted}]", via='["shell"]', **extra)
-
-
-def grants(home: Home, *tables: str) -> None:
-    write_grants(home, grant("sh", "shell", "auto") + "".join(tables))
-
-
-async def run_shell(home: Home) -> dict[str, Any]:
-    """One shell call on broker.sock; its final frame."""
-    frames = await call(home, tool_request("shell", {"command": COMMAND}))
-    return frames[-1]
-
-
-def connect_calls(home: Home) -> list[str]:
-    return [r["call"] for r in records(home) if r["kind"] == "decision" and r["tool"] == "connect"]
-
-
-def shell_call(home: Home) -> str:
-    return next(
-        r["call"] for r in records(home) if r["kind"] == "decision" and r["tool"] == "shell"
-    )
-
-
-async def closed(tls: trio.SSLStream[Any], home: Home) -> None:
-    """Close the TLS session (and so the tunnel) and wait for its record, as a program
-    that ends after its download does."""
-    await tls.aclose()
-    await eventually(lambda: any(r["kind"] == "connection" for r in records(home)))
-
-
-def the_connection(home: Home) -> dict[str, Any]:
-    [found] = [body(r) for r in records(home) if r["kind"] == "connection"]
-    return found
-
-
-async def tls_echo(
-    stream: trio.abc.Stream, certificate: Certificate, name: str
-) -> trio.SSLStream[Any]:
-    """A TLS session through the tunnel to ``name``, one ``ping`` echoed."""
-    tls = trio.SSLStream(stream, certificate.client_context(), server_hostname=name)
-    await tls.do_handshake()
-    await tls.send_all(b"ping")
-    got = b""
-    while len(got) < 4:
-        got += await tls.receive_some(4 - len(got))
-    assert got == b"ping"
-    return tls
 
 
 # -- the main path -----------------------------------------------------------------------
@@ -456,7 +405,7 @@ async def test_a_connection_over_the_tunnel_cap_is_answered_503_at_once(
     shell: ShellStandIn,
     autojump_clock: Clock,
 ) -> None:
-    started.broker.config = attrs_evolve_egress(started, tunnels_per_call=2)
+    started.broker.config = with_egress(started, tunnels_per_call=2)
     port = server.port
     grants(home, network_grant([f"127.0.0.1:{port}"]))
     seen = []
@@ -479,13 +428,6 @@ async def test_a_connection_over_the_tunnel_cap_is_answered_503_at_once(
     assert len(connect_calls(home)) == 2
 
 
-def attrs_evolve_egress(brokerd: Brokerd, **changes: Any) -> Any:
-    """The broker's config with ``[egress]`` changed (as a SIGHUP re-read applies it)."""
-    assert brokerd.broker is not None
-    config = brokerd.broker.config
-    return attrs.evolve(config, egress=attrs.evolve(config.egress, **changes))
-
-
 async def test_the_byte_cap_closes_the_tunnel_that_reaches_it(
     home: Home,
     started: Brokerd,
@@ -495,7 +437,7 @@ async def test_the_byte_cap_closes_the_tunnel_that_reaches_it(
     autojump_clock: Clock,
 ) -> None:
     cap = 48 * 1024
-    started.broker.config = attrs_evolve_egress(started, bytes_per_call=cap)
+    started.broker.config = with_egress(started, bytes_per_call=cap)
     port = server.port
     grants(home, network_grant([f"127.0.0.1:{port}"]))
 
@@ -514,16 +456,6 @@ async def test_the_byte_cap_closes_the_tunnel_that_reaches_it(
     assert connection["bytes_up"] + connection["bytes_down"] == cap
 
 
-async def push(tls: trio.SSLStream[Any], size: int) -> None:
-    """Send ``size`` bytes through the echo, 16 KiB at a time, reading each back."""
-    chunk = 16 * 1024
-    for _ in range(size // chunk):
-        await tls.send_all(bytes(chunk))
-        got = 0
-        while got < chunk:
-            got += len(await tls.receive_some(chunk))
-
-
 async def test_an_idle_tunnel_is_closed(
     home: Home,
     started: Brokerd,
@@ -532,7 +464,7 @@ async def test_an_idle_tunnel_is_closed(
     shell: ShellStandIn,
     autojump_clock: Clock,
 ) -> None:
-    started.broker.config = attrs_evolve_egress(started, idle_timeout_s=7.0)
+    started.broker.config = with_egress(started, idle_timeout_s=7.0)
     port = server.port
     grants(home, network_grant([f"127.0.0.1:{port}"]))
     closed_after = []

@@ -34,7 +34,10 @@ from cryptography.x509.oid import NameOID
 
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.tools.host import Host, is_address
+from boxmaker.home.paths import Home
 
+from .broker import PENDING_TIMEOUT, Brokerd, body, call, eventually, records, tool_request
+from .homes import grant, grant_table, write_config, write_grants
 from .sandbox import AS_ROOT, SANDBOX_UID
 
 NAMES: Final = ("svc.test", "other.test")
@@ -368,3 +371,85 @@ class ShellStandIn:
         finally:
             for stream in self.opened:
                 await trio.aclose_forcefully(stream)
+
+
+# -- a shell call with a way out, and its records --------------------------------------
+
+COMMAND: Final = "pip install attrs"
+RUNBOOK: Final = "docs/runbook.md#egress"
+
+
+def configure(home: Home, workspace: Path, egress: str = "") -> None:
+    write_config(
+        home,
+        f"workspace = {str(workspace)!r}\n[broker]\npending_timeout = {PENDING_TIMEOUT}\n"
+        f"[egress]\n{egress}\n",
+    )
+
+
+def network_grant(hosts: list[str], mode: str = "auto", gid: str = "net", **extra: str) -> str:
+    quoted = ", ".join(f'"{h}"' for h in hosts)
+    return grant_table(gid, "connect", mode, hosts=f"[{quoted}]", via='["shell"]', **extra)
+
+
+def grants(home: Home, *tables: str) -> None:
+    write_grants(home, grant("sh", "shell", "auto") + "".join(tables))
+
+
+async def run_shell(home: Home) -> dict[str, Any]:
+    """One shell call on broker.sock; its final frame."""
+    frames = await call(home, tool_request("shell", {"command": COMMAND}))
+    return frames[-1]
+
+
+def connect_calls(home: Home) -> list[str]:
+    return [r["call"] for r in records(home) if r["kind"] == "decision" and r["tool"] == "connect"]
+
+
+def shell_call(home: Home) -> str:
+    return next(
+        r["call"] for r in records(home) if r["kind"] == "decision" and r["tool"] == "shell"
+    )
+
+
+async def closed(tls: trio.SSLStream[Any], home: Home) -> None:
+    """Close the TLS session (and so the tunnel) and wait for its record, as a program
+    that ends after its download does."""
+    await tls.aclose()
+    await eventually(lambda: any(r["kind"] == "connection" for r in records(home)))
+
+
+def the_connection(home: Home) -> dict[str, Any]:
+    [found] = [body(r) for r in records(home) if r["kind"] == "connection"]
+    return found
+
+
+async def tls_echo(
+    stream: trio.abc.Stream, certificate: Certificate, name: str
+) -> trio.SSLStream[Any]:
+    """A TLS session through the tunnel to ``name``, one ``ping`` echoed."""
+    tls = trio.SSLStream(stream, certificate.client_context(), server_hostname=name)
+    await tls.do_handshake()
+    await tls.send_all(b"ping")
+    got = b""
+    while len(got) < 4:
+        got += await tls.receive_some(4 - len(got))
+    assert got == b"ping"
+    return tls
+
+
+def with_egress(brokerd: Brokerd, **changes: Any) -> Any:
+    """The broker's config with ``[egress]`` changed (as a SIGHUP re-read applies it)."""
+    assert brokerd.broker is not None
+    config = brokerd.broker.config
+    return attrs.evolve(config, egress=attrs.evolve(config.egress, **changes))
+
+
+async def push(tls: trio.SSLStream[Any], size: int) -> None:
+    """Send ``size`` bytes through the echo, 16 KiB at a time, reading each back."""
+    chunk = 16 * 1024
+    for _ in range(size // chunk):
+        await tls.send_all(bytes(chunk))
+        got = 0
+        while got < chunk:
+            got += len(await tls.receive_some(chunk))
