@@ -10,7 +10,6 @@ reach is tests/hostile/test_egress_sandbox.py's.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from tests.harness.egress_standin import StandIn, stand_in_proxy
+from tests.harness.egress_standin import StandIn, alive, socats_of, stand_in_proxy
 from tests.harness.runner import spec_for
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 from trio.testing import wait_all_tasks_blocked
@@ -221,7 +220,7 @@ async def test_socat_ends_with_the_call(stand_in: StandIn, ws: Path) -> None:
 
     async def watch() -> None:
         while not seen:
-            seen.extend(_socats_of(stand_in.directory))
+            seen.extend(socats_of(stand_in.directory))
             await trio.sleep(0.01)
 
     async with trio.open_nursery() as nursery:
@@ -231,25 +230,8 @@ async def test_socat_ends_with_the_call(stand_in: StandIn, ws: Path) -> None:
     assert out == "slept\n"
     assert len(seen) == 1, "socat was never seen running in the call's sandbox"
     with trio.fail_after(3):
-        while _alive(seen[0]):  # noqa: ASYNC110  (no event for a pid's end)
+        while alive(seen[0]):  # noqa: ASYNC110  (no event for a pid's end)
             await trio.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
-def _socats_of(egress_dir: Path) -> list[int]:
-    """socat processes whose mounts show ``egress_dir`` (only this call's sandbox)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            socat = entry.name.isdigit() and (entry / "comm").read_text() == "socat\n"
-            if socat and str(egress_dir) in (entry / "mountinfo").read_text():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 async def test_a_call_with_a_way_out_leaves_the_warm_sandbox_alone(

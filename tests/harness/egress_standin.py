@@ -96,3 +96,20 @@ async def stand_in_proxy() -> AsyncIterator[StandIn]:
             nursery.cancel_scope.cancel()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def socats_of(egress_dir: Path) -> list[int]:
+    """socat processes whose mounts show ``egress_dir`` (only this call's sandbox)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            socat = entry.name.isdigit() and (entry / "comm").read_text() == "socat\n"
+            if socat and str(egress_dir) in (entry / "mountinfo").read_text():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
