@@ -69,10 +69,12 @@ PROXY_ENV: Final[Mapping[str, str]] = {
     "npm_config_https_proxy": PROXY_URL,
 }
 """What a sandbox with a way out adds to :data:`SANDBOX_ENV` (docs/egress.md)."""
-TLS_FILES: Final = ("/etc/ssl/certs", "/etc/ssl/openssl.cnf")
+TLS_FILES: Final = ("/etc/ssl/certs",)
 """What a sandbox with a way out also sees of /etc, when the host has it: the system's CA
-certificates (Debian's links point into /usr/share/ca-certificates) and OpenSSL's
-configuration, so TLS clients check brokerd's upstream hosts as they do on the host."""
+certificates (Debian's links point into /usr/share/ca-certificates, which the sandbox
+sees), so TLS clients check the hosts they reach through brokerd as they do on the host.
+Not openssl.cnf: curl, python and pip verify the same without it (OpenSSL skips a
+missing default configuration)."""
 BRIDGE_POLLS: Final = 1000
 """How many times the launcher looks for the bridge's port (2 ms apart: about 3 s in
 all, each look and ``sleep`` included) before it gives up."""
