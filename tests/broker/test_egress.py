@@ -30,7 +30,7 @@ from tests.harness.broker import (
     waiting_approvals,
 )
 from tests.harness.homes import grant
-from tests.harness.sandbox import sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, sandbox_workspace
 from tests.harness.tunnels import (
     COMMAND,
     RUNBOOK,
@@ -55,7 +55,7 @@ from tests.harness.tunnels import (
 )
 
 from boxmaker.broker.connection import UNDER_WAY
-from boxmaker.broker.egress import EGRESS_DIR
+from boxmaker.broker.egress import EGRESS_DIR, ROOT_RUN
 from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")
@@ -126,7 +126,13 @@ async def test_an_allowed_connect_reaches_the_host_and_every_step_is_recorded(
     answer = await run_shell(home)
     assert (answer["outcome"], answer["content"]) == ("ok", "installed")
     [spec] = shell.specs
-    assert spec.egress_dir == home.run_dir / EGRESS_DIR / shell_call(home)
+    assert spec.egress_dir is not None
+    assert spec.egress_dir.name == shell_call(home)
+    if AS_ROOT:  # a place of its own the sandbox's bwrap can reach, not the home's run/
+        assert spec.egress_dir.parent.parent == ROOT_RUN
+        assert not spec.egress_dir.parent.exists()
+    else:
+        assert spec.egress_dir.parent == home.run_dir / EGRESS_DIR
     assert not spec.egress_dir.exists()  # removed with the call
     assert resolver.lookups == [("svc.test", port)]
     [received] = server.connections

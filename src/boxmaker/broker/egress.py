@@ -3,11 +3,13 @@ docs/decisions.md, "Egress through brokerd").
 
 For a shell call that the grants current at its run give a way out
 (:func:`boxmaker.core.network.network_grants`), brokerd opens :func:`open_call_egress`
-around the run: a directory ``run/egress/<call>/`` (0700) holding ``proxy.sock``
-(0600), both the sandbox's uid's when brokerd is root, which the sandbox binds inside
-itself (broker/sandbox_plan.py). A connection on it is that call's and no other's: the
-socket is bound into one sandbox only, and only the sandbox's uid may connect (the peer
-check; the directory's mode already keeps every other uid out).
+around the run: a directory of the call's own (0700) holding ``proxy.sock`` (0600),
+which the sandbox binds inside itself (broker/sandbox_plan.py): ``run/egress/<call>/``,
+or, when brokerd is root, ``/run/boxmaker-egress-XXXX/<call>/``, both the sandbox's
+uid's (its bwrap must reach what it binds: :func:`_egress_root`). A connection on it is
+that call's and no other's: the socket is bound into one sandbox only, and only the
+sandbox's uid may connect (the peer check; the directory's mode already keeps every
+other uid out).
 
 Each connection is one request: its head read with h11 (:mod:`boxmaker.broker.proxy_head`),
 then ``CONNECT host:port`` (or a plain ``http://`` request) becomes a ``connect`` call of
@@ -36,6 +38,7 @@ import os
 import shutil
 import socket
 import stat
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -72,7 +75,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("boxmaker.brokerd.egress")
 
 EGRESS_DIR: Final = "egress"
-"""``run/egress/``: one directory a call with a way out."""
+"""``run/egress/``: one directory a call with a way out (brokerd not root)."""
+ROOT_RUN: Final = Path("/run")
+"""Where brokerd as root makes each call's way out (:func:`_egress_root`)."""
 PROXY_SOCK: Final = "proxy.sock"
 CLOSE_GRACE_S: Final = 5.0
 """Seconds the tunnels of a call that ended have to write their records."""
@@ -195,7 +200,8 @@ class CallEgress:
     broker: Broker
     parent: EgressParent
     directory: Path
-    """``run/egress/<call>/``: the sandbox binds it; ``proxy.sock`` is in it."""
+    """The call's own directory (:func:`_egress_root`): the sandbox binds it;
+    ``proxy.sock`` is in it."""
     peer: int
     """The only uid that may connect: the sandbox's."""
     config: EgressConfig
@@ -352,11 +358,33 @@ class CallEgress:
             await self.none_open.wait()
 
 
-def _prepare_directory(root: Path, call: str, peer: int) -> tuple[Path, socket.socket]:
-    """``root/<call>/proxy.sock`` listening, the directory 0700 and the socket 0600,
-    both ``peer``'s when brokerd is root (else brokerd's own, which is then the
-    sandbox's too). Blocking."""
-    root.mkdir(mode=0o700, exist_ok=True)
+def _egress_root(run_dir: Path, peer: int) -> tuple[Path, bool]:
+    """Where a call's directory is made, and whether that place is the call's own (made
+    here, removed with it).
+
+    brokerd not root: ``run/egress/`` (the sandbox is brokerd's own uid, which reaches
+    the home's ``run/``). brokerd root: the sandbox's bwrap runs as the sandbox's uid and
+    must reach the directory it binds, which the owner's 0700 ``run/`` forbids; so the
+    call's directory is made in a directory of its own under /run (else the system's
+    temporary directory), root's, mode 0711 (passable, not listable), with a random
+    name: no other uid can list it, find the call's directory in it, or enter that
+    (0700, the sandbox's uid's). Blocking."""
+    if os.geteuid() != 0 or peer == 0:
+        return run_dir / EGRESS_DIR, False
+    system_run = ROOT_RUN if os.access(ROOT_RUN, os.W_OK) else None
+    base = Path(tempfile.mkdtemp(prefix="boxmaker-egress-", dir=system_run))
+    base.chmod(0o711)
+    return base, True
+
+
+def _prepare_directory(run_dir: Path, call: str, peer: int) -> tuple[Path, bool, socket.socket]:
+    """``<root>/<call>/proxy.sock`` listening (:func:`_egress_root`), the directory 0700
+    and the socket 0600, both ``peer``'s when brokerd is root (else brokerd's own, which
+    is then the sandbox's too); whether the root is the call's own; the listening
+    socket. Blocking."""
+    root, own_root = _egress_root(run_dir, peer)
+    if not own_root:
+        root.mkdir(mode=0o700, exist_ok=True)
     info = root.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         raise OSError(errno.EPERM, f"{root} is not brokerd's own directory")
@@ -375,9 +403,18 @@ def _prepare_directory(root: Path, call: str, peer: int) -> tuple[Path, socket.s
         sock.listen(BACKLOG)
     except BaseException:
         sock.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        _remove(directory, own_root=own_root)
         raise
-    return directory, sock
+    return directory, own_root, sock
+
+
+def _remove(directory: Path, *, own_root: bool) -> None:
+    """The call's directory gone (and its root when it was the call's own)."""
+    with contextlib.suppress(OSError):
+        (directory / PROXY_SOCK).unlink(missing_ok=True)
+        directory.rmdir()
+        if own_root:
+            directory.parent.rmdir()
 
 
 @contextlib.asynccontextmanager
@@ -391,8 +428,9 @@ async def open_call_egress(
     :data:`CLOSE_GRACE_S`, even when the exit is a cancellation), and the directory is
     removed."""
     config = broker.config.egress
-    root = broker.home.run_dir / EGRESS_DIR
-    directory, sock = await broker.to_thread(_prepare_directory, root, parent.call, peer)
+    directory, own_root, sock = await broker.to_thread(
+        _prepare_directory, broker.home.run_dir, parent.call, peer
+    )
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     budget = ByteBudget(config.bytes_per_call, config.bytes_per_call)
     egress = CallEgress(broker, parent, directory, peer, config, budget)
@@ -407,6 +445,4 @@ async def open_call_egress(
                     await egress.close()
                 nursery.cancel_scope.cancel()
     finally:
-        with contextlib.suppress(OSError):
-            (directory / PROXY_SOCK).unlink()
-            directory.rmdir()
+        _remove(directory, own_root=own_root)
