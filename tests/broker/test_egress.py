@@ -20,10 +20,12 @@ from tests.harness.broker import (
     PENDING_TIMEOUT,
     SESSION,
     Brokerd,
+    Client,
     FailingFile,
     admin,
     body,
     call,
+    eventually,
     records,
     records_of,
     tool_request,
@@ -445,14 +447,18 @@ async def test_the_byte_cap_closes_the_tunnel_that_reaches_it(
     cap = 48 * 1024
     started.broker.config = with_egress(started, bytes_per_call=cap)
     port = server.port
-    grants(home, network_grant([f"127.0.0.1:{port}"]))
+    grants(home, network_grant([f"127.0.0.1:{port}"], if_untrusted='"auto"'))
+    later = []
 
     async def program(directory: Path) -> str:
-        [stream] = await shell.connect(directory)
+        stream, after = await shell.connect(directory, 2)
         assert (await proxy_connect(stream, "127.0.0.1", port)).status == 200
         tls = await tls_echo(stream, certificate, "127.0.0.1")
         with pytest.raises(trio.BrokenResourceError):
             await push(tls, 8 * 16 * 1024)
+        await eventually(lambda: any(r["kind"] == "connection" for r in records(home)))
+        # Every later CONNECT of the call: the bytes are spent.
+        later.append(await proxy_connect(after, "127.0.0.1", port))
         return "capped"
 
     shell.program = program
@@ -460,6 +466,42 @@ async def test_the_byte_cap_closes_the_tunnel_that_reaches_it(
     connection = the_connection(home)
     assert connection["ended"] == "byte_cap"
     assert connection["bytes_up"] + connection["bytes_down"] == cap
+    [refused] = later
+    assert refused.status == 503
+    assert f"reached [egress] bytes_per_call ({cap} bytes)" in refused.body.decode()
+    assert len(connect_calls(home)) == 1
+
+
+async def test_brokerd_stopping_closes_every_tunnel_at_once(
+    home: Home,
+    started: Brokerd,
+    server: TlsEchoServer,
+    certificate: Certificate,
+    shell: ShellStandIn,
+    autojump_clock: Clock,
+) -> None:
+    port = server.port
+    grants(home, network_grant([f"127.0.0.1:{port}"]))
+    closed_after = []
+
+    async def program(directory: Path) -> str:
+        [stream] = await shell.connect(directory)
+        assert (await proxy_connect(stream, "127.0.0.1", port)).status == 200
+        tls = await tls_echo(stream, certificate, "127.0.0.1")
+        assert started.broker is not None
+        asked = trio.current_time()
+        started.broker.request_stop()
+        with pytest.raises(trio.BrokenResourceError):
+            await tls.receive_some(10)
+        closed_after.append(trio.current_time() - asked)
+        return "cut off"
+
+    shell.program = program
+    # The call itself runs on within brokerd's grace, without its way out.
+    assert (await run_shell(home))["content"] == "cut off"
+    await started.stop()
+    assert closed_after == [0]
+    assert the_connection(home)["ended"] == "stopping"
 
 
 async def test_an_idle_tunnel_is_closed(
@@ -523,6 +565,38 @@ async def test_the_calls_end_closes_its_tunnels_at_once(
         await stream.aclose()
     assert the_connection(home)["ended"] == "call_ended"
     await server.connections[0].ended.wait()
+
+
+async def test_a_call_stopped_because_its_requester_left_still_records_its_tunnels(
+    home: Home,
+    started: Brokerd,
+    server: TlsEchoServer,
+    certificate: Certificate,
+    shell: ShellStandIn,
+    autojump_clock: Clock,
+) -> None:
+    port = server.port
+    grants(home, network_grant([f"127.0.0.1:{port}"]))
+    tunnel_open = trio.Event()
+
+    async def program(directory: Path) -> str:
+        [stream] = await shell.connect(directory)
+        assert (await proxy_connect(stream, "127.0.0.1", port)).status == 200
+        await tls_echo(stream, certificate, "127.0.0.1")
+        tunnel_open.set()
+        await trio.sleep_forever()
+        raise AssertionError("not reached")
+
+    shell.program = program
+    client = await Client.open(home.broker_sock)
+    await client.send(tool_request("shell", {"command": "pip install attrs"}))
+    await tunnel_open.wait()
+    await client.aclose()  # Ctrl-C in the chat: the shell's run is stopped
+    await eventually(lambda: any(r["kind"] == "result" for r in records_of(home, shell_call(home))))
+    [connect] = connect_calls(home)
+    kinds = [(r["kind"], r.get("ended") or r.get("status")) for r in records_of(home, connect)]
+    assert kinds == [("decision", None), ("connection", "call_ended"), ("result", "ok")]
+    assert records_of(home, shell_call(home))[-1]["reason"] == "requester_gone"
 
 
 async def test_a_ledger_that_fails_mid_tunnel_closes_it(

@@ -496,11 +496,20 @@ class _Ports:
         )
 
         way_out = await self._way_out(spec)
+        if way_out is None:
+            return await self._run_spec(spec)
+        # The way out is opened around the run, not inside it: a run stopped because its
+        # requester left must not take the tunnels' records with it (they end
+        # call_ended, and are recorded, when the egress closes).
+        parent, peer = way_out
+        async with egress_proxy.open_call_egress(broker, parent, peer=peer) as egress:
+            return await self._run_spec(attrs.evolve(spec, egress_dir=egress.directory))
+
+    async def _run_spec(self, spec: RunSpec) -> Ran | RequesterGone:
+        broker = self.broker
 
         def run() -> Awaitable[RunResult]:
-            if way_out is None:
-                return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
-            return self._run_with_egress(spec, *way_out)
+            return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
 
         if spec.tool in STOPPABLE_TOOLS:
             finished = await self.requester.while_here(run)
@@ -538,14 +547,6 @@ class _Ports:
         call = self.call
         parent = egress_proxy.EgressParent(call.call, call.session, spec.tool, value.command)
         return parent, launch.user.uid if launch.user is not None else os.geteuid()
-
-    async def _run_with_egress(
-        self, spec: RunSpec, parent: egress_proxy.EgressParent, peer: int
-    ) -> RunResult:
-        broker = self.broker
-        async with egress_proxy.open_call_egress(broker, parent, peer=peer) as egress:
-            spec = attrs.evolve(spec, egress_dir=egress.directory)
-            return await broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
 
     async def _run_external(self, verdict: Run | Ask) -> Ran | RequesterGone:
         """An external tool's run: ``claude.*`` runs nothing (the client runs its own

@@ -338,6 +338,13 @@ class CallEgress:
             if tunnel is not None:
                 tunnel.end(ended)
 
+    async def watch_stop(self) -> None:
+        """brokerd is stopping: every tunnel ends now (``stopping``), while the running
+        calls' grace lets the records be written, and no new one opens."""
+        await self.broker.wait_stop_requested()
+        self.closing = self.closing or ConnectionEnd.STOPPING
+        self.end_all(ConnectionEnd.STOPPING)
+
     async def watch_ledger(self) -> None:
         await self.broker.writer.broken.wait()
         log.error(
@@ -349,7 +356,10 @@ class CallEgress:
         """The call is over: every tunnel ends at once, every CONNECT still waiting is
         withdrawn (its socket's reading side shut: the wait sees its requester gone),
         and the records are written."""
-        self.closing = ConnectionEnd.STOPPING if self.broker.stopping else ConnectionEnd.CALL_ENDED
+        if self.closing is None:
+            self.closing = (
+                ConnectionEnd.STOPPING if self.broker.stopping else ConnectionEnd.CALL_ENDED
+            )
         self.end_all(self.closing)
         for stream in self.open:
             with contextlib.suppress(OSError):
@@ -438,6 +448,7 @@ async def open_call_egress(
         async with trio.open_nursery() as nursery:
             await nursery.start(egress.serve, listener, nursery)
             nursery.start_soon(egress.watch_ledger)
+            nursery.start_soon(egress.watch_stop)
             try:
                 yield egress
             finally:
