@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
@@ -88,6 +89,19 @@ class _Refused(Exception):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+async def _dial_address(address: str, port: int) -> trio.SocketStream:
+    """A TCP connection to ``address`` itself: one socket, no lookup and no racing of
+    addresses (trio.open_tcp_stream's), which the run has done already."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        await sock.connect((address, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)  # with TCP_NODELAY, as trio sets it
 
 
 class Tunnel:
@@ -179,7 +193,7 @@ class Tunnel:
             failures: list[str] = []
             for address in addresses:
                 try:
-                    stream = await trio.open_tcp_stream(address, destination.port)
+                    stream = await _dial_address(address, destination.port)
                 except OSError as exc:
                     failures.append(f"{address}: {describe_error(exc)}")
                     continue
