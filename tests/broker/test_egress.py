@@ -169,7 +169,14 @@ async def test_an_allowed_connect_reaches_the_host_and_every_step_is_recorded(
         "ended": "closed",
     }
     assert (result["status"], result["reason"]) == ("ok", None)
-    assert result["label"] == {"taint": "public", "untrusted": True}
+    # The tunnel's own result raises nothing; the calling call's output, which may hold
+    # what came in, is what the model reads: that result makes the session untrusted.
+    assert result["label"] == {"taint": "public", "untrusted": False}
+    assert result["untrusted_after"] is False
+    shell_result = body(records_of(home, via)[-1])
+    assert shell_result["kind"] == "result"
+    assert shell_result["label"]["untrusted"] is True
+    assert shell_result["untrusted_after"] is True
 
 
 async def test_an_ip_address_host_needs_no_server_name(
@@ -241,6 +248,10 @@ async def test_a_denied_name_is_answered_403_and_never_resolved(
         "no_grant",
         None,
     )
+    # Nothing came in: the calling call's output is labelled as any shell call's.
+    shell_result = body(records_of(home, shell_call(home))[-1])
+    assert (shell_result["kind"], shell_result["untrusted_after"]) == ("result", False)
+    assert shell_result["label"]["untrusted"] is False
 
 
 async def test_an_ask_holds_the_connect_until_the_owner_approves(

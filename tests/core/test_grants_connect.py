@@ -186,8 +186,8 @@ def test_a_via_command_belongs_to_a_shell_call_only() -> None:
     )
 
 
-def test_a_connection_that_ran_leaves_the_session_untrusted() -> None:
-    assert result_label(connect(), LabelRules(), Taint.SECRET) == Label(Taint.PUBLIC, True)
+def test_a_connections_own_result_raises_nothing_its_calling_calls_does() -> None:
+    assert result_label(connect(), LabelRules(), Taint.SECRET) == Label(Taint.PUBLIC, False)
 
 
 # ---------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ from boxmaker.core.drive import drive, resume
 from boxmaker.core.external_tools import CLAUDE_PREFIX
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
-from boxmaker.core.labels import Label
+from boxmaker.core.labels import THROUGH_NETWORK_LABEL, Label
 from boxmaker.core.network import network_grants
 from boxmaker.core.reasons import Reason
 from boxmaker.core.state import StateUnreadable
@@ -503,7 +503,14 @@ class _Ports:
         # call_ended, and are recorded, when the egress closes).
         parent, peer = way_out
         async with egress_proxy.open_call_egress(broker, parent, peer=peer) as egress:
-            return await self._run_spec(attrs.evolve(spec, egress_dir=egress.directory))
+            ran = await self._run_spec(attrs.evolve(spec, egress_dir=egress.directory))
+        if isinstance(ran, Ran) and egress.budget.used:
+            # What came in through a tunnel may be in the output: the model reads it in
+            # this result, so this result is what makes the session untrusted.
+            outcome = ran.outcome
+            label = outcome.label.join(THROUGH_NETWORK_LABEL)
+            return Ran(attrs.evolve(outcome, label=label))
+        return ran
 
     async def _run_spec(self, spec: RunSpec) -> Ran | RequesterGone:
         broker = self.broker

@@ -119,6 +119,11 @@ class ByteBudget:
         return self.left <= 0
 
     @property
+    def used(self) -> bool:
+        """Did any byte pass, either way?"""
+        return self.left < self.cap
+
+    @property
     def detail(self) -> str:
         return f"the call's connections reached [egress] bytes_per_call ({self.cap} bytes)"
 

@@ -95,9 +95,16 @@ DEFAULT_UNTRUSTED: tuple[str, ...] = ("downloads/**",)
 HTTP_GET_LABEL = Label(Taint.PUBLIC, True)
 """Anything fetched from the network: public, and untrusted."""
 
-CONNECT_LABEL = Label(Taint.PUBLIC, True)
-"""A connection that ran: what came in through it is the internet's (public, untrusted),
-so the session is untrusted after it."""
+CONNECT_LABEL = Label(Taint.PUBLIC, False)
+"""A connection's own result: nothing reaches the model through it (a tunnel's bytes go
+to the sandboxed command, not to the session), so it raises nothing. What came in
+reaches the model in the calling call's output, which is labelled untrusted
+(:data:`THROUGH_NETWORK_LABEL`): the session becomes untrusted when that result comes
+back, not at a tunnel's end in the middle of the command."""
+
+THROUGH_NETWORK_LABEL = Label(Taint.PUBLIC, True)
+"""Joined into a call's result label when its sandbox carried bytes through a tunnel:
+the output may hold what came from the internet (public, untrusted)."""
 
 WRITE_FILE_LABEL = Label(Taint.PUBLIC, False)
 """Writing tells the session nothing new (write_file's label is public)."""
