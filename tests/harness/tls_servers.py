@@ -212,6 +212,9 @@ def _remember_server_name(_sock: Any, server_name: str | None, _context: Any) ->
 class _Handler(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = IDLE_S
+    # A response's head and body are two writes: with Nagle's algorithm the body would
+    # wait for the client's delayed ACK (40 ms), as no real server makes it.
+    disable_nagle_algorithm = True
     server: _TlsServer
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
