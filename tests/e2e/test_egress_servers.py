@@ -119,6 +119,25 @@ def test_without_the_test_ca_curl_refuses_the_server_and_no_request_is_made(
         assert "unknown ca" in failed["error"]
 
 
+def test_a_connection_that_never_speaks_tls_is_seen_all_the_same(
+    ca: trustme.CA, site: Path
+) -> None:
+    # What a test that asserts "the server saw nothing" relies on: a connection opened
+    # and closed at once, with no byte sent, is in the log once it settles.
+    with https_server(site, ca) as served:
+        assert served.connections() == []
+        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as silent:
+            peer = list(silent.getsockname())
+        [accepted, failed] = served.settled()
+        assert (accepted["event"], accepted["peer"]) == ("accepted", peer)
+        assert (failed["event"], failed["peer"], failed["server_name"]) == (
+            "handshake_failed",
+            peer,
+            None,
+        )
+        assert served.connections() == [failed]
+
+
 def test_the_server_name_logged_is_the_one_the_client_sent(
     workspace: Path, ca: trustme.CA, site: Path
 ) -> None:

@@ -21,11 +21,13 @@ import http.server
 import os
 import re
 import select
+import socket
 import ssl
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
@@ -44,6 +46,7 @@ LOOPBACK: Final = "127.0.0.1"
 PROBE_PACKAGE: Final = "bx-egress-probe"
 PROBE_MODULE: Final = "bx_egress_probe"
 GIT_NOTE: Final = "fetched over https\n"
+HANDSHAKE_EVENTS: Final = ("connection", "handshake_failed")
 
 
 # ---------------------------------------------------------------------------------------
@@ -68,24 +71,49 @@ class Served:
     port: int
     log: Path
     process: subprocess.Popen[str] = attrs.field(repr=False)
+    probes: list[list[Any]] = attrs.field(factory=list, repr=False)
+    """The client addresses of :meth:`settled`'s own connections, left out of its log."""
 
     def url(self, path: str = "/", host: str = "localhost") -> str:
         return f"https://{host}:{self.port}{path}"
 
     def events(self) -> list[dict[str, Any]]:
-        """Everything it logged, in order: ``connection`` (a TLS handshake done, with the
-        ``server_name`` the client sent or None), ``handshake_failed`` and ``request``
+        """What it logged so far, in order: ``accepted`` (a TCP connection taken),
+        ``connection`` (its TLS handshake done, with the ``server_name`` the client sent
+        or None) or ``handshake_failed`` (with the ``error``), and ``request``
         (``method``, ``path``, ``host``: the Host header, ``server_name``, ``status``),
-        each with the client's ``peer`` and the ``local`` address it reached."""
-        return [orjson.loads(line) for line in self.log.read_bytes().splitlines()]
+        each with the client's ``peer`` and the ``local`` address it reached. A request is
+        logged before its answer is sent, so a client that got its answer finds it here."""
+        lines = self.log.read_bytes().splitlines()
+        return [event for event in map(orjson.loads, lines) if event["peer"] not in self.probes]
+
+    def settled(self) -> list[dict[str, Any]]:
+        """:meth:`events` once every connection made before this call is logged with the
+        outcome of its handshake (START_S at most). The server takes connections one by
+        one and logs each as it takes it, so once a probe connection made now is logged,
+        every earlier one is; each handshake is logged by its connection's own thread,
+        and waited for here. A test that asserts the server saw nothing asks this."""
+        with socket.create_connection((LOOPBACK, self.port), timeout=START_S) as probe:
+            mark = probe.getsockname()
+        self.probes.append(list(mark))
+        deadline = time.monotonic() + START_S
+        while True:
+            lines = self.log.read_bytes().splitlines()
+            seen = [(event["event"], tuple(event["peer"])) for event in map(orjson.loads, lines)]
+            accepted = [peer for kind, peer in seen if kind == "accepted"]
+            shaken = {peer for kind, peer in seen if kind in HANDSHAKE_EVENTS}
+            if mark in accepted and shaken.issuperset(accepted[: accepted.index(mark)]):
+                return self.events()
+            assert time.monotonic() < deadline, f"the server's log did not settle: {seen}"
+            time.sleep(0.02)
+
+    def connections(self) -> list[dict[str, Any]]:
+        """The handshakes of every connection that reached the server, successful or
+        not (:meth:`settled`)."""
+        return [event for event in self.settled() if event["event"] in HANDSHAKE_EVENTS]
 
     def requests(self) -> list[dict[str, Any]]:
         return [event for event in self.events() if event["event"] == "request"]
-
-    def connections(self) -> list[dict[str, Any]]:
-        """Every connection that reached the server, whether or not its handshake
-        succeeded."""
-        return [event for event in self.events() if event["event"] != "request"]
 
     def paths(self) -> list[str]:
         return [event["path"] for event in self.requests()]
@@ -247,6 +275,11 @@ class _TlsServer(http.server.ThreadingHTTPServer):
         with self.log_lock:
             self.log.write(line)
             self.log.flush()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Logged here, in the one thread that takes connections: in the order taken."""
+        self.record({"peer": client_address, "local": request.getsockname()}, event="accepted")
+        super().process_request(request, client_address)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """The TLS handshake here, in the connection's own thread, then its requests."""
