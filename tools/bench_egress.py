@@ -176,12 +176,14 @@ def prepared() -> Iterator[tuple[Home, Path, Served]]:
 
 
 def configure(home: Home, workspace: Path, port: int) -> None:
+    """Both grants hold in an untrusted session too: every connection's result makes
+    the session untrusted, and the bench measures the path, not that policy."""
     home.config_toml.write_text(f"workspace = {str(workspace)!r}\n[runner]\nshell_timeout = 600\n")
     hosts = orjson.dumps([f"localhost:{port}", f"127.0.0.1:{port}"]).decode()
     home.grants_toml.write_text(
-        '[[grant]]\nid = "sh"\ntool = "shell"\nmode = "auto"\n'
+        '[[grant]]\nid = "sh"\ntool = "shell"\nmode = "auto"\nif_untrusted = "auto"\n'
         '[[grant]]\nid = "local"\ntool = "connect"\nmode = "auto"\n'
-        f'hosts = {hosts}\nvia = ["shell"]\n'
+        f'hosts = {hosts}\nvia = ["shell"]\nif_untrusted = "auto"\n'
         f'commands = ["{SYSTEM_PYTHON} client.py *", "{NET_TRUE}"]\n'
     )
 

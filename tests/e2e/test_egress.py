@@ -47,9 +47,12 @@ pytestmark = [
 HELLO: Final = "hello through brokerd\n"
 CA_IN_SANDBOX: Final = f"{WORKSPACE}/ca.pem"
 CURL: Final = f"curl --silent --show-error --max-time 60 --cacert {CA_IN_SANDBOX}"
-CURL_TUNNEL_REFUSED: Final = 56
-"""curl's exit status when the proxy answers a CONNECT with anything but 200."""
+REFUSED_BY_PROXY: Final = "exit 56\n\n[stderr]\ncurl: (56) CONNECT tunnel failed, response 403\n"
+"""What ``curl ...; echo exit $?`` prints when brokerd answers its CONNECT 403: the shell
+call's output, stdout then stderr (curl's exit status 56)."""
 SHELL_GRANT: Final = grant("sh", "shell", "auto")
+FIGURES: Final = ("bytes_up", "bytes_down", "duration_ms")
+"""The fields of a connection record that are measured, not known in advance."""
 
 
 @attrs.frozen
@@ -136,7 +139,7 @@ def without_common(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def ok_content(answer: dict[str, Any]) -> str:
-    assert answer["outcome"] == "ok", answer
+    assert answer["outcome"] == "ok", orjson.dumps(answer).decode()
     content: str = answer["content"]
     return content
 
@@ -181,24 +184,28 @@ def test_curl_reaches_an_allowed_host_and_the_connection_is_recorded_with_its_gr
         "taint": "public",
         "untrusted": False,
     }
-    assert recorded["kind"] == "connection"
-    assert {k: recorded[k] for k in ("call", "via", "session", "host", "port")} == {
+    assert {k: v for k, v in without_common(recorded).items() if k not in FIGURES} == {
+        "kind": "connection",
         "call": connect_call,
         "via": call,
         "session": SESSION,
         "host": "localhost",
         "port": egress.served.port,
+        "address": "127.0.0.1",
+        "server_name": "localhost",
+        "ended": "closed",
     }
-    assert (recorded["address"], recorded["server_name"], recorded["ended"]) == (
-        "127.0.0.1",
-        "localhost",
-        "closed",
-    )
-    # Each way at least the TLS handshake's bytes, and down the file.
+    # Each way at least the TLS handshake's bytes, and down the file too.
     assert recorded["bytes_up"] > 200
     assert recorded["bytes_down"] > len(HELLO) + 500
     assert recorded["duration_ms"] >= 0
-    assert (result["kind"], result["status"]) == ("result", "ok")
+    # What came in is the internet's: the connect's result is untrusted, and so is the
+    # session after it.
+    assert (result["kind"], result["status"], result["label"]) == (
+        "result",
+        "ok",
+        {"taint": "public", "untrusted": True},
+    )
     # brokerd dialled from this machine's loopback: the server's peer is brokerd's socket.
     assert connection["peer"][0] == "127.0.0.1"
     # The connect's records come before the shell call's own result.
@@ -206,15 +213,34 @@ def test_curl_reaches_an_allowed_host_and_the_connection_is_recorded_with_its_gr
         r for r in records(egress.home) if r["kind"] == "result" and r["call"] == call
     )
     assert result["seq"] < shell_result["seq"]
+    assert shell_result["untrusted_after"] is True
+
+
+def test_one_call_connects_again_and_so_does_the_next_call(egress: Egress) -> None:
+    # A connection's result makes the session untrusted (what came in is the internet's);
+    # the grant that allowed the first connection still allows the next ones, in the
+    # same call and in the next (pip and git open more than one, and an agent's next
+    # command needs the same index).
+    egress.start(connect_grant(egress))
+    url = egress.served.url("/hello.txt")
+    first, answer = shell(egress.home, f"{CURL} {url} && {CURL} {url}")
+    assert ok_content(answer) == HELLO * 2
+    second, answer = shell(egress.home, f"{CURL} {url}")
+    assert ok_content(answer) == HELLO
+    assert egress.served.paths() == ["/hello.txt"] * 3
+    decided = [
+        (kept[0]["verdict"], kept[0]["untrusted"])
+        for via in (first, second)
+        for kept in connects_of(egress.home, via).values()
+    ]
+    assert decided == [("run", False), ("run", True), ("run", True)]
 
 
 def test_a_host_no_grant_names_is_refused_and_its_server_sees_nothing(egress: Egress) -> None:
     egress.start(connect_grant(egress))
     command = f"{CURL} {egress.other.url('/hello.txt')}; echo exit $?"
     call, answer = shell(egress.home, command)
-    content = ok_content(answer)
-    assert content.startswith(f"exit {CURL_TUNNEL_REFUSED}\n"), content
-    assert "CONNECT tunnel failed, response 403" in content
+    assert ok_content(answer) == REFUSED_BY_PROXY
     assert egress.other.connections() == []
     [kept] = connects_of(egress.home, call).values()
     decision = kept[0]
@@ -225,6 +251,25 @@ def test_a_host_no_grant_names_is_refused_and_its_server_sees_nothing(egress: Eg
     )
     assert decision["arguments"]["port"] == egress.other.port
     assert [r["kind"] for r in kept] == ["decision"]
+
+
+def test_a_grant_naming_the_host_but_not_its_loopback_address_dials_nothing(
+    egress: Egress,
+) -> None:
+    # localhost resolves to 127.0.0.1, a loopback address: brokerd resolves the name once
+    # the grant allows it, and refuses an address the grant does not name.
+    only_name = orjson.dumps([f"localhost:{egress.served.port}"]).decode()
+    egress.start(grant_table("local", "connect", "auto", hosts=only_name, via='["shell"]'))
+    call, answer = shell(egress.home, f"{CURL} {egress.served.url('/hello.txt')}; echo exit $?")
+    # Allowed, so not a 403: the run failed before it dialled (502 Bad Gateway).
+    assert ok_content(answer) == REFUSED_BY_PROXY.replace("403", "502")
+    assert egress.served.connections() == []
+    [kept] = connects_of(egress.home, call).values()
+    assert [(r["kind"], r.get("verdict") or r.get("status")) for r in kept] == [
+        ("decision", "run"),
+        ("result", "failed"),
+    ]
+    assert kept[1]["reason"] == "tool_error"
 
 
 def test_plain_http_is_refused_and_the_server_sees_nothing(egress: Egress) -> None:
@@ -315,7 +360,7 @@ def test_an_ask_holds_the_connection_until_the_owner_approves(egress: Egress) ->
     assert ok_content(answer) == HELLO
     [kept] = connects_of(egress.home, call).values()
     assert [r["kind"] for r in kept] == ["decision", "approval", "connection", "result"]
-    assert (kept[1]["outcome"], kept[1]["by"]) == ("allowed", "owner")
+    assert (kept[1]["outcome"], kept[1]["by"]) == ("ask", "owner")
 
 
 def test_an_ask_the_owner_refuses_is_answered_403_and_the_server_sees_nothing(
@@ -328,8 +373,7 @@ def test_an_ask_the_owner_refuses_is_answered_403_and_the_server_sees_nothing(
         [waiting] = listed_approvals(egress.home)
         bxctl(egress.home, "refuse", waiting["approval"], "--reason", "not today")
         answer = read_frame(sock)
-    content = ok_content(answer)
-    assert content.startswith(f"exit {CURL_TUNNEL_REFUSED}\n"), content
+    assert ok_content(answer) == REFUSED_BY_PROXY
     assert egress.served.connections() == []
     [kept] = connects_of(egress.home, call).values()
     assert [r["kind"] for r in kept] == ["decision", "approval"]
