@@ -416,7 +416,7 @@ def test_check_reports_every_problem_with_its_line(
     assert capsys.readouterr().out.splitlines() == [
         f"{file}:6: grant 'notes', key 'path': unknown key (did you mean 'paths'?)",
         f"{file}:10: grant 'run-git', key 'tool': expected one of read_file, list_dir, "
-        "write_file, shell, http_get, got 'shel' (did you mean 'shell'?)",
+        "write_file, shell, http_get, connect, got 'shel' (did you mean 'shell'?)",
         f"{file}:11: grant 'run-git', key 'mode': expected one of auto, ask, deny, got 'auot' "
         "(did you mean 'auto'?)",
         f"{file}:14: grant 'notes', key 'id': duplicate id",
@@ -432,7 +432,9 @@ def test_check_reports_every_problem_with_its_line(
         "grant": "run-git",
         "key": "tool",
         "code": "invalid",
-        "message": "expected one of read_file, list_dir, write_file, shell, http_get, got 'shel'",
+        "message": (
+            "expected one of read_file, list_dir, write_file, shell, http_get, connect, got 'shel'"
+        ),
         "suggestion": "shell",
     }
     assert [p["line"] for p in report["problems"]] == [6, 10, 11, 14, 17]

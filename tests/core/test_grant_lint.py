@@ -69,7 +69,7 @@ def test_every_problem_with_its_line_and_a_suggestion() -> None:
             11,
             None,
             "tool",
-            "expected one of read_file, list_dir, write_file, shell, http_get, got 'shel' "
+            "expected one of read_file, list_dir, write_file, shell, http_get, connect, got 'shel' "
             "(did you mean 'shell'?)",
         ),
         (

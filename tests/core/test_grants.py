@@ -675,21 +675,22 @@ EXPIRES = "expected an offset datetime (e.g. 2026-12-31T00:00:00Z), got "
             grant_text(**{**BASE, "tool": "rm"}),
             "g",
             "tool",
-            "expected one of read_file, list_dir, write_file, shell, http_get, got 'rm'",
+            "expected one of read_file, list_dir, write_file, shell, http_get, connect, got 'rm'",
             None,
         ),
         (
             grant_text(**{**BASE, "tool": "red_file"}),
             "g",
             "tool",
-            "expected one of read_file, list_dir, write_file, shell, http_get, got 'red_file'",
+            "expected one of read_file, list_dir, write_file, shell, http_get, connect, "
+            "got 'red_file'",
             "read_file",
         ),
         (
             grant_text(**{**BASE, "tool": 1}),
             "g",
             "tool",
-            "expected one of read_file, list_dir, write_file, shell, http_get, got 1",
+            "expected one of read_file, list_dir, write_file, shell, http_get, connect, got 1",
             None,
         ),
         (
@@ -858,7 +859,7 @@ def test_a_did_you_mean_shows_in_the_description() -> None:
     found = problem(grant_text(**{**BASE, "tool": "red_file"}))
     assert found.describe() == (
         "/home/me/grants.toml, grant 'g', key 'tool': expected one of read_file, list_dir, "
-        "write_file, shell, http_get, got 'red_file' (did you mean 'read_file'?)"
+        "write_file, shell, http_get, connect, got 'red_file' (did you mean 'read_file'?)"
     )
 
 
@@ -914,7 +915,7 @@ def test_all_problems_in_file_order_with_their_index() -> None:
             0,
             "a",
             "tool",
-            "expected one of read_file, list_dir, write_file, shell, http_get, got 'x'",
+            "expected one of read_file, list_dir, write_file, shell, http_get, connect, got 'x'",
         ),
         (2, None, "id", "[[grant]] #3: expected a string id, got an integer"),
         (2, None, "label_taint", "may only raise shell output: internal or secret"),

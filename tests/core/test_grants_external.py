@@ -92,7 +92,7 @@ def test_other_dotted_tools_are_problems(tool: str) -> None:
 def test_a_built_in_name_still_gets_its_suggestion() -> None:
     assert problem(table("g", "red_file", "auto")) == (
         "tool",
-        "expected one of read_file, list_dir, write_file, shell, http_get, got 'red_file' "
+        "expected one of read_file, list_dir, write_file, shell, http_get, connect, got 'red_file' "
         "(did you mean 'read_file'?)",
     )
 

@@ -75,6 +75,7 @@ async def decide_now(
     *,
     look_before_asking: bool = True,
     asked: Ruling | None = None,
+    internal: bool = False,
 ) -> Verdict:
     """The verdict on ``request`` with ``grants``, the state and the external tools as
     they are now.
@@ -82,7 +83,8 @@ async def decide_now(
     ``look_before_asking``: take the look before an ask (a new call's decision, and
     ``grants test``'s); approve's re-decision, for a call the owner was already asked
     about, takes none, and passes the ask's decision as ``asked`` (an external tool's
-    definition must still be the one asked about)."""
+    definition must still be the one asked about). ``internal``: brokerd's own request
+    (a tunnel's ``connect``: :func:`boxmaker.core.decide.evaluate`)."""
     state = await sources.state(request.session)
     verdict = evaluate(
         request,
@@ -93,6 +95,7 @@ async def decide_now(
         workspace=str(sources.workspace),
         external=sources.catalogue(),
         asked=asked,
+        internal=internal,
     )
     if not look_before_asking:
         return verdict

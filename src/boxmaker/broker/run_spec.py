@@ -24,7 +24,13 @@ import attrs
 
 from boxmaker.broker.sandbox import STDERR_TAIL
 from boxmaker.broker.sandbox_check import find_sandbox
-from boxmaker.broker.sandbox_plan import SANDBOX_ENV, Launch, SandboxLimits, sandbox_argv
+from boxmaker.broker.sandbox_plan import (
+    PROXY_ENV,
+    SANDBOX_ENV,
+    Launch,
+    SandboxLimits,
+    sandbox_argv,
+)
 from boxmaker.core.catalogue import (
     MAX_BYTES,
     CheckedArguments,
@@ -131,6 +137,11 @@ class RunSpec:
     _bounds: Grant
     """The decision's grant: its ``paths`` and ``hard_links`` bound the file opened."""
     _token: object = attrs.field(validator=_only_for_verdict, repr=False)
+    egress_dir: Path | None = None
+    """shell: the call's egress directory, with brokerd's proxy socket in it, when the
+    call may use the network (brokerd sets it once the socket listens:
+    ``attrs.evolve(spec, egress_dir=...)``); its sandbox then has a way out
+    (:func:`~boxmaker.broker.sandbox_plan.egress_launch`). None: no network at all."""
 
     @classmethod
     def for_verdict(
@@ -236,13 +247,18 @@ class RunSpec:
     @property
     def argv(self) -> tuple[str, ...] | None:
         """shell: the bwrap command line (mounts, env and limits included; the sandbox
-        adds only its descriptors). None for the other tools, and when it cannot run."""
+        adds only its descriptors) of a call without a way out; one with
+        :attr:`egress_dir` runs :func:`~boxmaker.broker.sandbox_plan.egress_launch` of it.
+        None for the other tools, and when it cannot run."""
         return self._sandbox.argv if isinstance(self._sandbox, Launch) else None
 
     @property
     def env(self) -> Mapping[str, str]:
-        """The whole environment of a shell command (``--clearenv``); empty otherwise."""
-        return SANDBOX_ENV if self.tool == "shell" else {}
+        """The whole environment of a shell command (``--clearenv``), the proxy's
+        variables included when it has a way out; empty for the other tools."""
+        if self.tool != "shell":
+            return {}
+        return SANDBOX_ENV if self.egress_dir is None else {**SANDBOX_ENV, **PROXY_ENV}
 
     @property
     def network(self) -> tuple[str, ...]:

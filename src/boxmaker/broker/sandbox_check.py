@@ -26,7 +26,7 @@ from typing import Final
 import attrs
 
 from boxmaker.broker.bwrap_version import bwrap_version_problem
-from boxmaker.broker.sandbox_plan import SandboxRefused, SandboxUser, sandbox_user
+from boxmaker.broker.sandbox_plan import SANDBOX_PATH, SandboxRefused, SandboxUser, sandbox_user
 from boxmaker.broker.workspace_paths import real_root
 
 RUNBOOK_SANDBOX: Final = "docs/runbook.md#sandbox"
@@ -35,7 +35,16 @@ NO_BWRAP_DETAIL: Final = (
     "bubblewrap (bwrap) is not available; the shell tool never runs unsandboxed; "
     f"see {RUNBOOK_SANDBOX}"
 )
+RUNBOOK_EGRESS_SOCAT: Final = "docs/runbook.md#egress-socat"
+NO_SOCAT_DETAIL: Final = (
+    "this call may use the network, and its sandbox reaches brokerd's proxy through "
+    "socat, which is not installed where the sandbox finds programs "
+    f"({SANDBOX_PATH}); the call never runs without its proxy; see {RUNBOOK_EGRESS_SOCAT}"
+)
 ACL_XATTR: Final = "system.posix_acl_access"
+socat_search_path: str = SANDBOX_PATH
+"""Where :func:`find_socat` looks: the sandbox's own PATH, whose directories the sandbox
+sees as the host has them (a test points it elsewhere)."""
 _found_on_path: dict[str | None, str] = {}
 
 
@@ -84,6 +93,13 @@ def _bwrap() -> str | None:
     else:
         _found_on_path[path] = found
     return found
+
+
+def find_socat() -> str | None:
+    """The socat a sandbox with a way out bridges with (docs/egress.md): the one its
+    launcher would find on the sandbox's PATH, as a host path it sees the same; None
+    when there is none."""
+    return shutil.which("socat", path=socat_search_path)
 
 
 def sandbox_problem(workspace: Path, sandbox_uid: int | None) -> str | None:

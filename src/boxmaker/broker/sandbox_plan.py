@@ -37,15 +37,47 @@ PROC_COVERED: Final = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/b
 """The host's knobs under /proc, shown read-only over the sandbox's fresh /proc."""
 WORKSPACE: Final = "/workspace"
 
+_READ_COMMAND: Final = 'c=; while IFS= read -r line; do c="$c$line\n"; done; '
+_RUN_COMMAND: Final = 'exec </dev/null; exec /bin/sh -c "${c%?}"'
 LAUNCHER: Final = (
     # Builtins only, so nothing is forked before the command: `read` takes the command
     # line by line, exactly (IFS= keeps blanks, -r keeps backslashes); the runner ends
     # it with one newline, which ${c%?} takes off again.
-    'c=; while IFS= read -r line; do c="$c$line\n"; done; exec </dev/null; exec /bin/sh -c "${c%?}"'
+    _READ_COMMAND + _RUN_COMMAND
 )
 """What a sandbox starts with: it waits for its command on stdin, then becomes
 ``/bin/sh -c COMMAND`` with stdin on /dev/null."""
 NOT_ROOT_DETAIL: Final = "the sandbox never runs as host root (uid 0)"
+
+EGRESS_MOUNT: Final = "/run/boxmaker-egress"
+"""Where a sandbox with a way out sees its call's egress directory (read-only): brokerd's
+proxy listens on ``proxy.sock`` in it (docs/egress.md)."""
+PROXY_SOCKET: Final = "proxy.sock"
+PROXY_PORT: Final = 3128
+PROXY_URL: Final = f"http://127.0.0.1:{PROXY_PORT}"
+PROXY_ENV: Final[Mapping[str, str]] = {
+    # curl, git (libcurl) and python's urllib/requests/httpx (pip's too) read these;
+    # curl reads only the lower-case http_proxy, python prefers lower case.
+    **dict.fromkeys(
+        ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"),
+        PROXY_URL,
+    ),
+    # Empty: every host goes through brokerd, loopback and private names included.
+    "NO_PROXY": "",
+    "no_proxy": "",
+    "npm_config_proxy": PROXY_URL,
+    "npm_config_https_proxy": PROXY_URL,
+}
+"""What a sandbox with a way out adds to :data:`SANDBOX_ENV` (docs/egress.md)."""
+TLS_FILES: Final = ("/etc/ssl/certs",)
+"""What a sandbox with a way out also sees of /etc, when the host has it: the system's CA
+certificates (Debian's links point into /usr/share/ca-certificates, which the sandbox
+sees), so TLS clients check the hosts they reach through brokerd as they do on the host.
+Not openssl.cnf: curl, python and pip verify the same without it (OpenSSL skips a
+missing default configuration)."""
+BRIDGE_POLLS: Final = 1000
+"""How many times the launcher looks for the bridge's port (2 ms apart: about 3 s in
+all, each look and ``sleep`` included) before it gives up."""
 
 
 @attrs.frozen
@@ -61,6 +93,9 @@ LIMITS_FAILED: Final = 125
 """The launcher's exit status when it could not set the limits."""
 LIMITS_FAILED_WORDS: Final = "boxmaker: the sandbox limits could not be set"
 """...and the last line of its stderr then."""
+EGRESS_FAILED_WORDS: Final = "boxmaker: the sandbox's way out (socat) did not start"
+"""The last line of the launcher's stderr when the bridge to brokerd's proxy did not
+start listening (it exits :data:`LIMITS_FAILED` then: the command never runs)."""
 
 
 @attrs.frozen
@@ -119,6 +154,47 @@ class Launch:
     """The limits the argv's launcher sets (for the details that name them)."""
 
 
+@attrs.frozen
+class Egress:
+    """A call's way out: its egress directory on the host (brokerd's proxy socket in it)
+    and the socat that bridges a loopback port inside the sandbox to that socket."""
+
+    directory: Path
+    socat: str
+
+
+def _bridge_start(socat: str) -> str:
+    """The launcher's first step with a way out: socat in the background, listening on
+    the sandbox's own loopback; each connection to it becomes one to the proxy socket."""
+    # socat listens with a backlog of 5 unless told: more clients at once (pip, npm)
+    # would wait for a SYN to be sent again.
+    listen = f"TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,reuseaddr,fork,backlog=64"
+    connect = f"UNIX-CONNECT:{EGRESS_MOUNT}/{PROXY_SOCKET}"
+    return f"{shlex.quote(socat)} {listen} {connect} </dev/null >/dev/null & s=$!; "
+
+
+_BRIDGE_WAIT: Final = (
+    # Builtins but `sleep`: the sandbox's own network namespace has no TCP socket but
+    # socat's, and /proc/net/sockstat counts it in use once it listens (cheap to read,
+    # unlike /proc/net/tcp, which walks the kernel's tables for each byte dash reads).
+    # socat gone (its /proc/PID/stat missing or a zombie's) or BRIDGE_POLLS passed: the
+    # call fails, and the command never runs without its proxy.
+    "n=0; "
+    'until { read -r _; read -r _ _ u _; } </proc/net/sockstat && [ "$u" != 0 ]; do '
+    f"if [ $n -ge {BRIDGE_POLLS} ] || "
+    '! { read -r _ _ st _ </proc/$s/stat && [ "$st" != Z ]; } 2>/dev/null; then '
+    f'echo "{EGRESS_FAILED_WORDS}" >&2; exit {LIMITS_FAILED}; fi; '
+    "n=$((n+1)); sleep 0.002; done; "
+)
+
+
+def egress_launch(launch: Launch, workspace: Path, egress: Egress) -> Launch:
+    """``launch`` (a shell sandbox on ``workspace``) with ``egress``: the network variant,
+    started for its call alone (docs/decisions.md, "The runner and the sandbox")."""
+    argv = sandbox_argv(launch.argv[0], workspace, launch.limits, egress=egress)
+    return attrs.evolve(launch, argv=argv)
+
+
 class SandboxRefused(Exception):
     """The sandbox cannot run safely as things are; the message says why and what to do."""
 
@@ -174,20 +250,46 @@ def _proc_covers() -> tuple[str, ...]:
 
 
 def sandbox_argv(
-    bwrap: str, workspace: Path, limits: SandboxLimits = DEFAULT_LIMITS
+    bwrap: str,
+    workspace: Path,
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    *,
+    egress: Egress | None = None,
 ) -> tuple[str, ...]:
     """The bwrap command line of a shell sandbox on ``workspace``. The same for
     every call in one workspace: the command reaches :data:`LAUNCHER` on stdin, after
     ``limits`` are set. :meth:`Sandbox.start` passes all but the last three arguments
-    (``/bin/sh -c`` and the launcher) through ``--args``."""
+    (``/bin/sh -c`` and the launcher) through ``--args``.
+
+    With ``egress`` (a call with a way out): its directory read-only at
+    :data:`EGRESS_MOUNT`, :data:`TLS_FILES`, :data:`PROXY_ENV`, and a launcher that
+    starts the bridge before it reads the command and execs it only once the bridge
+    listens. Still no resolver: names are resolved by brokerd, after its decision."""
+    mounts: tuple[str, ...] = ("--bind", str(workspace), WORKSPACE)
+    env = SANDBOX_ENV
+    script = limits.ulimit() + LAUNCHER
+    if egress is not None:
+        mounts += ("--ro-bind", str(egress.directory), EGRESS_MOUNT, *_tls_mounts())
+        env = {**SANDBOX_ENV, **PROXY_ENV}
+        script = (
+            limits.ulimit()
+            + _bridge_start(egress.socat)
+            + _READ_COMMAND
+            + _BRIDGE_WAIT
+            + _RUN_COMMAND
+        )
     return _bwrap_argv(
-        bwrap,
-        env=SANDBOX_ENV,
-        mounts=("--bind", str(workspace), WORKSPACE),
-        chdir=WORKSPACE,
-        tmpfs_size=limits.memory,
-        script=limits.ulimit() + LAUNCHER,
+        bwrap, env=env, mounts=mounts, chdir=WORKSPACE, tmpfs_size=limits.memory, script=script
     )
+
+
+@functools.cache
+def _tls_mounts() -> tuple[str, ...]:
+    args: list[str] = []
+    for path in TLS_FILES:
+        if Path(path).exists():
+            args += ["--ro-bind", path, path]
+    return tuple(args)
 
 
 SERVER_HOME: Final = "/tmp"  # noqa: S108  (the sandbox's own tmpfs)

@@ -51,17 +51,22 @@ class SandboxPool:
         return self._warm
 
     @contextlib.asynccontextmanager
-    async def sandbox(self, launch: Launch) -> AsyncIterator[Sandbox]:
+    async def sandbox(self, launch: Launch, *, ahead: bool = True) -> AsyncIterator[Sandbox]:
         """A sandbox for one call with ``launch``: the warm one when it is usable, else
         a new one (OSError when bwrap cannot be started, SandboxRefused when it may not).
-        Torn down on the way out."""
-        sandbox = self._take(launch) or Sandbox.start(launch, bounds=self.bounds)
+        Torn down on the way out. ``ahead=False``: always a new one, and the pool's warm
+        sandbox and the launch it sets up next are left as they are (a call with a way
+        out: its launch names its own egress directory, of no use to another call)."""
+        sandbox = (self._take(launch) if ahead else None) or Sandbox.start(
+            launch, bounds=self.bounds
+        )
         try:
             yield sandbox
         finally:
             await sandbox.close()
-            # The next one is set up once this call is done, not while its command runs.
-            self._wakeup.set()
+            if ahead:
+                # The next one is set up once this call is done, not while its command runs.
+                self._wakeup.set()
 
     def _take(self, launch: Launch) -> Sandbox | None:
         self._wanted = launch

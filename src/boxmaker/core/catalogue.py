@@ -33,11 +33,13 @@ from boxmaker.core.external_tools import (
     canonical_json,
     claude_tool,
     is_claude_name,
+    is_mcp_name,
     json_problem,
     not_pinned_detail,
 )
-from boxmaker.core.hosts import Destination, url_host_problem
+from boxmaker.core.hosts import DEFAULT_PORTS, Destination, canonical_host, url_host_problem
 from boxmaker.core.labels import (
+    CONNECT_LABEL,
     HTTP_GET_LABEL,
     WRITE_FILE_LABEL,
     Label,
@@ -47,7 +49,7 @@ from boxmaker.core.labels import (
 )
 from boxmaker.core.paths import PathProblem, match_form, normalize_path
 from boxmaker.core.reasons import Reason
-from boxmaker.formats.convert import converter
+from boxmaker.formats.convert import CALL_ID, converter
 
 MAX_BYTES: Final = 1024 * 1024
 """The cap on ``read_file``'s ``max_bytes``, ``write_file``'s ``content`` and http_get."""
@@ -66,6 +68,12 @@ TOOL_NAMES: Final[tuple[ToolName, ...]] = (
     "http_get",
 )
 _TOOL_LOOKUP: Final[Mapping[str, ToolName]] = {name: name for name in TOOL_NAMES}
+INTERNAL_TOOLS: Final[tuple[str, ...]] = ("connect",)
+"""Tools brokerd's own machinery calls and the model can never name: ``connect``, one
+tunnel out of a call's sandbox (docs/decisions.md, "Network"). :func:`check_arguments`
+knows them only when told ``internal=True``; the catalogue never lists them."""
+GRANT_TOOLS: Final[tuple[str, ...]] = (*TOOL_NAMES, *INTERNAL_TOOLS)
+"""Every built-in tool a grant's ``tool`` may name."""
 FILE_TOOLS: Final[frozenset[str]] = frozenset({"read_file", "list_dir", "write_file"})
 
 
@@ -97,13 +105,38 @@ class HttpGetArgs:
 
 
 @attrs.frozen
+class ConnectArgs:
+    """One tunnel out of a call's sandbox (``connect``, an internal tool): where to, and
+    which call asks for it. ``scheme`` is "https" for a CONNECT (a ``hosts`` entry
+    without a port means 443), "http" for a plain-HTTP request (80)."""
+
+    host: str
+    """Lower-cased; an IP address in its standard spelling."""
+    port: int
+    via: str
+    """The calling call's id."""
+    via_tool: str
+    via_command: str | None = None
+    """The calling shell call's command line."""
+    scheme: str = "https"
+
+
+@attrs.frozen
 class ExternalArgs:
     """An external tool's arguments, as given (never normalized: the server reads them)."""
 
     arguments: Mapping[str, Any]
 
 
-ToolArgs = ReadFileArgs | ListDirArgs | WriteFileArgs | ShellArgs | HttpGetArgs | ExternalArgs
+ToolArgs = (
+    ReadFileArgs
+    | ListDirArgs
+    | WriteFileArgs
+    | ShellArgs
+    | HttpGetArgs
+    | ConnectArgs
+    | ExternalArgs
+)
 
 _ARG_CLASSES: Final[Mapping[str, type[ToolArgs]]] = {
     "read_file": ReadFileArgs,
@@ -185,6 +218,21 @@ TOOL_SCHEMAS: Final[Mapping[str, Mapping[str, Any]]] = {
 }
 """Per tool: name, description and the JSON schema of its parameters."""
 
+CONNECT_PARAMETERS: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "host": {"type": "string", "minLength": 1},
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+        "via": {"type": "string"},
+        "via_tool": {"type": "string"},
+        "via_command": {"type": "string"},
+        "scheme": {"type": "string"},
+    },
+    "required": ["host", "port", "via", "via_tool"],
+    "additionalProperties": False,
+}
+"""``connect``'s arguments, checked as the model tools' are; never served to the model."""
+
 
 def catalogue_tools() -> list[dict[str, Any]]:
     """The ``tools`` of the catalogue frame, in OpenAI's tool format (a fresh copy).
@@ -262,18 +310,26 @@ class CheckedArguments:
 
     @command.default
     def _command(self) -> str | None:
+        # A connect's is its calling shell command's: shell grants' ``commands`` match it.
+        if isinstance(self.value, ConnectArgs):
+            return self.value.via_command
         return self.value.command if isinstance(self.value, ShellArgs) else None
 
     @host.default
     def _host(self) -> str | None:
         if isinstance(self.value, HttpGetArgs):
             return urllib.parse.urlsplit(self.value.url).hostname
+        if isinstance(self.value, ConnectArgs):
+            return self.value.host
         return None
 
     @destination.default
     def _destination(self) -> Destination | None:
         if isinstance(self.value, HttpGetArgs):
             return Destination.of_url(self.value.url)
+        if isinstance(self.value, ConnectArgs):
+            value = self.value
+            return Destination(value.scheme, value.host, value.port)
         return None
 
     @match_paths.default
@@ -288,7 +344,10 @@ class CheckedArguments:
 
     def subject(self) -> str:
         """What the call is about, for details: the path, the command, the host, or an
-        external tool's arguments (canonical JSON)."""
+        external tool's arguments (canonical JSON); a connect's ``host:port``
+        (``http://host:port`` for plain HTTP)."""
+        if isinstance(self.value, ConnectArgs):
+            return connect_target(self.value)
         if self.paths:
             return self.paths[0]
         text = self.command
@@ -304,6 +363,20 @@ class CheckedArguments:
             return dict(self.value.arguments)
         raw: dict[str, Any] = converter.unstructure(self.value)
         return {key: value for key, value in raw.items() if value is not None}
+
+
+def connect_target(value: ConnectArgs) -> str:
+    """Where a connect goes, as the owner reads it: ``host:port``, an IPv6 address in
+    brackets, ``http://`` before it for plain HTTP.
+
+    >>> connect_target(ConnectArgs("::1", 8443, "c-0000000000000001", "shell"))
+    '[::1]:8443'
+    >>> connect_target(ConnectArgs("a.org", 80, "c-0000000000000001", "shell", scheme="http"))
+    'http://a.org:80'
+    """
+    host = f"[{value.host}]" if ":" in value.host else value.host
+    prefix = "http://" if value.scheme == "http" else ""
+    return f"{prefix}{host}:{value.port}"
 
 
 _JSON_TYPES: Final[Mapping[str, tuple[type, str]]] = {
@@ -399,12 +472,49 @@ def _check_external(
     return CheckedArguments(tool, ExternalArgs(raw_arguments), found)
 
 
+def _connect_problem(arguments: dict[str, Any]) -> str | None:
+    """What the schema cannot say of a connect's arguments; normalizes ``host`` in place
+    (lower-cased, an IPv6 address in its standard spelling)."""
+    host: str = arguments["host"].lower()
+    bracketed = ":" in host
+    problem = url_host_problem(host, bracketed=bracketed)
+    if problem is not None:
+        return f"argument 'host': {host[:100]!r} is not a host name or IP address: {problem}"
+    arguments["host"] = canonical_host(host)
+    if not CALL_ID.fullmatch(arguments["via"]):
+        return "argument 'via' must be a call id (c- and 16 hex digits)"
+    via_tool = arguments["via_tool"]
+    if via_tool not in _TOOL_LOOKUP and not is_mcp_name(via_tool) and not is_claude_name(via_tool):
+        return f"argument 'via_tool': {via_tool[:100]!r} is not a tool's name"
+    command = arguments.get("via_command")
+    if command is not None and via_tool != "shell":
+        return "argument 'via_command' is a shell call's command only"
+    if command is not None and "\x00" in command:
+        return "argument 'via_command' contains a NUL byte"
+    if command is not None and len(command.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
+        return f"argument 'via_command' is longer than {MAX_COMMAND_BYTES} bytes"
+    if arguments.get("scheme", "https") not in DEFAULT_PORTS:
+        return "argument 'scheme' must be http or https"
+    return None
+
+
+def _check_connect(raw_arguments: Mapping[str, Any]) -> CheckedArguments | ArgumentProblem:
+    problem = _schema_problem(CONNECT_PARAMETERS, raw_arguments)
+    arguments = dict(raw_arguments)
+    if problem is None:
+        problem = _connect_problem(arguments)
+    if problem is not None:
+        return ArgumentProblem(Reason.BAD_ARGUMENTS, problem)
+    return CheckedArguments("connect", converter.structure(arguments, ConnectArgs))
+
+
 def check_arguments(
     tool: str,
     raw_arguments: object,
     *,
     workspace: str | None = None,
     external: ExternalCatalogue = EMPTY_CATALOGUE,
+    internal: bool = False,
 ) -> CheckedArguments | ArgumentProblem:
     """Check a request's tool and arguments (the pipeline's step 3); never raises.
 
@@ -412,6 +522,9 @@ def check_arguments(
     ``external`` is the gateway's catalogue now: an ``mcp.*`` tool must be in it and
     accepted (else ``unknown_tool``, ``tool_not_pinned``, ``tool_changed``); a
     ``claude.<Name>`` takes any JSON object (:mod:`boxmaker.core.external_tools`).
+    ``internal``: the request comes from brokerd's own machinery, never from a socket
+    a model, loopd or a client can write to; only then are :data:`INTERNAL_TOOLS` known
+    (``connect`` is otherwise ``unknown_tool`` like any name not in the catalogue).
 
     >>> check_arguments("read_file", {"path": "./notes.txt"}).to_json()
     {'path': 'notes.txt'}
@@ -423,10 +536,12 @@ def check_arguments(
     "argument 'path' must be a string"
     """
     name = _TOOL_LOOKUP.get(tool)
-    if name is None:
+    if name is None and not (internal and tool in INTERNAL_TOOLS):
         return _check_external(tool, raw_arguments, external)
     if not isinstance(raw_arguments, Mapping) or not all(isinstance(k, str) for k in raw_arguments):
         return ArgumentProblem(Reason.BAD_ARGUMENTS, "arguments must be a JSON object")
+    if name is None:
+        return _check_connect(raw_arguments)
     problem = _schema_problem(TOOL_SCHEMAS[tool]["parameters"], raw_arguments)
     if problem is not None:
         return ArgumentProblem(Reason.BAD_ARGUMENTS, problem)
@@ -480,4 +595,6 @@ def result_label(
         return WRITE_FILE_LABEL
     if isinstance(value, ShellArgs):
         return shell_label(label_taint)
+    if isinstance(value, ConnectArgs):
+        return CONNECT_LABEL
     return HTTP_GET_LABEL

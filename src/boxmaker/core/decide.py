@@ -231,6 +231,7 @@ def evaluate(
     workspace: str | None = None,
     external: ExternalCatalogue = EMPTY_CATALOGUE,
     asked: Ruling | None = None,
+    internal: bool = False,
 ) -> Verdict:
     """Steps 2-6, in order; total (never raises for any request).
 
@@ -239,6 +240,8 @@ def evaluate(
     current grants, state and catalogue is approve's re-decision, which passes the ask's
     decision as ``asked``: an external tool whose definition is no longer the one the
     owner was asked about is denied ``tool_changed`` (an approval binds the definition).
+    ``internal``: brokerd's own request (a tunnel's ``connect``), never a socket's frame
+    (:func:`~boxmaker.core.catalogue.check_arguments`).
     """
     seen = state if isinstance(state, Label) else UNKNOWN
 
@@ -263,7 +266,7 @@ def evaluate(
     if not ledger_usable:
         return early(Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL, request.arguments)
     checked = check_arguments(
-        request.tool, request.arguments, workspace=workspace, external=external
+        request.tool, request.arguments, workspace=workspace, external=external, internal=internal
     )
     if isinstance(checked, ArgumentProblem):
         return early(checked.reason, checked.detail, request.arguments)

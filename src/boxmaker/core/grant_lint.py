@@ -37,7 +37,7 @@ import tomlkit.exceptions
 from tomlkit.items import AoT, Item, Table
 
 from boxmaker.core.grant_parse import GrantsProblem, all_problems, parse_toml
-from boxmaker.core.grants import Grant, GrantSet, Mode, precedence_rank
+from boxmaker.core.grants import CONNECT, Grant, GrantSet, Mode, precedence_rank
 from boxmaker.core.hosts import HostRule
 from boxmaker.core.paths import Glob
 
@@ -280,7 +280,12 @@ def shadows(first: Grant, later: Grant, now: dt.datetime) -> bool:
         wanted = ("*",) if later.commands is None else later.commands
         if not all(any(command_covers(a, b) for a in first.commands) for b in wanted):
             return False
-    if first.tool == "http_get":
+    if first.tool == CONNECT:
+        if later.plain_http and not first.plain_http:
+            return False
+        if not all(any(tool_covers(a, b) for a in first.via) for b in later.via):
+            return False
+    if first.tool in ("http_get", CONNECT):
         return all(any(host_covers(a, b) for a in first.hosts) for b in later.hosts)
     return True
 

@@ -19,9 +19,9 @@ from typing import Any, Final
 
 import attrs
 
-from boxmaker.core.catalogue import FILE_TOOLS, TOOL_NAMES
-from boxmaker.core.external_tools import is_external, is_tool_pattern
-from boxmaker.core.grants import APPROVERS, GRANT_ID, OWNER, Grant, GrantSet, Mode
+from boxmaker.core.catalogue import FILE_TOOLS, GRANT_TOOLS
+from boxmaker.core.external_tools import MCP_PREFIX, is_external, is_tool_pattern
+from boxmaker.core.grants import APPROVERS, CONNECT, GRANT_ID, OWNER, Grant, GrantSet, Mode
 from boxmaker.core.hosts import HostRule
 from boxmaker.core.labels import Taint
 from boxmaker.core.paths import Glob, glob_problem
@@ -94,7 +94,7 @@ class _Invalid(Exception):
 def _nearest(word: object, known: Iterable[str]) -> str | None:
     """The known word ``word`` is most likely a misspelling of, or None.
 
-    >>> _nearest("path", _KEYS), _nearest("red_file", TOOL_NAMES), _nearest("colour", _KEYS)
+    >>> _nearest("path", _KEYS), _nearest("red_file", GRANT_TOOLS), _nearest("colour", _KEYS)
     ('paths', 'read_file', None)
     """
     if not isinstance(word, str):
@@ -120,11 +120,13 @@ _KEYS: Final = (
     "arguments",
     "other_arguments",
     "approvers",
+    "via",
+    "plain_http",
 )
 _APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
     "paths": lambda tool: tool in FILE_TOOLS,
-    "commands": lambda tool: tool == "shell",
-    "hosts": lambda tool: tool == "http_get",
+    "commands": lambda tool: tool in ("shell", CONNECT),
+    "hosts": lambda tool: tool in ("http_get", CONNECT),
     "label_taint": lambda tool: tool == "shell",
     # Only read_file opens a file through a name that may be one of several: list_dir
     # opens directories (never hard-linked), and write_file's rename replaces the name,
@@ -132,7 +134,15 @@ _APPLIES: Final[Mapping[str, Callable[[str], bool]]] = {
     "hard_links": lambda tool: tool == "read_file",
     "arguments": is_external,
     "other_arguments": is_external,
+    "via": lambda tool: tool == CONNECT,
+    "plain_http": lambda tool: tool == CONNECT,
 }
+_REQUIRED: Final[Mapping[str, tuple[str, ...]]] = {
+    "http_get": ("hosts",),
+    CONNECT: ("hosts", "via"),
+}
+"""The keys a tool's grant must have (there is no default)."""
+VIA_SHELL: Final = "shell"
 _MAX_NOTE: Final = 500
 
 
@@ -248,11 +258,25 @@ def _tool(gid: str | None, value: object) -> str:
             )
             raise _Invalid(gid, "tool", message)
         return value
-    if not isinstance(value, str) or value not in TOOL_NAMES:
-        words = ", ".join(TOOL_NAMES)
+    if not isinstance(value, str) or value not in GRANT_TOOLS:
+        words = ", ".join(GRANT_TOOLS)
         message = f"expected one of {words}, got {_show(value)}"
-        raise _Invalid(gid, "tool", message, _nearest(value, TOOL_NAMES))
-    return TOOL_NAMES[TOOL_NAMES.index(value)]
+        raise _Invalid(gid, "tool", message, _nearest(value, GRANT_TOOLS))
+    return GRANT_TOOLS[GRANT_TOOLS.index(value)]
+
+
+def _via(gid: str | None, value: object) -> tuple[str, ...]:
+    via = _strings(gid, "via", value)
+    for entry in via:
+        if entry != VIA_SHELL and not (entry.startswith(MCP_PREFIX) and is_tool_pattern(entry)):
+            message = (
+                f"{_show(entry)}: expected shell, or an external tool's name or family "
+                "(mcp.SERVER.TOOL, mcp.SERVER.*, mcp.*)"
+            )
+            raise _Invalid(gid, "via", message, _nearest(entry, (VIA_SHELL,)))
+    if len(set(via)) != len(via):
+        raise _Invalid(gid, "via", "a tool named twice")
+    return tuple(via)
 
 
 def _arguments(gid: str | None, value: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -318,7 +342,23 @@ _VALUES: Final[Mapping[str, Callable[[str | None, object], Any]]] = {
     "arguments": _arguments,
     "other_arguments": lambda gid, value: _boolean(gid, "other_arguments", value),
     "approvers": _approvers,
+    "via": _via,
+    "plain_http": lambda gid, value: _boolean(gid, "plain_http", value),
 }
+
+
+def _connect_problems(gid: str | None, values: Mapping[str, Any]) -> list[_Invalid]:
+    """What a connect grant's values may not say together."""
+    problems = []
+    via = values.get("via")
+    if values.get("commands") and via is not None and VIA_SHELL not in via:
+        message = 'matched against a shell call\'s command: applies only when via has "shell"'
+        problems.append(_Invalid(gid, "commands", message))
+    approvers = values.get("approvers")
+    if approvers is not None and approvers != (OWNER,):
+        # A tunnel's ask waits inside a shell call: only the owner's prompt can answer it.
+        problems.append(_Invalid(gid, "approvers", 'only the owner answers a connect: "owner"'))
+    return problems
 
 
 def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Grant | None:
@@ -358,13 +398,17 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
             if key in raw and key in _APPLIES and not _APPLIES[key](tool):
                 problems.append(_Invalid(gid, key, f"does not apply to tool {tool}"))
                 skip.add(key)
-        if tool == "http_get" and "hosts" not in raw:
-            problems.append(_Invalid(gid, "hosts", "required for http_get (there is no default)"))
+        for key in _REQUIRED.get(tool, ()):
+            if key not in raw:
+                message = f"required for {tool} (there is no default)"
+                problems.append(_Invalid(gid, key, message))
     values = {key: check(key, parse, gid) for key, parse in _VALUES.items() if key not in skip}
     if values.get("wins_over_ask") and mode is not None and mode is not Mode.AUTO:
         problems.append(_Invalid(gid, "wins_over_ask", "applies to auto grants only"))
     if values.get("approvers") and mode is not None and mode is not Mode.ASK:
         problems.append(_Invalid(gid, "approvers", "applies to ask grants only"))
+    if tool == CONNECT:
+        problems += _connect_problems(gid, values)
     if problems:
         for problem in problems:
             problem.index = index
@@ -378,6 +422,8 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
         found = values.get(key)
         return default if found is None else found
 
+    default_untrusted = Mode.DENY if tool == CONNECT else Mode.ASK
+
     return Grant(
         id=gid,
         tool=tool,
@@ -386,7 +432,7 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
         commands=values.get("commands"),
         hosts=value("hosts", ()),
         max_taint=value("max_taint", Taint.SECRET),
-        if_untrusted=value("if_untrusted", Mode.ASK),
+        if_untrusted=value("if_untrusted", default_untrusted),
         label_taint=values.get("label_taint"),
         hard_links=value("hard_links", False),
         wins_over_ask=value("wins_over_ask", False),
@@ -395,6 +441,8 @@ def _grant(index: int, raw: object, seen: set[str], found: list[_Invalid]) -> Gr
         arguments=values.get("arguments"),
         other_arguments=value("other_arguments", True),
         approvers=value("approvers", (OWNER,)),
+        via=value("via", ()),
+        plain_http=value("plain_http", False),
     )
 
 

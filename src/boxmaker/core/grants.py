@@ -46,7 +46,7 @@ from typing import Final
 
 import attrs
 
-from boxmaker.core.catalogue import TOOL_NAMES, CheckedArguments, ExternalArgs
+from boxmaker.core.catalogue import GRANT_TOOLS, CheckedArguments, ConnectArgs, ExternalArgs
 from boxmaker.core.external_tools import canonical_json, tool_patterns
 from boxmaker.core.hosts import HostSet, host_rules
 from boxmaker.core.labels import Taint
@@ -86,7 +86,9 @@ class Grant:
     """http_get: entries as :class:`~boxmaker.core.hosts.HostRule` parses them
     (host or ``*.suffix``, optional ``:port``), lower-cased."""
     max_taint: Taint = Taint.SECRET
-    if_untrusted: Mode = Mode.ASK
+    if_untrusted: Mode = attrs.field()
+    """What an untrusted session gets; by default ask, for connect deny (an untrusted
+    session gets no new hosts unless a grant says so)."""
     label_taint: Taint | None = None
     hard_links: bool = False
     """read_file under ``paths``: may a regular file with more than one link be read?"""
@@ -101,6 +103,11 @@ class Grant:
     approve --always writes false, so its grant is never broader than the call."""
     approvers: tuple[str, ...] = (OWNER,)
     """Ask grants: who may answer (:data:`APPROVERS`)."""
+    via: tuple[str, ...] = ()
+    """connect: the calls that may use it: "shell", or an external tool's name or family
+    (``mcp.fetch.*``); none (only built by hand) allows none."""
+    plain_http: bool = False
+    """connect: are plain-HTTP requests to ``hosts`` allowed too (port 80 by default)?"""
     # Compiled once, at parse time: one regex per grant keeps decide() fast.
     _path_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
     _command_re: re.Pattern[str] | None = attrs.field(eq=False, repr=False, init=False)
@@ -108,6 +115,10 @@ class Grant:
     _argument_res: tuple[tuple[str, re.Pattern[str]], ...] | None = attrs.field(
         eq=False, repr=False, init=False
     )
+
+    @if_untrusted.default
+    def _if_untrusted(self) -> Mode:
+        return Mode.DENY if self.tool == CONNECT else Mode.ASK
 
     @_path_re.default
     def _compile_paths(self) -> re.Pattern[str] | None:
@@ -151,25 +162,51 @@ class Grant:
             for path in arguments.match_paths:
                 if path_re.fullmatch(path) is None:
                     return False
-        command_re = self._command_re
-        if command_re is not None:
-            command = arguments.command
-            if command is None or command_re.match(command) is None:
-                return False
+        if not self.covers_command(arguments.command):
+            return False
         argument_res = self._argument_res
         if argument_res is not None and not _arguments_match(argument_res, arguments.value):
             return False
         if not self.other_arguments and not _only_named(self.arguments, arguments.value):
             return False
-        if self.tool == "http_get":
-            # Fail closed: an http_get grant without hosts (only built by hand) allows none.
+        if self.tool == CONNECT:
+            value = arguments.value
+            if not isinstance(value, ConnectArgs) or not self.serves(value.via_tool):
+                return False
+            if value.scheme != "https" and not self.plain_http:
+                return False
+        if self.tool in _HOST_TOOLS:
+            # Fail closed: a grant without hosts (only built by hand) allows none.
             destination = arguments.destination
             return destination is not None and self._host_set.allows(destination)
         return True
 
+    def covers_command(self, command: str | None) -> bool:
+        """Does ``commands`` match ``command`` (True when the grant has none; a call
+        without a command matches no pattern)?"""
+        command_re = self._command_re
+        if command_re is None:
+            return True
+        return command is not None and command_re.match(command) is not None
+
+    def serves(self, tool: str) -> bool:
+        """Does this connect grant's ``via`` name the calling tool ``tool``, exactly or
+        by family (``mcp.fetch.*``, ``mcp.*``)?
+
+        >>> grant = Grant("g", "connect", Mode.AUTO, hosts=("a.org",), via=("shell", "mcp.f.*"))
+        >>> [grant.serves(t) for t in ("shell", "mcp.f.get", "mcp.g.get", "http_get")]
+        [True, True, False, False]
+        """
+        via = self.via
+        return tool in via or any(pattern in via for pattern in tool_patterns(tool))
+
     def covers_path(self, path: str) -> bool:
         """Is the workspace path ``path`` within ``paths`` (True when there are none)?"""
         return self.paths is None or any(glob.matches(path) for glob in self.paths)
+
+
+CONNECT: Final = "connect"
+_HOST_TOOLS: Final = frozenset({"http_get", CONNECT})
 
 
 def _arguments_match(patterns: tuple[tuple[str, re.Pattern[str]], ...], value: object) -> bool:
@@ -260,20 +297,20 @@ class GrantSet:
 
     @_by_tool.default
     def _index(self) -> Mapping[str, tuple[Grant, ...]]:
-        return {tool: tuple(g for g in self.grants if g.tool == tool) for tool in TOOL_NAMES}
+        return {tool: tuple(g for g in self.grants if g.tool == tool) for tool in GRANT_TOOLS}
 
     @_by_tool_mode.default
     def _index_modes(self) -> Mapping[tuple[str, Mode], tuple[Grant, ...]]:
         return {
             (tool, mode): tuple(g for g in self.grants if g.tool == tool and g.mode is mode)
-            for tool in TOOL_NAMES
+            for tool in GRANT_TOOLS
             for mode in Mode
         }
 
     @_by_precedence.default
     def _index_precedence(self) -> Mapping[str, tuple[Grant, ...]]:
         return {
-            tool: tuple(sorted(self._by_tool[tool], key=precedence_rank)) for tool in TOOL_NAMES
+            tool: tuple(sorted(self._by_tool[tool], key=precedence_rank)) for tool in GRANT_TOOLS
         }
 
     def _external_grants(self, tool: str) -> tuple[tuple[Grant, ...], tuple[Grant, ...]]:

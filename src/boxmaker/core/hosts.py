@@ -51,7 +51,7 @@ def _address(text: str) -> IPAddress | None:
         return None
 
 
-def _canonical_host(host: str) -> str:
+def canonical_host(host: str) -> str:
     """A lower-cased host, an IP address in its one standard spelling (``::1``)."""
     address = _address(host)
     return host.lower() if address is None else str(address)
@@ -96,7 +96,7 @@ class Destination:
         host = parts.hostname
         if scheme not in DEFAULT_PORTS or not host:
             return None
-        return cls(scheme, _canonical_host(host), DEFAULT_PORTS[scheme] if port is None else port)
+        return cls(scheme, canonical_host(host), DEFAULT_PORTS[scheme] if port is None else port)
 
 
 def url_host_problem(host: str, *, bracketed: bool) -> str | None:

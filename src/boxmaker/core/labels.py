@@ -95,6 +95,10 @@ DEFAULT_UNTRUSTED: tuple[str, ...] = ("downloads/**",)
 HTTP_GET_LABEL = Label(Taint.PUBLIC, True)
 """Anything fetched from the network: public, and untrusted."""
 
+CONNECT_LABEL = Label(Taint.PUBLIC, True)
+"""A connection that ran: what came in through it is the internet's (public, untrusted),
+so the session is untrusted after it."""
+
 WRITE_FILE_LABEL = Label(Taint.PUBLIC, False)
 """Writing tells the session nothing new (write_file's label is public)."""
 

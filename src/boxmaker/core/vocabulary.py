@@ -184,6 +184,7 @@ class Kind(enum.StrEnum):
     RESULT = "result"
     POLICY = "policy"
     MCP_TOOLS = "mcp_tools"
+    CONNECTION = "connection"
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ is its typed path, a line decoded whole by the one converter (:func:`line_fields
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import secrets
 from typing import Any, ClassVar
@@ -56,6 +57,8 @@ __all__ = [
     "ApprovalOutcome",
     "BadRecord",
     "Body",
+    "Connection",
+    "ConnectionEnd",
     "Decision",
     "Genesis",
     "Kind",
@@ -153,7 +156,54 @@ class McpTools:
     """Tool name -> definition hash (64 lowercase hex)."""
 
 
-Body = Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy | McpTools
+class ConnectionEnd(enum.StrEnum):
+    """How a tunnel ended (a :class:`Connection`'s ``ended``)."""
+
+    CLOSED = "closed"
+    """Either side ended it."""
+    IDLE = "idle"
+    """Nothing went either way for the idle timeout."""
+    BYTE_CAP = "byte_cap"
+    """The calling call's bytes were spent."""
+    CALL_ENDED = "call_ended"
+    """The calling call finished: every tunnel of it closes at once."""
+    SERVER_NAME_MISMATCH = "server_name_mismatch"
+    """The TLS ClientHello named another server than the CONNECT's host."""
+    NOT_TLS = "not_tls"
+    """The first bytes through a CONNECT tunnel were not a TLS ClientHello."""
+    LEDGER_FAILED = "ledger_failed"
+    """A ledger write failed (fail closed: every open tunnel closes)."""
+    STOPPING = "stopping"
+    """brokerd is stopping."""
+    UPSTREAM_ERROR = "upstream_error"
+    """The connection to the host failed after it was dialled."""
+
+
+@attrs.frozen
+class Connection:
+    """The end of a tunnel that opened (docs/protocol.md, "Connection records"): written
+    by brokerd when it closes, before its ``connect`` call's ``result``. ``call`` is the
+    connect call, ``via`` the call whose sandbox opened it; ``address`` the IP address
+    dialled, ``server_name`` the TLS ClientHello's (None without one); ``bytes_up`` went
+    from the sandbox to the host, ``bytes_down`` back."""
+
+    kind: ClassVar[Kind] = Kind.CONNECTION
+    call: str
+    via: str
+    session: str
+    host: str
+    port: int
+    address: str
+    server_name: str | None
+    bytes_up: int
+    bytes_down: int
+    duration_ms: int
+    ended: ConnectionEnd
+
+
+Body = (
+    Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy | McpTools | Connection
+)
 
 # An approval without a grant written, a note, a definition or an approver keeps the line
 # it had before the field existed.
@@ -193,6 +243,7 @@ BODY_TYPES: dict[Kind, type[Body]] = {
     Kind.RESULT: Result,
     Kind.POLICY: Policy,
     Kind.MCP_TOOLS: McpTools,
+    Kind.CONNECTION: Connection,
 }
 
 

@@ -14,6 +14,10 @@ one result, with an approval only after an ``ask`` verdict and a result only aft
 end with a newline. With ``expect_head``, that seq must be in the file with that hash.
 A ``policy`` record names its grants by a SHA-256 (or says why none could be read);
 :func:`verify_file` then checks each named version kept beside the ledger.
+A ``connection`` record (a tunnel's end) must have its fields' forms (call ids, a
+session id, a port from 1, counts from 0, an IP address, a known ``ended``) and come
+while its ``connect`` call runs: after the decision (or approval) that let it run and
+before its result.
 
 Where a problem is reported (its ``seq``): the position the line holds in the chain,
 i.e. the seq the line should have. After a wrong ``seq`` the count follows the line's
@@ -68,16 +72,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import itertools
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Final
 
 import attrs
 import orjson
 
+from boxmaker.formats.convert import CALL_ID, SESSION_ID
 from boxmaker.ledger.policies import RUNBOOK_KEPT, is_sha256, kept_problem, policies_dir
 from boxmaker.ledger.reader import READ_BUFFER
-from boxmaker.ledger.records import GENESIS_PREV, BadRecord, format_head, line_fields, parse_head
+from boxmaker.ledger.records import (
+    GENESIS_PREV,
+    BadRecord,
+    ConnectionEnd,
+    format_head,
+    line_fields,
+    parse_head,
+)
 
 MAX_PROBLEMS = 1000
 
@@ -383,6 +397,14 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                     problem(seq, "mcp_tools record with a field of the wrong type")
                 elif not all(is_sha256(digest) for digest in tools.values()):
                     problem(seq, "mcp_tools record with a definition hash that is not a sha256")
+            elif kind == "connection":
+                call = rec["call"]
+                found = connection_problem(rec)
+                if found is not None:
+                    problem(seq, f"connection record {found}")
+                elif open_calls.get(call, _ASKED) & 3 == _ASKED:
+                    # Written when an opened tunnel closes, before its connect's result.
+                    problem(seq, f"connection for call {call} that is not running")
             elif kind != "repair":
                 problem(seq, f"unknown kind {kind!r}")
         except KeyError as missing:
@@ -425,6 +447,47 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         open_calls=frozenset(open_calls),
         policies=tuple(policies),
     )
+
+
+_CONNECTION_ENDS: Final = frozenset(end.value for end in ConnectionEnd)
+_CONNECTION_COUNTS: Final = ("port", "bytes_up", "bytes_down", "duration_ms")
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def connection_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a ``connection`` record's fields (raises KeyError for a
+    missing one), or None.
+
+    >>> print(connection_problem({"call": "c-1", "via": "c-0000000000000001"}))
+    with call id 'c-1'
+    """
+    for name in ("call", "via"):
+        if type(rec[name]) is not str or not CALL_ID.fullmatch(rec[name]):
+            return f"with {name} id {rec[name]!r}"
+    if type(rec["session"]) is not str or not SESSION_ID.fullmatch(rec["session"]):
+        return f"with session id {rec['session']!r}"
+    if type(rec["host"]) is not str or not rec["host"]:
+        return f"with host {rec['host']!r}"
+    for name in _CONNECTION_COUNTS:
+        if type(rec[name]) is not int or rec[name] < 0:
+            return f"with {name} {rec[name]!r}"
+    if not 1 <= rec["port"] <= 65535:
+        return f"with port {rec['port']!r}"
+    address = rec["address"]
+    if type(address) is not str or not _is_address(address):
+        return f"with address {address!r}, not an IP address"
+    if rec["server_name"] is not None and type(rec["server_name"]) is not str:
+        return f"with server_name {rec['server_name']!r}"
+    if rec["ended"] not in _CONNECTION_ENDS:
+        return f"with ended {rec['ended']!r}"
+    return None
 
 
 def _shape_problem(rec: object) -> str:

@@ -22,6 +22,13 @@ named for certain (the kernel counted it), a kill even when the command exits 0.
 
 A shell call may use a sandbox brokerd set up ahead of it (sandbox_pool.py); each
 sandbox serves one call and is torn down after it.
+
+A call that may use the network (its RunSpec's ``egress_dir``, docs/egress.md) gets a
+sandbox started for it alone, with a way out: its egress directory, the system's CA
+certificates, the proxy variables, and socat bridging 127.0.0.1:3128 inside to brokerd's
+proxy socket; still no resolver and no other route. No socat, or a socat that did not
+start listening, is ``sandbox_unavailable`` (docs/runbook.md#egress-socat): the command
+never runs without its proxy.
 """
 
 from __future__ import annotations
@@ -31,13 +38,22 @@ from typing import Final
 
 from boxmaker.broker.cgroups import Usage
 from boxmaker.broker.run_spec import RunResult, RunSpec, describe_error
-from boxmaker.broker.sandbox_check import NO_BWRAP_DETAIL, RUNBOOK_SANDBOX
+from boxmaker.broker.sandbox_check import (
+    NO_BWRAP_DETAIL,
+    NO_SOCAT_DETAIL,
+    RUNBOOK_EGRESS_SOCAT,
+    RUNBOOK_SANDBOX,
+    find_socat,
+)
 from boxmaker.broker.sandbox_plan import (
+    EGRESS_FAILED_WORDS,
     LIMITS_FAILED,
     LIMITS_FAILED_WORDS,
+    Egress,
     Launch,
     SandboxLimits,
     SandboxRefused,
+    egress_launch,
 )
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.core.reasons import Reason
@@ -87,9 +103,16 @@ async def run_shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) 
     if not isinstance(launch, Launch):
         detail = launch if isinstance(launch, str) else NO_BWRAP_DETAIL
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
+    if spec.egress_dir is not None:
+        socat = find_socat()
+        if socat is None:
+            return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, NO_SOCAT_DETAIL, spec.label)
+        launch = egress_launch(launch, spec.workspace, Egress(spec.egress_dir, socat))
     try:
-        # A pool that is not running only ever sets up a sandbox for the call at hand.
-        async with (sandboxes or SandboxPool()).sandbox(launch) as sandbox:
+        # A pool that is not running only ever sets up a sandbox for the call at hand;
+        # a call with a way out always gets one of its own.
+        pool = sandboxes or SandboxPool()
+        async with pool.sandbox(launch, ahead=spec.egress_dir is None) as sandbox:
             run = await sandbox.run(command, time_limit=spec.time_limit, output_cap=spec.output_cap)
     except SandboxRefused as refused:
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, str(refused), spec.label)
@@ -103,9 +126,11 @@ async def run_shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) 
     stderr = run.err.last_words()
     # An OOM kill (of bwrap's pid 1 too, when the victim) is the limit, never the set-up.
     killed = run.usage.oom_kills > 0
-    set_up = run.ran and not (
-        run.returncode == LIMITS_FAILED and stderr.endswith(LIMITS_FAILED_WORDS)
-    )
+    launcher_failed = run.ran and run.returncode == LIMITS_FAILED
+    if launcher_failed and stderr.endswith(EGRESS_FAILED_WORDS) and not killed:
+        detail = f"the sandbox's way out could not be set up: {stderr}; see {RUNBOOK_EGRESS_SOCAT}"
+        return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
+    set_up = run.ran and not (launcher_failed and stderr.endswith(LIMITS_FAILED_WORDS))
     if not set_up and not killed:
         detail = f"bubblewrap could not set up the sandbox: {stderr}; see {RUNBOOK_SANDBOX}"
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
