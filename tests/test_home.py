@@ -16,6 +16,7 @@ from boxmaker.home.config import (
     BrokerConfig,
     Config,
     ConfigError,
+    EgressConfig,
     LoopConfig,
     ModelConfig,
     ProxyConfig,
@@ -203,6 +204,9 @@ def test_a_missing_file_is_all_defaults(home: Home) -> None:
         file_size_limit_mib=1024,
         cpu_time_limit=None,
     )
+    assert config.egress == EgressConfig(
+        tunnels_per_call=16, bytes_per_call=4 << 30, idle_timeout_s=120.0
+    )
 
 
 def test_the_default_text_is_all_comments_and_says_the_defaults(home: Home) -> None:
@@ -347,6 +351,10 @@ def test_a_workspace_that_exposes_the_home_is_refused(home: Home, workspace: str
         ("[runner]\nfile_size_limit_mib = -1", "[runner] file_size_limit_mib: expected at least 1"),
         ("[runner]\ncpu_time_limit = 0", "[runner] cpu_time_limit: expected at least 1"),
         ("[runner]\ncpu_time_limit = 1.5", "[runner] cpu_time_limit: expected an integer"),
+        ("[egress]\ntunnels_per_call = 0", "[egress] tunnels_per_call: expected at least 1"),
+        ("[egress]\nbytes_per_call = 0", "[egress] bytes_per_call: expected at least 1"),
+        ("[egress]\nidle_timeout_s = 0", "[egress] idle_timeout_s: expected a number above 0"),
+        ("[egress]\ntunnels = 4", "[egress] tunnels: unknown key"),
         ("[labels]\nsecret = 'x'", "[labels] secret"),
         ("[labels]\nsecret = ['ok', 5]", "[labels] secret[1]: expected a string"),
         # core.labels words its own glob problems; the table is named either way.

@@ -144,6 +144,8 @@ async def test_list_shows_every_grant_its_bounds_expiry_and_use(
         "paths": ["README.md"],
         "commands": None,
         "hosts": None,
+        "via": None,
+        "plain_http": None,
         "max_taint": "secret",
         "if_untrusted": "ask",
         "label_taint": None,
@@ -222,6 +224,7 @@ def test_test_says_the_verdict_grant_reason_and_state(
         "taint": "public",
         "untrusted": False,
         "state_problem": None,
+        "network_grants": [],
     }
     assert bxctl(home, "grants", "test", "read_file", '{"path": "other"}') == 0
     assert capsys.readouterr().out.splitlines()[:4] == [

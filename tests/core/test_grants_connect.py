@@ -21,7 +21,7 @@ from boxmaker.core.catalogue import (
     result_label,
 )
 from boxmaker.core.decide import Ask, Deny, Run, evaluate
-from boxmaker.core.grant_lint import shadows
+from boxmaker.core.grant_lint import lint_grants, shadows
 from boxmaker.core.grant_parse import GrantsProblem, all_problems, parse_grants, parse_toml
 from boxmaker.core.grants import Grant, GrantSet, Mode
 from boxmaker.core.hosts import Destination
@@ -456,3 +456,9 @@ def test_shadows_for_connect_looks_at_via_hosts_and_plain_http() -> None:
     assert not shadows(one(*PYPI), one('hosts = ["pypi.org"]', 'via = ["mcp.f.*"]'), NOW)
     assert not shadows(one(*PYPI), one(*PYPI, "plain_http = true"), NOW)
     assert not shadows(one(*PYPI), one('hosts = ["evil.org"]', 'via = ["shell"]'), NOW)
+
+
+def test_grants_check_warns_of_a_connect_pattern_that_chains() -> None:
+    lint = lint_grants(table(*PYPI, 'commands = ["pip install *"]'), NOW)
+    assert [(f.code, f.grant_id, f.key) for f in lint.findings] == [("chains", "net", "commands")]
+    assert lint_grants(table(*PYPI, 'commands = ["pip install attrs"]'), NOW).findings == ()

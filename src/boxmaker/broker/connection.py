@@ -38,11 +38,15 @@ answer is ``ok`` ``"allowed"``, its result recorded like any other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
-from typing import Final, assert_never
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Final, TypeAlias, assert_never
 
+import attrs
 import trio
 
+from boxmaker.broker import egress as egress_proxy
 from boxmaker.broker.client_answers import AfterRequest, heard
 from boxmaker.broker.decide_now import BrokerSources, decide_now
 from boxmaker.broker.mcp_port import McpGateway
@@ -50,6 +54,7 @@ from boxmaker.broker.pending import ApproveCommand, ClientAnswered, RefuseComman
 from boxmaker.broker.requester import Requester
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.runner import STOPPABLE_TOOLS
+from boxmaker.broker.sandbox_plan import Launch
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
@@ -78,7 +83,13 @@ from boxmaker.core.call_events import (
     StateUnrecordable,
     Stopping,
 )
-from boxmaker.core.catalogue import ExternalArgs, catalogue_tools, external_catalogue_tools
+from boxmaker.core.call_phases import Running
+from boxmaker.core.catalogue import (
+    ExternalArgs,
+    ShellArgs,
+    catalogue_tools,
+    external_catalogue_tools,
+)
 from boxmaker.core.client_answer import client_approver, client_refusal
 from boxmaker.core.decide import Ask, Ruling, Run, Verdict
 from boxmaker.core.drive import drive, resume
@@ -86,6 +97,7 @@ from boxmaker.core.external_tools import CLAUDE_PREFIX
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
+from boxmaker.core.network import network_grants
 from boxmaker.core.reasons import Reason
 from boxmaker.core.state import StateUnreadable
 from boxmaker.core.vocabulary import (
@@ -96,6 +108,7 @@ from boxmaker.core.vocabulary import (
     ErrorFrame,
     Pending,
     Result,
+    RunEnd,
     ToolRequest,
 )
 from boxmaker.formats.clock import utc_now
@@ -118,34 +131,78 @@ __all__ = [
     "REFUSAL_UNRECORDED",
     "RESULT_UNRECORDED_DETAIL",
     "STOPPING_DETAIL",
+    "CallOpening",
+    "CallRun",
+    "OpenedCall",
     "Requester",
     "handle_broker_connection",
+    "open_broker_call",
 ]
 
 log = logging.getLogger("boxmaker.brokerd")
 
 FIRST_FRAME_S: Final = 5.0
 """The first frame within 5 s of the connection, else it closes."""
+UNDER_WAY: Final = "it runs: the tunnel is open; its end is recorded in the ledger"
+"""What an owner who approved a tunnel hears once it opened."""
 CLIENT_TOOL_ALLOWED: Final = "allowed"
 """A ``claude.*`` call's answer content when it may run: the client runs it itself."""
 
 
-async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) -> None:
-    """trio.serve_listeners' handler for broker.sock: one call, then close.
+@attrs.frozen
+class OpenedCall:
+    """A connection's call, read and ready to drive: its requester, its request, and
+    for an internal call (egress's ``connect``), how it runs and that it may name an
+    internal tool."""
+
+    requester: Requester
+    request: ToolRequest
+    run: CallRun | None = None
+    """The call's own run (a tunnel), instead of the runner's; None: the runner's."""
+    internal: bool = False
+    """Decided with ``internal=True`` (:func:`boxmaker.core.decide.evaluate`): only
+    brokerd's own openings set it, never anything a requester sends."""
+
+
+CallRun: TypeAlias = Callable[[Run | Ask, Callable[[], None]], Awaitable[Ran | RequesterGone]]
+"""An internal call's run: given its verdict, and what to call once it is under way (a
+tunnel open: an owner whose approve let it run hears so then, not at its end), what it
+ran to."""
+CallOpening: TypeAlias = Callable[[Broker, trio.SocketStream], Awaitable[OpenedCall | None]]
+"""How a connection's call is read: the peer checked, the request read (None once
+anything else was answered)."""
+
+
+async def open_broker_call(broker: Broker, stream: trio.SocketStream) -> OpenedCall | None:
+    """broker.sock's opening: the owner's uid only, then one frame (a tool request)."""
+    # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
+    if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
+        return None
+    requester = Requester(stream)
+    request = await _read_request(requester, broker.capacity.budget, broker.gateway)
+    return None if request is None else OpenedCall(requester, request)
+
+
+async def handle_broker_connection(
+    broker: Broker, stream: trio.SocketStream, opening: CallOpening = open_broker_call
+) -> None:
+    """trio.serve_listeners' handler for broker.sock: one call, then close; with its
+    own ``opening``, the egress proxy's handler for a CONNECT (:mod:`boxmaker.broker.egress`):
+    everything after the request is read (the drive, the wait for the owner, the resume,
+    the close) is this one function's, so a tunnel is decided, asked and recorded exactly
+    as a tool call. (One function and not a helper it calls: a waiting call's stack is
+    this frame alone, docs/decisions.md, "brokerd's hot path and memory".)
 
     Catches every Exception, so one bad client never takes brokerd down; Cancelled
     (shutdown) goes through.
     """
     try:
-        # loopd runs as the owner (docs/runbook.md#loopd-uid): no one else may ask.
-        if not await check_peer(stream, allowed=broker.owner_uid, name="broker.sock"):
+        opened = await opening(broker, stream)
+        if opened is None:
             return
-        requester = Requester(stream)
-        request = await _read_request(requester, broker.capacity.budget, broker.gateway)
-        if request is None:
-            return
-        ports = _Ports(broker, requester, request)
-        del request
+        requester = opened.requester
+        ports = _Ports(broker, requester, opened.request, opened.run, internal=opened.internal)
+        del opened
         try:
             waiting = await drive(ports.call, await ports.first_event(), ports)
             if waiting is None:
@@ -168,6 +225,8 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
                     await trio.lowlevel.wait_readable(stream.socket)
                     while (sent := requester.sent()) is not None:
                         if sent:
+                            if not requester.HEARS_CLIENT_ANSWERS:
+                                break  # a tunnel's bytes before its answer: it left
                             after = after or AfterRequest()
                             asked = ports.call.decision
                             await heard(broker, ports.request, asked, entry, after, sent)
@@ -178,9 +237,18 @@ async def handle_broker_connection(broker: Broker, stream: trio.SocketStream) ->
         finally:
             ports.close()
     except DISCONNECTS as exc:
-        log.debug("broker.sock: the requester left (%s)", type(exc).__name__)
+        log.debug("%s: the requester left (%s)", requester_name(stream), type(exc).__name__)
     except Exception:
-        log.exception("broker.sock: a connection failed")
+        log.exception("%s: a connection failed", requester_name(stream))
+
+
+def requester_name(stream: trio.SocketStream) -> str:
+    """The socket a connection came in on, for the log."""
+    try:
+        name = stream.socket.getsockname()
+    except OSError:
+        return "a socket"
+    return Path(name).name if isinstance(name, str) and name else "a socket"
 
 
 async def _read_request(
@@ -258,6 +326,7 @@ async def _evaluate(
     *,
     look_before_asking: bool = False,
     asked: Ruling | None = None,
+    internal: bool = False,
 ) -> Verdict:
     """The decision with the grants and state as they are now (also approve's
     re-decision): :func:`decide_now`, as ``bxctl grants test`` decides. Grants are read
@@ -266,7 +335,12 @@ async def _evaluate(
     if grants is None:
         grants = await broker.grants.current()
     return await decide_now(
-        request, grants, BrokerSources(broker), look_before_asking=look_before_asking, asked=asked
+        request,
+        grants,
+        BrokerSources(broker),
+        look_before_asking=look_before_asking,
+        asked=asked,
+        internal=internal,
     )
 
 
@@ -298,16 +372,28 @@ class _Ports:
         "call",
         "closed",
         "holds_grants",
+        "internal",
+        "own_run",
         "reply_to",
         "request",
         "requester",
         "slot",
     )
 
-    def __init__(self, broker: Broker, requester: Requester, request: ToolRequest) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        requester: Requester,
+        request: ToolRequest,
+        own_run: CallRun | None = None,
+        *,
+        internal: bool = False,
+    ) -> None:
         self.broker = broker
         self.requester = requester
         self.request = request
+        self.own_run = own_run
+        self.internal = internal
         self.call = Call(
             request.call,
             request.session,
@@ -333,7 +419,9 @@ class _Ports:
         # meanwhile is recorded after it (GrantsWatcher.take).
         grants = await broker.grants.take()
         self.holds_grants = True
-        verdict = await _evaluate(broker, request, grants, look_before_asking=True)
+        verdict = await _evaluate(
+            broker, request, grants, look_before_asking=True, internal=self.internal
+        )
         full: str | None = None
         if isinstance(verdict, Ask):
             # The ask holds a pending slot and its request's bytes from here (before
@@ -392,6 +480,10 @@ class _Ports:
         return self.requester.gone()
 
     async def run(self, verdict: Run | Ask, *, approved: bool) -> Ran | RequesterGone:
+        if self.own_run is not None:
+            # An internal call's run is its connection's own (a tunnel reads and writes
+            # the requester's stream itself, so no hang-up watcher may read it).
+            return await self.own_run(verdict, self._under_way)
         if verdict.checked.external is not None:
             return await self._run_external(verdict)
         broker = self.broker
@@ -402,6 +494,19 @@ class _Ports:
             labels=broker.config.labels,
             approved=approved,
         )
+
+        way_out = await self._way_out(spec)
+        if way_out is None:
+            return await self._run_spec(spec)
+        # The way out is opened around the run, not inside it: a run stopped because its
+        # requester left must not take the tunnels' records with it (they end
+        # call_ended, and are recorded, when the egress closes).
+        parent, peer = way_out
+        async with egress_proxy.open_call_egress(broker, parent, peer=peer) as egress:
+            return await self._run_spec(attrs.evolve(spec, egress_dir=egress.directory))
+
+    async def _run_spec(self, spec: RunSpec) -> Ran | RequesterGone:
+        broker = self.broker
 
         def run() -> Awaitable[RunResult]:
             return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
@@ -417,6 +522,31 @@ class _Ports:
         return Ran(
             RunOutcome(result.ok, result.reason, result.detail, result.content, result.label)
         )
+
+    def _under_way(self) -> None:
+        """An internal run is under way (a tunnel opened, which may stay open for long):
+        the owner whose approve let it run hears now that it runs, rather than at its
+        end; the reply at the end then finds no one waiting."""
+        state = self.call.state
+        if isinstance(state, Running) and state.told is not None:
+            self.reply(attrs.evolve(state.told, ran=RunEnd(outcome="ok", detail=UNDER_WAY)))
+
+    async def _way_out(self, spec: RunSpec) -> tuple[egress_proxy.EgressParent, int] | None:
+        """A shell call's way out, when the grants current now give it one
+        (:func:`~boxmaker.core.network.network_grants`): who it is for, and the uid
+        that may use it (the sandbox's). None: today's sandbox, no network at all."""
+        launch = spec.sandbox
+        value = spec.arguments.value
+        if not isinstance(launch, Launch) or not isinstance(value, ShellArgs):
+            return None  # not a shell call, or one whose sandbox cannot start anyway
+        grants = await self.broker.grants.current()
+        if not isinstance(grants, GrantSet):
+            return None
+        if not network_grants(grants, spec.tool, value.command, utc_now()):
+            return None
+        call = self.call
+        parent = egress_proxy.EgressParent(call.call, call.session, spec.tool, value.command)
+        return parent, launch.user.uid if launch.user is not None else os.geteuid()
 
     async def _run_external(self, verdict: Run | Ask) -> Ran | RequesterGone:
         """An external tool's run: ``claude.*`` runs nothing (the client runs its own
@@ -481,7 +611,9 @@ class _Ports:
                 return None
             case ApproveCommand():
                 self.reply_to = command.reply
-                verdict = await _evaluate(self.broker, self.request, asked=self.call.decision)
+                verdict = await _evaluate(
+                    self.broker, self.request, asked=self.call.decision, internal=self.internal
+                )
                 log.info("call %s: approved by the owner (note %r)", call, command.note)
                 # An empty note is no note: the record keeps its line without one.
                 return OwnerApproved(verdict, command.grant_written, command.note or None)

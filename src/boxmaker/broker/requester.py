@@ -37,6 +37,11 @@ class Requester:
 
     __slots__ = ("request_bytes", "stream")
 
+    HEARS_CLIENT_ANSWERS: bool = True
+    """Whether bytes sent while the call waits are read as the MCP client's answer
+    (:mod:`boxmaker.broker.client_answers`); a requester that cannot send one (a tunnel)
+    has left when it sends anything before its answer."""
+
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.request_bytes = 0

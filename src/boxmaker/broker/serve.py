@@ -53,6 +53,7 @@ from boxmaker.broker.mcp_port import EmptyGateway, McpGateway
 from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
+from boxmaker.broker.tools.host import REAL_HOST, Host
 from boxmaker.home import state_files
 from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
@@ -83,17 +84,17 @@ GRANTS_POLL_S: Final = 2.0
 LedgerOpener = Callable[[Path], LedgerFile]
 
 CONFIG_CONCERN: Final = frozenset(
-    {"workspace", "broker", "labels", "runner", "notify", "mcp_servers"}
+    {"workspace", "broker", "labels", "runner", "notify", "egress", "mcp_servers"}
 )
 """The parts of config.toml brokerd reads."""
-LIVE_KEYS: Final = frozenset({"broker.pending_timeout", "labels", "runner"})
+LIVE_KEYS: Final = frozenset({"broker.pending_timeout", "labels", "runner", "egress"})
 """What SIGHUP applies at once, each read afresh by every call that comes after (a call
 already waiting or running keeps what it started with): an ask's timeout, the labels
 (a session's taint so far stays; only later reads are labelled anew), the tools' time
 and output and the sandbox's uid and limits (the sandbox kept set up ahead is used only
-for exactly the same launch). Not live: ``workspace`` (its real path is pinned and
-watched from the start: HomeGuard) and the broker.sock caps (sized once, against the
-open-file limit, for the boot)."""
+for exactly the same launch), a call's bounds on its way out (``[egress]``). Not
+live: ``workspace`` (its real path is pinned and watched from the start: HomeGuard) and
+the broker.sock caps (sized once, against the open-file limit, for the boot)."""
 
 
 @attrs.frozen
@@ -182,6 +183,7 @@ async def serve_broker(
     to_thread: ToThread = WORKER_THREAD,
     cgroups: Callable[[str], CgroupTree | NoCgroups] = find_cgroups,
     gateway: McpGateway | None = None,
+    host: Host = REAL_HOST,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -197,6 +199,7 @@ async def serve_broker(
     blocking step run inline, so the autojump clock stays exact; :mod:`boxmaker.runtime.threads`)
     and ``cgroups`` (what bounds each sandbox, made for the boot: cgroups.py).
     ``gateway`` is the MCP servers' port (broker/mcp_port.py; default: none).
+    ``host`` is what the egress proxy asks of the machine (a test's resolver).
     """
     prepared = await to_thread(
         functools.partial(
@@ -244,6 +247,7 @@ async def serve_broker(
         to_thread=to_thread,
         sandboxes=SandboxPool(bounds),
         gateway=gateway or EmptyGateway(),
+        host=host,
     )
     if gateway is None:
         broker.gateway = _gateway(broker, prepared, bounds)

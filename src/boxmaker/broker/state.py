@@ -26,6 +26,7 @@ from boxmaker.broker.pending import PendingCalls
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.session_states import SessionStates
+from boxmaker.broker.tools.host import REAL_HOST, Host
 from boxmaker.core.approvals import ApprovalsTable
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
@@ -76,6 +77,9 @@ class Broker:
     """Raises a session's state file (blocking: through ``to_thread``)."""
     to_thread: ToThread = WORKER_THREAD
     """Where every blocking step of a call runs (:mod:`boxmaker.runtime.threads`)."""
+    host: Host = REAL_HOST
+    """What brokerd asks of the machine itself: the egress proxy resolves names
+    through its ``resolve`` (a test passes its own resolver)."""
     started_at: float = attrs.field(factory=trio.current_time)
     pending: PendingCalls = attrs.Factory(PendingCalls)
     """The calls waiting for the owner, and how each ends (pending.py)."""

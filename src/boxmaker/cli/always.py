@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from boxmaker.cli.terminal import OwnerTerminal
-from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments
+from boxmaker.core.catalogue import FILE_TOOLS, CheckedArguments, ConnectArgs, connect_target
 from boxmaker.core.external_tools import assumed_catalogue
 from boxmaker.core.grant_scope import Scope, ScopeProblem, always_grant, asked
 from boxmaker.core.hosts import DEFAULT_PORTS
@@ -73,6 +73,8 @@ class AlwaysGrant:
             return f"{tool} of exactly the path: {arguments.paths[0]}"
         if tool == "shell":
             return f"shell with exactly the command line: {arguments.command}"
+        if isinstance(arguments.value, ConnectArgs):
+            return self._connects(arguments.value)
         destination = arguments.destination
         assert destination is not None
         port = (
@@ -81,6 +83,23 @@ class AlwaysGrant:
             else f"port {destination.port}"
         )
         return f"http_get of any URL of the host {destination.host} on {port}"
+
+    def _connects(self, value: ConnectArgs) -> str:
+        """A connect grant's reach in words.
+
+        >>> from boxmaker.core.catalogue import check_arguments
+        >>> raw = {"host": "pypi.org", "port": 443, "via": "c-00000000000000a0",
+        ...        "via_tool": "shell", "via_command": "pip install attrs"}
+        >>> net = check_arguments("connect", raw, internal=True)
+        >>> AlwaysGrant({"via": ["shell"], "commands": ["pip *"]}, net).runs()
+        'connect to pypi.org:443 from any shell call whose command matches pip *'
+        """
+        whose = f"any {value.via_tool} call"
+        commands = self.fields.get("commands")
+        if commands:
+            whose += f" whose command matches {', '.join(commands)}"
+        plain = " (plain HTTP)" if value.scheme == "http" else ""
+        return f"connect to {connect_target(value)}{plain} from {whose}"
 
     def lines(self) -> list[str]:
         """The confirmation's text, each line escaped."""

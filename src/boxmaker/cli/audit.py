@@ -11,11 +11,12 @@ import orjson
 from cyclopts import App
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.core.catalogue import INTERNAL_TOOLS
 from boxmaker.core.vocabulary import Approval, Decision, Record, Result, holds
 from boxmaker.formats.printable import printable
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord, iter_lines
-from boxmaker.ledger.records import Body, Policy, body_fields, parse_head
+from boxmaker.ledger.records import Body, Connection, Policy, body_fields, parse_head
 from boxmaker.ledger.verify import verify_file
 
 audit_app = App(name="audit", help="The hash-chained audit ledger.")
@@ -23,6 +24,7 @@ audit_app = App(name="audit", help="The hash-chained audit ledger.")
 # Fields shown after the common ones, in this order, when a record has them.
 SHOWN_FIELDS = (
     "session",
+    "via",
     "tool",
     "arguments",
     "verdict",
@@ -47,6 +49,14 @@ SHOWN_FIELDS = (
     "file",
     "server",
     "tools",
+    "host",
+    "port",
+    "address",
+    "server_name",
+    "bytes_up",
+    "bytes_down",
+    "duration_ms",
+    "ended",
 )
 
 
@@ -105,16 +115,29 @@ Selected = list[tuple[bytes, Read]]
 
 
 def call_of(body: Body) -> str | None:
-    """The call a record is of (a decision, approval or result), else None."""
+    """The call a record is of (a decision, approval, result or connection), else None."""
     match body:
-        case Decision() | Approval() | Result():
+        case Decision() | Approval() | Result() | Connection():
             return body.call
         case _:
             return None
 
 
+def via_of(body: Body) -> str | None:
+    """The calling call of a tunnel's record (a connect's decision, a connection), else
+    None."""
+    match body:
+        case Connection():
+            return body.via
+        case Decision() if body.tool in INTERNAL_TOOLS:
+            via = body.arguments.get("via")
+            return via if isinstance(via, str) else None
+        case _:
+            return None
+
+
 def select_with_policies(
-    path: Path, call: str | None, session: str | None, tail: int | None
+    path: Path, call: str | None, session: str | None, tail: int | None, *, tunnels: bool = False
 ) -> tuple[Selected, dict[int, Record[Policy]]]:
     """The records ``show`` selects, each line with its record (or why it is not one;
     only without a filter), and for each selected decision (by its seq) the policy in
@@ -127,7 +150,9 @@ def select_with_policies(
     tenth of orjson's rate (docs/decisions.md, "Ledger"), so no more lines than needed
     are decoded: with no filter, only the lines shown (the last ``tail``); of one call,
     only the lines that name the call or a policy
-    (:data:`~boxmaker.ledger.reader.POLICY_WORD`). A session's are all decoded."""
+    (:data:`~boxmaker.ledger.reader.POLICY_WORD`). A session's are all decoded.
+    ``tunnels``: of one call, also its tunnels' decisions and connection records (they
+    name it as their ``via``)."""
     if call is None and session is None:
         last = collections.deque(iter_lines(path), maxlen=tail)
         return list(LedgerReader(last).records()), {}
@@ -148,7 +173,8 @@ def select_with_policies(
                 calls_of_session.add(body.call)
             if call_of(body) not in calls_of_session:
                 continue
-        if call is not None and call_of(body) != call:
+        related = call_of(body) == call or (tunnels and via_of(body) == call)
+        if call is not None and not related:
             continue
         kept.append((line, record))
         if holds(record, Decision) and in_force and in_force.body.boot == record.body.boot:

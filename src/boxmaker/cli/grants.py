@@ -29,14 +29,25 @@ from boxmaker.broker.sandbox_check import sandbox_problem
 from boxmaker.broker.workspace_paths import missing_directory
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.cli.what_if import what_if
-from boxmaker.core.catalogue import ArgumentProblem, check_arguments
+from boxmaker.core.catalogue import (
+    INTERNAL_TOOLS,
+    ArgumentProblem,
+    CheckedArguments,
+    check_arguments,
+)
 from boxmaker.core.decide import Ruling
-from boxmaker.core.external_tools import EMPTY_CATALOGUE, ExternalCatalogue, assumed_catalogue
+from boxmaker.core.external_tools import (
+    EMPTY_CATALOGUE,
+    ExternalCatalogue,
+    assumed_catalogue,
+    is_mcp_name,
+)
 from boxmaker.core.grant_lint import Finding, grant_sources, lint_grants
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grant_usage import GrantUsage, tally_decisions
-from boxmaker.core.grants import Grant, GrantSet
+from boxmaker.core.grants import CONNECT, Grant, GrantSet
 from boxmaker.core.labels import FRESH, Label
+from boxmaker.core.network import network_grants
 from boxmaker.core.state import RUNBOOK_STATE, StateUnreadable
 from boxmaker.core.vocabulary import ToolRequest
 from boxmaker.formats.clock import format_utc, local_time, parse_utc, utc_now
@@ -218,6 +229,13 @@ def bounds(grant: Grant) -> list[str]:
         lines.append(f"commands: {shown}")
     elif grant.tool == "http_get":
         lines.append(f"hosts: {', '.join(grant.hosts)}")
+    elif grant.tool == CONNECT:
+        lines.append(f"hosts: {', '.join(grant.hosts)}")
+        lines.append(f"via: {', '.join(grant.via)}")
+        if grant.commands is not None:
+            lines.append(f"commands: {', '.join(grant.commands)}")
+        if grant.plain_http:
+            lines.append("plain_http: true (plain-HTTP requests too, port 80 by default)")
     else:
         paths = grant.paths
         shown = ", ".join(g.pattern for g in paths) if paths is not None else "(every path)"
@@ -274,7 +292,9 @@ def _grant_json(
         "mode": grant.mode,
         "paths": None if grant.paths is None else [g.pattern for g in grant.paths],
         "commands": None if grant.commands is None else list(grant.commands),
-        "hosts": list(grant.hosts) if grant.tool == "http_get" else None,
+        "hosts": list(grant.hosts) if grant.tool in ("http_get", CONNECT) else None,
+        "via": list(grant.via) if grant.tool == CONNECT else None,
+        "plain_http": grant.plain_http if grant.tool == CONNECT else None,
         "max_taint": grant.max_taint,
         "if_untrusted": grant.if_untrusted,
         "label_taint": grant.label_taint,
@@ -335,6 +355,20 @@ class _TestCall:
     session: str | None
     grants: GrantsRead
     sources: _AsRead
+    checked: CheckedArguments
+
+    @property
+    def internal(self) -> bool:
+        return self.request.tool in INTERNAL_TOOLS
+
+    def network(self) -> tuple[Grant, ...] | None:
+        """The grants that would give this call's sandbox a way out now; None for a
+        call that never has a sandbox with a way out, or when grants.toml is invalid."""
+        tool = self.request.tool
+        grants = self.grants.value
+        if (tool != "shell" and not is_mcp_name(tool)) or not isinstance(grants, GrantSet):
+            return None
+        return network_grants(grants, tool, self.checked.command, utc_now())
 
 
 @grants_app.command(name="test")
@@ -356,16 +390,21 @@ async def decide_call(
     Parameters
     ----------
     tool
-        read_file, list_dir, write_file, shell or http_get.
+        read_file, list_dir, write_file, shell, http_get, an mcp.* tool, or connect
+        (one tunnel out of a call's sandbox).
     arguments
-        The call's arguments as a JSON object, e.g. '{"path": "notes.txt"}'.
+        The call's arguments as a JSON object, e.g. '{"path": "notes.txt"}'; for
+        connect '{"host": "pypi.org", "port": 443, "via_tool": "shell",
+        "via_command": "pip install attrs"}' ("via", the calling call, may be left out).
     session
         Decide with this session's state (s-…); default: a new session's.
     """
     call = _test_call(tool, arguments, session, common.resolve())
     if isinstance(call, Exit):
         return call
-    verdict = await decide_now(call.request, call.grants.value, call.sources)
+    verdict = await decide_now(
+        call.request, call.grants.value, call.sources, internal=call.internal
+    )
     if common.json:
         _test_json(call, verdict.decision)
     else:
@@ -388,7 +427,13 @@ def _test_call(tool: str, arguments: str, session: str | None, home: Home) -> _T
     # The workspace's real path, as brokerd resolves it at start (broker/serve.py).
     workspace = Path(os.path.realpath(config.workspace))
     external = assumed_catalogue(tool)
-    checked = check_arguments(tool, raw, workspace=str(workspace), external=external)
+    # The owner may try a connect: it decides nothing and runs nothing.
+    internal = tool in INTERNAL_TOOLS
+    if internal and isinstance(raw, dict):
+        raw.setdefault("via", TEST_CALL)
+    checked = check_arguments(
+        tool, raw, workspace=str(workspace), external=external, internal=internal
+    )
     if isinstance(checked, ArgumentProblem):
         return fail(f"{checked.reason}: {checked.detail}", Exit.USAGE)
     # The grants before the state, as brokerd reads them.
@@ -400,7 +445,7 @@ def _test_call(tool: str, arguments: str, session: str | None, home: Home) -> _T
         call=TEST_CALL, session=session or "s-000000000000", tool=tool, arguments=raw
     )
     sources = _AsRead(workspace, state, config.runner.sandbox_uid, external)
-    return _TestCall(home, request, session, grants, sources)
+    return _TestCall(home, request, session, grants, sources, checked)
 
 
 def _grant_source(call: _TestCall, decision: Ruling) -> tuple[int, str] | None:
@@ -416,6 +461,7 @@ def _grant_source(call: _TestCall, decision: Ruling) -> tuple[int, str] | None:
 def _test_json(call: _TestCall, decision: Ruling) -> None:
     source = _grant_source(call, decision)
     state = call.sources.read_state
+    network = call.network()
     print_json(
         {
             "tool": decision.tool,
@@ -431,6 +477,7 @@ def _test_json(call: _TestCall, decision: Ruling) -> None:
             "taint": decision.state.taint,
             "untrusted": decision.state.untrusted,
             "state_problem": state.detail if isinstance(state, StateUnreadable) else None,
+            "network_grants": None if network is None else [g.id for g in network],
         }
     )
 
@@ -455,3 +502,23 @@ def _test_text(call: _TestCall, decision: Ruling) -> None:
     state = call.sources.read_state
     if isinstance(state, StateUnreadable):
         _say(f"state file: {state.detail}; see {RUNBOOK_STATE}")
+    network = call.network()
+    if network is not None:
+        _say(network_line(network))
+
+
+def network_line(network: tuple[Grant, ...]) -> str:
+    """Whether a call's sandbox gets a way out, in words.
+
+    >>> from boxmaker.core.grants import Mode
+    >>> print(network_line(()))
+    network: none (no connect grant's via and commands cover this call: no socket at all)
+    >>> print(network_line((Grant("pypi", "connect", Mode.AUTO),)))
+    network: a way out, each connection decided as a connect call (grants: pypi)
+    """
+    if not network:
+        return (
+            "network: none (no connect grant's via and commands cover this call: no socket at all)"
+        )
+    ids = ", ".join(grant.id for grant in network)
+    return f"network: a way out, each connection decided as a connect call (grants: {ids})"

@@ -21,8 +21,15 @@ import attrs
 import orjson
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
-from boxmaker.cli.audit import grant_of, grant_then_lines, select_with_policies
+from boxmaker.cli.audit import call_of, grant_of, grant_then_lines, select_with_policies
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
+from boxmaker.core.catalogue import (
+    INTERNAL_TOOLS,
+    CheckedArguments,
+    ConnectArgs,
+    check_arguments,
+    connect_target,
+)
 from boxmaker.core.external_tools import server_of
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.reasons import Reason, reason_words
@@ -44,7 +51,7 @@ from boxmaker.home.grants_file import load_grants
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import GrantThen
 from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
-from boxmaker.ledger.records import body_fields
+from boxmaker.ledger.records import Body, Connection, ConnectionEnd, body_fields
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
 
@@ -67,15 +74,27 @@ class GrantNow:
 
 
 @attrs.define
+class Tunnel:
+    """One connect call a call's sandbox made: its decision, and its connection record
+    when the tunnel opened and closed."""
+
+    decision: Record[Decision]
+    connection: Record[Connection] | None = None
+
+
+@attrs.define
 class Life:
     """One life of a call in the ledger: its decision, and the grant that decided it,
-    its approval and its result when recorded."""
+    its approval and its result when recorded; a connect's connection record; a
+    calling call's tunnels, by their connect call."""
 
     call: str
     decision: Record[Decision]
     grant: GrantNow | None = None
     approval: Record[Approval] | None = None
     result: Record[Result] | None = None
+    connection: Record[Connection] | None = None
+    tunnels: dict[str, Tunnel] = attrs.field(factory=dict)
 
 
 def _grant_now(grants: GrantSet | None, grant_id: str, then: GrantThen) -> GrantNow:
@@ -91,9 +110,13 @@ def call_story(home: Home, call: str) -> list[Life]:
     loaded = load_grants(home.grants_toml)
     grants = loaded if isinstance(loaded, GrantSet) else None
     lives: list[Life] = []
-    selected, policy_of = select_with_policies(home.audit_log, call, None, None)
+    selected, policy_of = select_with_policies(home.audit_log, call, None, None, tunnels=True)
     for _, record in selected:
         if isinstance(record, NotARecord):
+            continue
+        if call_of(record.body) != call:  # a tunnel of this call
+            if lives:
+                _add_tunnel(lives[-1], record)
             continue
         if holds(record, Decision):
             then = grant_of(home.audit_log, record, policy_of)
@@ -104,10 +127,21 @@ def call_story(home: Home, call: str) -> list[Life]:
             lives[-1].approval = record
         elif holds(record, Result) and lives:
             lives[-1].result = record
+        elif holds(record, Connection) and lives:
+            lives[-1].connection = record
     return lives
 
 
-def _fields(record: Record[Decision | Approval | Result]) -> dict[str, Any]:
+def _add_tunnel(life: Life, record: Record[Body]) -> None:
+    if holds(record, Decision):
+        life.tunnels[record.body.call] = Tunnel(record)
+    elif holds(record, Connection):
+        tunnel = life.tunnels.get(record.body.call)
+        if tunnel is not None:
+            tunnel.connection = record
+
+
+def _fields(record: Record[Decision | Approval | Result | Connection]) -> dict[str, Any]:
     """A record as ``--json`` shows it: its time and its body's fields but the call."""
     fields = {"at": record.at, **body_fields(record.body)}
     del fields["call"]
@@ -123,6 +157,15 @@ def life_json(life: Life) -> dict[str, Any]:
         "decision": decision,
         "approval": None if life.approval is None else _fields(life.approval),
         "result": None if life.result is None else _fields(life.result),
+        "connection": None if life.connection is None else _fields(life.connection),
+        "tunnels": [
+            {
+                "call": call,
+                "decision": _fields(tunnel.decision),
+                "connection": None if tunnel.connection is None else _fields(tunnel.connection),
+            }
+            for call, tunnel in life.tunnels.items()
+        ],
     }
 
 
@@ -152,11 +195,74 @@ def _definition_words(tool: str, definition: str | None) -> list[str]:
     return [f"  {where}tool definition sha256 {definition or '(none recorded)'}"]
 
 
+def _subject(decision: Decision) -> str:
+    """What a decided call was: its tool and arguments; a connect's destination and the
+    call whose sandbox asked for it."""
+    checked = None
+    if decision.tool in INTERNAL_TOOLS:
+        checked = check_arguments(decision.tool, decision.arguments, internal=True)
+    if isinstance(checked, CheckedArguments) and isinstance(checked.value, ConnectArgs):
+        value = checked.value
+        plain = " (plain HTTP)" if value.scheme == "http" else ""
+        words = f"connect to {connect_target(value)}{plain}, a tunnel of {value.via_tool} "
+        words += f"call {value.via}"
+        if value.via_command is not None:
+            command = value.via_command
+            words += f" ({command if len(command) <= 200 else command[:200] + '…'})"
+        return words
+    arguments = orjson.dumps(decision.arguments, option=orjson.OPT_SORT_KEYS).decode()
+    return f"{decision.tool} {arguments}"
+
+
+ENDED_WORDS: Final = {
+    ConnectionEnd.CLOSED: "closed (either side ended it)",
+    ConnectionEnd.IDLE: "idle (nothing went either way for the idle timeout)",
+    ConnectionEnd.BYTE_CAP: "byte_cap (the calling call's bytes were spent)",
+    ConnectionEnd.CALL_ENDED: "call_ended (the calling call finished)",
+    ConnectionEnd.SERVER_NAME_MISMATCH: (
+        "server_name_mismatch (the TLS server name was not the host asked for)"
+    ),
+    ConnectionEnd.NOT_TLS: "not_tls (what the sandbox sent was not TLS)",
+    ConnectionEnd.LEDGER_FAILED: "ledger_failed (a ledger write failed: every tunnel closed)",
+    ConnectionEnd.STOPPING: "stopping (brokerd stopped)",
+    ConnectionEnd.UPSTREAM_ERROR: "upstream_error (the host's side failed)",
+}
+"""How a tunnel ended, in words (every end: tests/cli/test_why_connect.py checks)."""
+
+
+def connection_words(connection: Connection) -> str:
+    """One tunnel's figures in a sentence."""
+    target = f"[{connection.host}]" if ":" in connection.host else connection.host
+    name = connection.server_name
+    tls = "no TLS server name" if name is None else f"TLS server name {name}"
+    return (
+        f"tunnel to {target}:{connection.port} at {connection.address} ({tls}): "
+        f"{connection.bytes_up} bytes up, {connection.bytes_down} bytes down, "
+        f"{connection.duration_ms} ms; ended {ENDED_WORDS[connection.ended]}"
+    )
+
+
+def _tunnel_words(call: str, tunnel: Tunnel) -> str:
+    decision = tunnel.decision.body
+    target = decision.arguments.get("host"), decision.arguments.get("port")
+    line = f"  {call} {target[0]}:{target[1]}: {decision.verdict.value}"
+    if decision.reason is not None:
+        line += f" {decision.reason.value}"
+    if decision.grant is not None:
+        line += f" (grant {decision.grant})"
+    connection = tunnel.connection
+    if connection is not None:
+        body = connection.body
+        line += f"; {body.bytes_up} bytes up, {body.bytes_down} down, ended {body.ended.value}"
+    elif decision.verdict is VerdictCode.RUN:
+        line += "; no connection record: it did not open, or is open still"
+    return line
+
+
 def _decision_words(life: Life, now: dt.datetime) -> list[str]:
     decision = life.decision.body
-    arguments = orjson.dumps(decision.arguments, option=orjson.OPT_SORT_KEYS).decode()
     lines = [
-        f"{decision.tool} {arguments}, asked by session {decision.session}",
+        f"{_subject(decision)}, asked by session {decision.session}",
         f"decided {_when(life.decision.at, now)}: {decision.verdict.value}",
     ]
     grant = life.grant
@@ -266,6 +372,11 @@ def describe_life(life: Life, now: dt.datetime, waiting: ApprovalView | None = N
         )
     elif verdict is VerdictCode.ASK:
         lines.append("no answer recorded yet: it waits, or brokerd stopped first")
+    if life.connection is not None:
+        lines.append(connection_words(life.connection.body))
+    if life.tunnels:
+        lines.append("its connections, each a connect call (bxctl why CALL tells more):")
+        lines += [_tunnel_words(call, tunnel) for call, tunnel in life.tunnels.items()]
     if life.result is not None:
         lines += _result_words(life.result, now)
     elif verdict is VerdictCode.RUN or (

@@ -18,6 +18,11 @@ The grant is never broader than the approved call, in any key:
   one argument more does not match it either;
 - it is ``mode = "auto"`` with ``wins_over_ask = true``, so it decides before the ask
   grant that asked (a deny grant still wins: core.grants' precedence).
+- a ``connect`` (one tunnel of a call's sandbox): ``hosts`` the one ``host:port`` it
+  went to, ``via`` the calling call's tool alone, ``plain_http = true`` only for a plain
+  HTTP request; and the asking grant's ``commands``, kept as its conditions are. It is
+  not bound to the calling command line itself: a host is what the owner approves
+  (docs/decisions.md, "Network").
 
 A path a glob cannot name exactly (one with a ``*``, or the workspace root itself), or a
 host that is not one exact host (:func:`boxmaker.core.hosts.url_host_problem`; the
@@ -38,8 +43,10 @@ import attrs
 from boxmaker.core import durations
 from boxmaker.core.catalogue import (
     FILE_TOOLS,
+    INTERNAL_TOOLS,
     ArgumentProblem,
     CheckedArguments,
+    ConnectArgs,
     ExternalArgs,
     check_arguments,
 )
@@ -104,7 +111,9 @@ def grant_id(approval: str) -> str:
     return f"always-{approval}"
 
 
-def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, Any] | ScopeProblem:
+def _patterns(
+    arguments: CheckedArguments, scope: Scope, asking: Grant
+) -> dict[str, Any] | ScopeProblem:
     tool = arguments.tool
     if scope is Scope.DIR and tool not in FILE_TOOLS:
         return ScopeProblem(f"--scope dir applies to file tools only, not {tool}")
@@ -151,7 +160,14 @@ def _patterns(arguments: CheckedArguments, scope: Scope) -> dict[str, Any] | Sco
             f"the host {destination.host[:100]!r} is not one exact host; approve it once"
         )
     host = f"[{destination.host}]" if address else destination.host
-    return {"hosts": [f"{host}:{destination.port}"]}
+    hosts: dict[str, Any] = {"hosts": [f"{host}:{destination.port}"]}
+    if isinstance(value, ConnectArgs):
+        hosts["via"] = [value.via_tool]
+        if asking.commands is not None:
+            hosts["commands"] = list(asking.commands)
+        if value.scheme == "http":
+            hosts["plain_http"] = True
+    return hosts
 
 
 @attrs.frozen
@@ -181,7 +197,11 @@ def asked(
     asking = next((each for each in grants.grants if each.id == grant), None)
     if asking is None:
         return ScopeProblem(f"grant {grant}, which asked, is no longer in grants.toml")
-    checked = check_arguments(tool, dict(arguments), workspace=workspace, external=external)
+    # The tool is the waiting entry's, which brokerd decided: a connect there is its own.
+    internal = tool in INTERNAL_TOOLS
+    checked = check_arguments(
+        tool, dict(arguments), workspace=workspace, external=external, internal=internal
+    )
     if isinstance(checked, ArgumentProblem):
         return ScopeProblem(checked.detail)
     return Asked(asking, checked)
@@ -201,7 +221,7 @@ def always_grant(
     """The new ``[[grant]]`` table's keys, in the order they are written (the module
     docstring says what each is); or why there is none. ``asking`` is the grant that
     asked, as grants.toml says it now; ``lasting`` is ``--for``; ``now`` is aware."""
-    patterns = _patterns(arguments, scope)
+    patterns = _patterns(arguments, scope, asking)
     if isinstance(patterns, ScopeProblem):
         return patterns
     gid = grant_id(approval)

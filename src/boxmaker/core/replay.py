@@ -37,6 +37,7 @@ from typing import Any, Final, TypeVar
 import attrs
 
 from boxmaker.core.catalogue import (
+    INTERNAL_TOOLS,
     MAX_BYTES,
     ArgumentProblem,
     CheckedArguments,
@@ -205,6 +206,9 @@ class Replay:
             # would decide it, not whether its server still offers it.
             external = assumed_catalogue(tool)
             checked = check_arguments(tool, decision.arguments, external=external)
+        elif tool in INTERNAL_TOOLS:
+            # A recorded connect was brokerd's own request: it checks as one.
+            checked = check_arguments(tool, decision.arguments, internal=True)
         else:
             checked = check_arguments(tool, decision.arguments)
         if isinstance(checked, ArgumentProblem):

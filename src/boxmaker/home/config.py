@@ -138,6 +138,24 @@ class RunnerConfig:
     """CPU seconds of each sandboxed process (RLIMIT_CPU); None: shell_timeout rounded up."""
 
 
+GIB: Final = 1 << 30
+
+
+@attrs.frozen(kw_only=True)
+class EgressConfig:
+    """``[egress]``: the bounds of each shell call's way out through brokerd's proxy
+    (docs/egress.md, docs/runbook.md#egress). Read when the call opens its way out."""
+
+    tunnels_per_call: int = attrs.field(default=16, validator=_at_least(1))
+    """Tunnels (and plain-HTTP requests) one call may have open at once; one more is
+    answered 503 and never decided."""
+    bytes_per_call: int = attrs.field(default=4 * GIB, validator=_at_least(1))
+    """Bytes one call's connections may carry in all, both ways; the tunnel that
+    reaches it is closed (ended ``byte_cap``), and so is every later one."""
+    idle_timeout_s: float = attrs.field(default=120.0, validator=_positive)
+    """A tunnel with no byte either way for this long is closed (ended ``idle``)."""
+
+
 def _argv(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     if any(not part or "\0" in part for part in value):
         raise InvalidField(attribute.name, "expected a list of non-empty strings (argv)")
@@ -170,6 +188,7 @@ class Config:
     labels: LabelRules = attrs.Factory(LabelRules)
     runner: RunnerConfig = attrs.Factory(RunnerConfig)
     notify: NotifyConfig = attrs.Factory(NotifyConfig)
+    egress: EgressConfig = attrs.Factory(EgressConfig)
     mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
     """``[mcp_servers.NAME]``: the MCP servers whose tools go through brokerd
     (home/mcp_config.py)."""

@@ -106,6 +106,14 @@ def default_config_text() -> str:
 # sandbox_uid: the host uid (and gid) the sandbox runs as when brokerd runs as root,
 # never 0; default the workspace's owner. See docs/runbook.md#sandbox-as-root
 
+[egress]
+# The bounds of each shell call's way out through brokerd, where a connect grant gives
+# it one (docs/runbook.md#egress): connections open at once, bytes both ways in all,
+# and the seconds a tunnel may go without a byte.
+# tunnels_per_call = 16
+# bytes_per_call = 4294967296
+# idle_timeout_s = 120.0
+
 [notify]
 # A command run (no shell) when a call starts waiting for you, with the pending
 # approval's JSON (as `bxctl approvals --json` shows it, without the write preview)

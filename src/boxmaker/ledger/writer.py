@@ -289,6 +289,9 @@ class LedgerWriter:
         # make a caller wait on other callers rather than on the disk.
         self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
         self._failure: OSError | None = None
+        self.broken = trio.Event()
+        """Set once a write or fsync failed (when :attr:`usable` turns False): what must
+        stop at once then (an open tunnel: docs/egress.md) waits on it."""
         self._closing = False
         self._started = False
         self._done = trio.Event()
@@ -395,6 +398,7 @@ class LedgerWriter:
             await self._to_thread(self._write_and_sync, data)
         except OSError as exc:
             self._failure = exc
+            self.broken.set()
             log.exception(
                 "a ledger append failed; the ledger is stopped (%s)", AUDIT_UNAVAILABLE_DETAIL
             )

@@ -1,0 +1,459 @@
+"""A call's way out: brokerd's proxy on a Unix socket of the call's own (docs/egress.md,
+docs/decisions.md, "Egress through brokerd").
+
+For a shell call that the grants current at its run give a way out
+(:func:`boxmaker.core.network.network_grants`), brokerd opens :func:`open_call_egress`
+around the run: a directory of the call's own (0700) holding ``proxy.sock`` (0600),
+which the sandbox binds inside itself (broker/sandbox_plan.py): ``run/egress/<call>/``,
+or, when brokerd is root, ``/run/boxmaker-egress-XXXX/<call>/``, both the sandbox's
+uid's (its bwrap must reach what it binds: :func:`_egress_root`). A connection on it is
+that call's and no other's: the socket is bound into one sandbox only, and only the
+sandbox's uid may connect (the peer check; the directory's mode already keeps every
+other uid out).
+
+Each connection is one request: its head read with h11 (:mod:`boxmaker.broker.proxy_head`),
+then ``CONNECT host:port`` (or a plain ``http://`` request) becomes a ``connect`` call of
+its own, decided, asked, run and recorded by the very handler of broker.sock's calls
+(:func:`boxmaker.broker.connection.handle_broker_connection`) with this module's
+opening: the name is decided before anything is looked up, an ask holds the CONNECT
+while the owner answers, and the run is the tunnel (:mod:`boxmaker.broker.tunnel`).
+The requester of that call is the connection (:class:`TunnelRequester`): a denial is
+answered ``403``, a run that could not open ``502`` (``504`` for its time limit), each
+with a body naming the outcome, the reason code, the detail and docs/runbook.md#egress;
+a ``pending`` frame sends nothing (the CONNECT just waits).
+
+Bounds (``[egress]``): at most ``tunnels_per_call`` connections open at once (one more
+is answered ``503`` at once, unread), ``bytes_per_call`` in all both ways, an idle
+timeout per tunnel. Closing the egress (the call ended, or brokerd stops) ends every
+tunnel at once and withdraws every CONNECT still waiting; a failed ledger write
+anywhere ends every tunnel too (ended ``ledger_failed``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import h11
+import trio
+
+from boxmaker.broker import connection
+from boxmaker.broker.proxy_head import (
+    HEAD_S,
+    HeadRefused,
+    ProxyHead,
+    ProxyTarget,
+    answer_bytes,
+    new_http,
+    proxy_target,
+    read_head,
+)
+from boxmaker.broker.requester import SEND_S, Requester
+from boxmaker.broker.tunnel import RUNBOOK_EGRESS, Tunnel
+from boxmaker.core.network import connect_request
+from boxmaker.core.reasons import Reason, reason_words
+from boxmaker.core.vocabulary import Answer, AnswerOutcome, ErrorFrame
+from boxmaker.formats.convert import new_call_id
+from boxmaker.ledger.records import ConnectionEnd
+from boxmaker.runtime.unix_sockets import BACKLOG, peer_uid
+
+if TYPE_CHECKING:
+    from boxmaker.broker.state import Broker
+    from boxmaker.home.config import EgressConfig
+    from boxmaker.wire import CatalogueAnswer, Frame
+
+log = logging.getLogger("boxmaker.brokerd.egress")
+
+EGRESS_DIR: Final = "egress"
+"""``run/egress/``: one directory a call with a way out (brokerd not root)."""
+ROOT_RUN: Final = Path("/run")
+"""Where brokerd as root makes each call's way out (:func:`_egress_root`)."""
+PROXY_SOCK: Final = "proxy.sock"
+CLOSE_GRACE_S: Final = 5.0
+"""Seconds the tunnels of a call that ended have to write their records."""
+ACCEPT_RETRY_S: Final = 0.1
+TOO_MANY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+"""The answer to a connection over the call's cap, sent at once and unread (no request
+was read, so h11 has none to answer)."""
+
+
+@attrs.frozen
+class EgressParent:
+    """The call a way out belongs to: every connection through it is attributed to it
+    (the ``connect`` call's ``via``) and decided with its tool and command."""
+
+    call: str
+    session: str
+    tool: str
+    command: str | None
+
+
+@attrs.define
+class ByteBudget:
+    """What one call's connections may still carry, both ways, in bytes."""
+
+    cap: int
+    left: int
+
+    def take(self, size: int) -> int:
+        """The part of ``size`` bytes still allowed (taken from what is left)."""
+        granted = min(size, self.left)
+        self.left -= granted
+        return granted
+
+    @property
+    def spent(self) -> bool:
+        return self.left <= 0
+
+    @property
+    def detail(self) -> str:
+        return f"the call's connections reached [egress] bytes_per_call ({self.cap} bytes)"
+
+
+class TunnelRequester(Requester):
+    """A proxy connection as the requester of its ``connect`` call. Its frames are
+    HTTP answers (:meth:`final`); a pending frame sends nothing; it reads no
+    ``client_answer`` (any byte it sends before its answer means it left)."""
+
+    __slots__ = ("http", "opened", "request", "target")
+
+    HEARS_CLIENT_ANSWERS = False
+
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        http: h11.Connection,
+        request: h11.Request,
+        target: ProxyTarget,
+    ) -> None:
+        super().__init__(stream)
+        self.http = http
+        self.request = request
+        self.target = target
+        self.opened = False
+        """The ``200`` was sent (or a plain request forwarded): the call's answer then
+        sends nothing."""
+
+    async def established(self, data: bytes) -> None:
+        self.opened = True
+        await self._send_bytes(data)
+
+    async def send(self, frame: Frame) -> None:
+        if isinstance(frame, Answer | ErrorFrame):
+            await self.final(frame)
+        # A pending frame: nothing. The CONNECT waits for the owner's answer.
+
+    async def final(self, answer: Answer | ErrorFrame | CatalogueAnswer) -> None:
+        if self.opened:
+            return
+        self.opened = True
+        status, text = self.refusal(answer)
+        await self._send_bytes(answer_bytes(self.http, status, text))
+
+    def refusal(self, answer: Answer | ErrorFrame | CatalogueAnswer) -> tuple[int, str]:
+        """The HTTP status and text of a call's answer that opened nothing."""
+        target = self.target
+        what = f"CONNECT {target.host}:{target.port}"
+        if target.scheme == "http":
+            what = f"{self.request.method.decode('ascii', 'replace')} http://{target.host}"
+        if isinstance(answer, Answer):
+            reason = answer.reason
+            words = reason_words(reason)
+            lines = [f"boxmaker: {what}: {answer.outcome} {reason}"]
+            if words is not None:
+                lines.append(f"({words})")
+            if answer.detail:
+                lines.append(answer.detail)
+            lines.append(f"see {RUNBOOK_EGRESS}")
+            if answer.outcome == AnswerOutcome.DENIED:
+                status = 403
+            elif reason == Reason.TIMEOUT:
+                status = 504
+            else:
+                status = 502
+            return status, "\n".join(lines) + "\n"
+        detail = getattr(answer, "detail", "")
+        return 500, f"boxmaker: {what}: error {detail}\nsee {RUNBOOK_EGRESS}\n"
+
+    async def _send_bytes(self, data: bytes) -> None:
+        with trio.move_on_after(SEND_S):
+            await self.stream.send_all(data)
+
+
+@attrs.define(eq=False)
+class CallEgress:
+    """One call's way out, open: its directory and what its connections share."""
+
+    broker: Broker
+    parent: EgressParent
+    directory: Path
+    """The call's own directory (:func:`_egress_root`): the sandbox binds it;
+    ``proxy.sock`` is in it."""
+    peer: int
+    """The only uid that may connect: the sandbox's."""
+    config: EgressConfig
+    budget: ByteBudget
+    open: dict[trio.SocketStream, Tunnel | None] = attrs.Factory(dict)
+    """Each connection open, with its tunnel once its request became a call."""
+    closing: ConnectionEnd | None = None
+    none_open: trio.Event = attrs.Factory(trio.Event)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / PROXY_SOCK
+
+    # -- connections -------------------------------------------------------------------
+
+    async def serve(
+        self,
+        listener: trio.SocketListener,
+        nursery: trio.Nursery,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with listener:
+            task_status.started()
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS):
+                        raise
+                    log.error("%s: accept failed (%s); retrying", self.socket_path, exc)  # noqa: TRY400
+                    await trio.sleep(ACCEPT_RETRY_S)
+                    continue
+                if len(self.open) >= self.config.tunnels_per_call or self.closing is not None:
+                    self._refuse_at_once(stream)
+                    continue
+                self.open[stream] = None
+                self.none_open = trio.Event()
+                nursery.start_soon(self._handle, stream)
+
+    def _refuse_at_once(self, stream: trio.SocketStream) -> None:
+        cap = self.config.tunnels_per_call
+        log.warning(
+            "call %s: a connection over [egress] tunnels_per_call (%d)", self.parent.call, cap
+        )
+        text = (
+            f"boxmaker: this call already has {cap} connections open "
+            f"([egress] tunnels_per_call); see {RUNBOOK_EGRESS}\n"
+        ).encode()
+        sock = stream.socket
+        with contextlib.suppress(OSError):
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=sock.fileno())
+            try:
+                raw.send(TOO_MANY % (len(text), text), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            finally:
+                raw.detach()
+        sock.close()
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            await connection.handle_broker_connection(self.broker, stream, self._opening)
+        finally:
+            del self.open[stream]
+            if not self.open:
+                self.none_open.set()
+            await trio.aclose_forcefully(stream)
+
+    async def _opening(
+        self, broker: Broker, stream: trio.SocketStream
+    ) -> connection.OpenedCall | None:
+        """The proxy's opening of a call: the peer checked, the head read, the target
+        understood; then the ``connect`` call's request."""
+        http = new_http()
+        uid = peer_uid(stream)
+        if uid != self.peer:
+            who = "an unknown uid" if uid is None else f"uid {uid}"
+            log.warning(
+                "%s: refused a peer with %s (only uid %d)", self.socket_path, who, self.peer
+            )
+            return None
+        head: ProxyHead | HeadRefused | None = None
+        with trio.move_on_after(HEAD_S) as timer:
+            head = await read_head(stream, http)
+        if timer.cancelled_caught:
+            log.info("call %s: no request head within %g s", self.parent.call, HEAD_S)
+            return None
+        if head is None:
+            return None
+        if isinstance(head, HeadRefused):
+            await self._answer(stream, http, head)
+            return None
+        target = proxy_target(head.request)
+        if isinstance(target, HeadRefused):
+            await self._answer(stream, http, target)
+            return None
+        if self.closing is not None or self.budget.spent:
+            why = (
+                self.budget.detail if self.budget.spent else f"the call has ended ({self.closing})"
+            )
+            await self._answer(stream, http, HeadRefused(503, why))
+            return None
+        parent = self.parent
+        request = connect_request(
+            call=new_call_id(),
+            session=parent.session,
+            via=parent.call,
+            via_tool=parent.tool,
+            via_command=parent.command,
+            host=target.host,
+            port=target.port,
+            scheme=target.scheme,
+        )
+        requester = TunnelRequester(stream, http, head.request, target)
+        requester.request_bytes = head.size
+        tunnel = Tunnel(self, requester, target, request.call)
+        self.open[stream] = tunnel
+        return connection.OpenedCall(requester, request, run=tunnel.run, internal=True)
+
+    @staticmethod
+    async def _answer(
+        stream: trio.SocketStream, http: h11.Connection, refused: HeadRefused
+    ) -> None:
+        log.info("egress: refused a request: %s %s", refused.status, refused.detail)
+        text = f"boxmaker: {refused.detail}\nsee {RUNBOOK_EGRESS}\n"
+        data = answer_bytes(http, refused.status, text)
+        with trio.move_on_after(SEND_S), contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(data)
+
+    # -- the end ---------------------------------------------------------------------
+
+    def end_all(self, ended: ConnectionEnd) -> None:
+        """Every tunnel ends now with ``ended``."""
+        for tunnel in self.open.values():
+            if tunnel is not None:
+                tunnel.end(ended)
+
+    async def watch_stop(self) -> None:
+        """brokerd is stopping: every tunnel ends now (``stopping``), while the running
+        calls' grace lets the records be written, and no new one opens."""
+        await self.broker.wait_stop_requested()
+        self.closing = self.closing or ConnectionEnd.STOPPING
+        self.end_all(ConnectionEnd.STOPPING)
+
+    async def watch_ledger(self) -> None:
+        await self.broker.writer.broken.wait()
+        log.error(
+            "call %s: the ledger failed; every tunnel of the call is closed", self.parent.call
+        )
+        self.end_all(ConnectionEnd.LEDGER_FAILED)
+
+    async def close(self) -> None:
+        """The call is over: every tunnel ends at once, every CONNECT still waiting is
+        withdrawn (its socket's reading side shut: the wait sees its requester gone),
+        and the records are written."""
+        if self.closing is None:
+            self.closing = (
+                ConnectionEnd.STOPPING if self.broker.stopping else ConnectionEnd.CALL_ENDED
+            )
+        self.end_all(self.closing)
+        for stream in self.open:
+            with contextlib.suppress(OSError):
+                stream.socket.shutdown(socket.SHUT_RD)
+        if self.open:
+            await self.none_open.wait()
+
+
+def _egress_root(run_dir: Path, peer: int) -> tuple[Path, bool]:
+    """Where a call's directory is made, and whether that place is the call's own (made
+    here, removed with it).
+
+    brokerd not root: ``run/egress/`` (the sandbox is brokerd's own uid, which reaches
+    the home's ``run/``). brokerd root: the sandbox's bwrap runs as the sandbox's uid and
+    must reach the directory it binds, which the owner's 0700 ``run/`` forbids; so the
+    call's directory is made in a directory of its own under /run (else the system's
+    temporary directory), root's, mode 0711 (passable, not listable), with a random
+    name: no other uid can list it, find the call's directory in it, or enter that
+    (0700, the sandbox's uid's). Blocking."""
+    if os.geteuid() != 0 or peer == 0:
+        return run_dir / EGRESS_DIR, False
+    system_run = ROOT_RUN if os.access(ROOT_RUN, os.W_OK) else None
+    base = Path(tempfile.mkdtemp(prefix="boxmaker-egress-", dir=system_run))
+    base.chmod(0o711)
+    return base, True
+
+
+def _prepare_directory(run_dir: Path, call: str, peer: int) -> tuple[Path, bool, socket.socket]:
+    """``<root>/<call>/proxy.sock`` listening (:func:`_egress_root`), the directory 0700
+    and the socket 0600, both ``peer``'s when brokerd is root (else brokerd's own, which
+    is then the sandbox's too); whether the root is the call's own; the listening
+    socket. Blocking."""
+    root, own_root = _egress_root(run_dir, peer)
+    if not own_root:
+        root.mkdir(mode=0o700, exist_ok=True)
+    info = root.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise OSError(errno.EPERM, f"{root} is not brokerd's own directory")
+    directory = root / call
+    if directory.is_dir() and not directory.is_symlink():
+        shutil.rmtree(directory)  # left by a brokerd that did not stop cleanly
+    directory.mkdir(mode=0o700)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        path = directory / PROXY_SOCK
+        sock.bind(str(path))
+        path.chmod(0o600)
+        if os.geteuid() == 0 and peer != 0:
+            os.chown(path, peer, peer)
+            os.chown(directory, peer, peer)
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        _remove(directory, own_root=own_root)
+        raise
+    return directory, own_root, sock
+
+
+def _remove(directory: Path, *, own_root: bool) -> None:
+    """The call's directory gone (and its root when it was the call's own)."""
+    with contextlib.suppress(OSError):
+        (directory / PROXY_SOCK).unlink(missing_ok=True)
+        directory.rmdir()
+        if own_root:
+            directory.parent.rmdir()
+
+
+@contextlib.asynccontextmanager
+async def open_call_egress(
+    broker: Broker, parent: EgressParent, *, peer: int
+) -> AsyncIterator[CallEgress]:
+    """The way out of ``parent``'s call, open while the context is: ``peer`` is the
+    sandbox's uid, the only one that may connect, and (brokerd root) the owner of the
+    directory and its socket. On exit every tunnel ends
+    (``call_ended``, or ``stopping``), their records are written (within
+    :data:`CLOSE_GRACE_S`, even when the exit is a cancellation), and the directory is
+    removed."""
+    config = broker.config.egress
+    directory, own_root, sock = await broker.to_thread(
+        _prepare_directory, broker.home.run_dir, parent.call, peer
+    )
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    budget = ByteBudget(config.bytes_per_call, config.bytes_per_call)
+    egress = CallEgress(broker, parent, directory, peer, config, budget)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(egress.serve, listener, nursery)
+            nursery.start_soon(egress.watch_ledger)
+            nursery.start_soon(egress.watch_stop)
+            try:
+                yield egress
+            finally:
+                with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                    await egress.close()
+                nursery.cancel_scope.cancel()
+    finally:
+        _remove(directory, own_root=own_root)
