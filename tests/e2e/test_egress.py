@@ -51,6 +51,8 @@ REFUSED_BY_PROXY: Final = "exit 56\n\n[stderr]\ncurl: (56) CONNECT tunnel failed
 """What ``curl ...; echo exit $?`` prints when brokerd answers its CONNECT 403: the shell
 call's output, stdout then stderr (curl's exit status 56)."""
 SHELL_GRANT: Final = grant("sh", "shell", "auto")
+UNTRUSTED_TOO: Final = 'if_untrusted = "auto"\n'
+"""Written right after a grant: it holds in an untrusted session too."""
 FIGURES: Final = ("bytes_up", "bytes_down", "duration_ms")
 """The fields of a connection record that are measured, not known in advance."""
 
@@ -76,7 +78,8 @@ class Egress:
         return orjson.dumps([f"localhost:{port}", f"127.0.0.1:{port}"]).decode()
 
     def start(self, *grants: str) -> Daemon:
-        """brokerd on the home, with the shell grant and ``grants``."""
+        """brokerd on the home, with the shell grant and ``grants``, the shell grant's
+        conditions first (``UNTRUSTED_TOO``)."""
         write_grants(self.home, SHELL_GRANT + "".join(grants))
         return start(self.daemons, self.home)
 
@@ -216,12 +219,34 @@ def test_curl_reaches_an_allowed_host_and_the_connection_is_recorded_with_its_gr
     assert shell_result["untrusted_after"] is True
 
 
-def test_one_call_connects_again_and_so_does_the_next_call(egress: Egress) -> None:
-    # A connection's result makes the session untrusted (what came in is the internet's);
-    # the grant that allowed the first connection still allows the next ones, in the
-    # same call and in the next (pip and git open more than one, and an agent's next
-    # command needs the same index).
-    egress.start(connect_grant(egress))
+def test_after_a_connection_a_default_grant_opens_no_more_in_that_session(
+    egress: Egress,
+) -> None:
+    # A connection that ran makes the session untrusted (what came in is the internet's),
+    # and a connect grant's if_untrusted is deny unless it says otherwise
+    # (docs/decisions.md, "Network"). The shell grant holds when untrusted here, so the
+    # second call runs and only its tunnel is refused.
+    egress.start(UNTRUSTED_TOO, connect_grant(egress))
+    url = egress.served.url("/hello.txt")
+    first, answer = shell(egress.home, f"{CURL} {url}")
+    assert ok_content(answer) == HELLO
+    second, answer = shell(egress.home, f"{CURL} {url}; echo exit $?")
+    assert ok_content(answer) == REFUSED_BY_PROXY
+    assert egress.served.paths() == ["/hello.txt"]
+    decided = [
+        (kept[0]["verdict"], kept[0]["reason"], kept[0]["untrusted"])
+        for via in (first, second)
+        for kept in connects_of(egress.home, via).values()
+    ]
+    assert decided == [("run", None, False), ("deny", "untrusted", True)]
+
+
+def test_a_grant_that_holds_when_untrusted_connects_again_and_in_the_next_call(
+    egress: Egress,
+) -> None:
+    # What the owner writes for an agent that fetches more than once (pip and git open
+    # more than one connection, and its next command needs the same index).
+    egress.start(UNTRUSTED_TOO, connect_grant(egress) + 'if_untrusted = "auto"\n')
     url = egress.served.url("/hello.txt")
     first, answer = shell(egress.home, f"{CURL} {url} && {CURL} {url}")
     assert ok_content(answer) == HELLO * 2
@@ -229,11 +254,15 @@ def test_one_call_connects_again_and_so_does_the_next_call(egress: Egress) -> No
     assert ok_content(answer) == HELLO
     assert egress.served.paths() == ["/hello.txt"] * 3
     decided = [
-        (kept[0]["verdict"], kept[0]["untrusted"])
+        [(r["verdict"], r["untrusted"]) for r in kept if r["kind"] == "decision"]
         for via in (first, second)
         for kept in connects_of(egress.home, via).values()
     ]
-    assert decided == [("run", False), ("run", True), ("run", True)]
+    # The first call's second tunnel may be decided before the first one's result is
+    # written (curl is done once it has the answer): trusted or not, it runs.
+    assert [[verdict for verdict, _ in d] for d in decided] == [["run"]] * 3
+    assert decided[0] == [("run", False)]
+    assert decided[2] == [("run", True)]
 
 
 def test_a_host_no_grant_names_is_refused_and_its_server_sees_nothing(egress: Egress) -> None:
