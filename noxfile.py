@@ -117,7 +117,7 @@ def mutate(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks with ratios against baselines measured in the same run (docs/performance.md),
     the built-in model's among them."""
-    _install(session)
+    _install(session, "bench")
     _install_model(session)
     # Each script exits 1 when its target is missed; run them all so every figure prints.
     for script in (
@@ -131,6 +131,7 @@ def bench(session: nox.Session) -> None:
         "bench_model",
         "bench_turns",
         "bench_mcp_gateway",
+        "bench_egress",
     ):
         session.run("python", f"tools/{script}.py", success_codes=[0, 1])
 
