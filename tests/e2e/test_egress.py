@@ -202,12 +202,13 @@ def test_curl_reaches_an_allowed_host_and_the_connection_is_recorded_with_its_gr
     assert recorded["bytes_up"] > 200
     assert recorded["bytes_down"] > len(HELLO) + 500
     assert recorded["duration_ms"] >= 0
-    # What came in is the internet's: the connect's result is untrusted, and so is the
-    # session after it.
-    assert (result["kind"], result["status"], result["label"]) == (
+    # The tunnel's own result raises nothing; what came in reaches the model in curl's
+    # output, so the shell call's result is untrusted, and the session after it.
+    assert (result["kind"], result["status"], result["label"], result["untrusted_after"]) == (
         "result",
         "ok",
-        {"taint": "public", "untrusted": True},
+        {"taint": "public", "untrusted": False},
+        False,
     )
     # brokerd dialled from this machine's loopback: the server's peer is brokerd's socket.
     assert connection["peer"][0] == "127.0.0.1"
@@ -216,13 +217,15 @@ def test_curl_reaches_an_allowed_host_and_the_connection_is_recorded_with_its_gr
         r for r in records(egress.home) if r["kind"] == "result" and r["call"] == call
     )
     assert result["seq"] < shell_result["seq"]
+    assert shell_result["label"]["untrusted"] is True
     assert shell_result["untrusted_after"] is True
 
 
 def test_after_a_connection_a_default_grant_opens_no_more_in_that_session(
     egress: Egress,
 ) -> None:
-    # A connection that ran makes the session untrusted (what came in is the internet's),
+    # A call whose tunnel carried bytes makes the session untrusted (its output may hold
+    # what came in),
     # and a connect grant's if_untrusted is deny unless it says otherwise
     # (docs/decisions.md, "Network"). The shell grant holds when untrusted here, so the
     # second call runs and only its tunnel is refused.
@@ -258,11 +261,28 @@ def test_a_grant_that_holds_when_untrusted_connects_again_and_in_the_next_call(
         for via in (first, second)
         for kept in connects_of(egress.home, via).values()
     ]
-    # The first call's second tunnel may be decided before the first one's result is
-    # written (curl is done once it has the answer): trusted or not, it runs.
-    assert [[verdict for verdict, _ in d] for d in decided] == [["run"]] * 3
-    assert decided[0] == [("run", False)]
-    assert decided[2] == [("run", True)]
+    # Every tunnel of the first call is decided on the state the call began with; the
+    # next call on the state its predecessor's result raised.
+    assert decided == [[("run", False)], [("run", False)], [("run", True)]]
+
+
+def test_one_call_connects_as_often_as_it_needs_on_the_state_it_began_with(
+    egress: Egress,
+) -> None:
+    # A default grant (if_untrusted deny): pip and git open several connections in one
+    # command; none is refused because an earlier one of the same call carried bytes.
+    egress.start(connect_grant(egress))
+    url = egress.served.url("/hello.txt")
+    call, answer = shell(egress.home, f"{CURL} {url} && {CURL} {url} && {CURL} {url}")
+    assert ok_content(answer) == HELLO * 3
+    assert egress.served.paths() == ["/hello.txt"] * 3
+    decided = [
+        (r["verdict"], r["untrusted"])
+        for kept in connects_of(egress.home, call).values()
+        for r in kept
+        if r["kind"] == "decision"
+    ]
+    assert decided == [("run", False)] * 3
 
 
 def test_a_host_no_grant_names_is_refused_and_its_server_sees_nothing(egress: Egress) -> None:
