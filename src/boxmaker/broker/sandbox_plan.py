@@ -197,7 +197,8 @@ _BRIDGE_WAIT: Final = (
 
 def egress_launch(launch: Launch, workspace: Path, egress: Egress) -> Launch:
     """``launch`` (a shell sandbox on ``workspace``) with ``egress``: the network variant,
-    started for its call alone (docs/decisions.md, "The runner and the sandbox")."""
+    for one call, whose proxy socket is or will be in ``egress.directory``
+    (docs/decisions.md, "The runner and the sandbox")."""
     argv = sandbox_argv(launch.argv[0], workspace, launch.limits, egress=egress)
     return attrs.evolve(launch, argv=argv)
 
