@@ -57,7 +57,7 @@ from tests.harness.tunnels import (
 )
 
 from boxmaker.broker.connection import UNDER_WAY
-from boxmaker.broker.egress import EGRESS_DIR, ROOT_RUN
+from boxmaker.broker.egress_dirs import EGRESS_DIR, ROOT_RUN
 from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.usefixtures("inline_threads")

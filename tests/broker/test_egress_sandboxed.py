@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from tests.harness.broker import Brokerd, call, tool_request
+from tests.harness.broker import Brokerd, call, eventually, tool_request
 from tests.harness.sandbox import sandbox_workspace
 from tests.harness.tunnels import (
     Certificate,
@@ -24,6 +24,7 @@ from tests.harness.tunnels import (
     network_grant,
     the_connection,
 )
+from trio.testing import wait_all_tasks_blocked
 
 from boxmaker.home.paths import Home
 
@@ -80,3 +81,41 @@ async def test_curl_in_the_sandbox_reaches_an_allowed_host_and_only_that(
     assert len(server.connections) == 1
     assert resolver.lookups == [("svc.test", port)]
     assert len(connect_calls(home)) == 2
+
+
+async def shell_ok(home: Home, command: str) -> None:
+    with trio.fail_after(60):
+        frames = await call(home, tool_request("shell", {"command": command}))
+    assert frames[-1]["outcome"] == "ok", frames
+
+
+async def test_grants_without_a_shell_connect_grant_stop_keeping_a_sandbox_with_a_way_out(
+    home: Home, brokerd: Brokerd, ws: Path
+) -> None:
+    grants(home, network_grant(["svc.test"], commands='["true --net"]'))
+    broker = await brokerd.start()
+    pool = broker.sandboxes
+    await shell_ok(home, "true --net")
+    with trio.fail_after(10):
+        await eventually(lambda: pool.warm_network is not None)
+    warm = pool.warm_network
+    assert warm is not None
+    # A call without a way out, under grants that still give shell calls one: kept.
+    await shell_ok(home, "true")
+    assert pool.warm_network is warm
+
+    grants(home)  # the shell grant alone: no connect grant names shell any more
+    await shell_ok(home, "true")
+    assert pool.warm_network is None
+    with trio.fail_after(10):
+        await eventually(lambda: warm.sandbox.process.poll() is not None)
+    assert not warm.directory.path.exists()
+    # The command that had a way out has none now, and none is set up after it.
+    await shell_ok(home, "true --net")
+    await wait_all_tasks_blocked()
+    assert pool.warm_network is None
+
+    grants(home, network_grant(["svc.test"], mode="ask", commands='["pip *"]'))
+    await shell_ok(home, "true")  # the grants are read at a shell call: kept again
+    with trio.fail_after(10):
+        await eventually(lambda: pool.warm_network is not None)

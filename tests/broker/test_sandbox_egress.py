@@ -10,7 +10,11 @@ reach is tests/hostile/test_egress_sandbox.py's.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import os
 import shutil
+import stat
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +22,8 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from tests.harness.egress_standin import StandIn, alive, socats_of, stand_in_proxy
+from tests.harness.broker import eventually
+from tests.harness.egress_standin import StandIn, alive, socats_of, stand_in_at, stand_in_proxy
 from tests.harness.runner import spec_for
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
 from trio.testing import wait_all_tasks_blocked
@@ -26,6 +31,7 @@ from trio.testing import wait_all_tasks_blocked
 from boxmaker.broker import sandbox_check
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.runner import execute
+from boxmaker.broker.sandbox import Sandbox
 from boxmaker.broker.sandbox_check import NO_SOCAT_DETAIL
 from boxmaker.broker.sandbox_plan import (
     EGRESS_MOUNT,
@@ -38,8 +44,9 @@ from boxmaker.broker.sandbox_plan import (
     egress_launch,
     sandbox_argv,
 )
-from boxmaker.broker.sandbox_pool import SandboxPool
+from boxmaker.broker.sandbox_pool import NetworkPlan, SandboxPool, WarmNetwork, keeps_a_way_out
 from boxmaker.broker.tools import shell
+from boxmaker.core.grant_parse import parse_grants
 from boxmaker.core.reasons import Reason
 
 BWRAP = shutil.which("bwrap")
@@ -101,10 +108,13 @@ def test_the_network_variant_is_the_sandbox_plus_its_way_out(ws: Path, tmp_path:
         "no_proxy": "",
     }
     launcher = argv[-1]
-    assert launcher.index("/usr/bin/socat TCP-LISTEN:3128,bind=127.0.0.1,") < launcher.index(
-        "read -r line"
+    # nodelay and the 256 KiB buffer: the connect latency and bulk rate the bench
+    # measured (docs/decisions.md, "The bridge's options").
+    bridge = (
+        "/usr/bin/socat -b 262144 TCP-LISTEN:3128,bind=127.0.0.1,reuseaddr,fork,backlog=64,"
+        f"nodelay UNIX-CONNECT:{EGRESS_MOUNT}/proxy.sock </dev/null >/dev/null &"
     )
-    assert f"UNIX-CONNECT:{EGRESS_MOUNT}/proxy.sock" in launcher
+    assert launcher.index(bridge) < launcher.index("read -r line")
     assert launcher.endswith('exec </dev/null; exec /bin/sh -c "${c%?}"')
     assert (network.user, network.limits) == (plain.user, plain.limits)
 
@@ -220,12 +230,17 @@ async def test_without_socat_the_call_never_runs(
     "program",
     [
         "/usr/bin/false",  # exits at once
-        "/usr/bin/yes",  # never listens: the launcher gives up after its bound (about 3 s)
+        # Runs on whatever its arguments, never listens: the launcher gives up after
+        # its bound (about 3 s).
+        "/workspace/never-listens",
     ],
 )
 async def test_a_bridge_that_does_not_listen_fails_the_call(
     stand_in: StandIn, ws: Path, monkeypatch: pytest.MonkeyPatch, program: str
 ) -> None:
+    never_listens = ws / "never-listens"
+    never_listens.write_text("#!/bin/sh\nexec sleep 60\n")
+    never_listens.chmod(0o755)
     monkeypatch.setattr(shell, "find_socat", lambda: program)
     result = await run_with(stand_in, ws, "touch ran")
     assert (result.ok, result.reason) == (False, Reason.SANDBOX_UNAVAILABLE), result
@@ -272,7 +287,9 @@ async def test_a_call_with_a_way_out_leaves_the_warm_sandbox_alone(
         await wait_all_tasks_blocked()
         warm = pool.warm
         assert warm is not None
-        async with pool.sandbox(network, ahead=False) as own:
+        plan = NetworkPlan(plain, ws, SOCAT)
+        async with pool.network_sandbox(plan, stand_in.directory) as own:
+            assert own.launch == network
             assert own is not warm
             await own.run("true", time_limit=10, output_cap=100)
         await wait_all_tasks_blocked()
@@ -280,3 +297,167 @@ async def test_a_call_with_a_way_out_leaves_the_warm_sandbox_alone(
         async with pool.sandbox(plain) as next_plain:
             assert next_plain is warm
         nursery.cancel_scope.cancel()
+
+
+# -- a sandbox with a way out set up ahead ------------------------------------------------
+
+_VIA_BRIDGE = """
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT pypi.org:443 HTTP/1.1\\r\\nHost: pypi.org:443\\r\\n\\r\\n")
+print(s.recv(100).split(b"\\r\\n")[0].decode())
+"""
+CONNECTED = "HTTP/1.1 200 Connection established\n"
+needs_python = pytest.mark.skipif(SANDBOX_PYTHON is None, reason="python3 is not installed")
+
+
+def plain_launch(ws: Path) -> Launch:
+    assert BWRAP is not None
+    return Launch(
+        sandbox_argv(BWRAP, ws), SandboxUser(SANDBOX_UID, SANDBOX_UID) if AS_ROOT else None
+    )
+
+
+def plan_for(ws: Path) -> NetworkPlan:
+    assert SOCAT is not None
+    return NetworkPlan(plain_launch(ws), ws, SOCAT)
+
+
+@contextlib.asynccontextmanager
+async def running_pool(run_dir: Path) -> AsyncIterator[SandboxPool]:
+    pool = SandboxPool(run_dir=run_dir)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        yield pool
+        nursery.cancel_scope.cancel()
+
+
+async def run_in(sandbox: Sandbox, command: str) -> str:
+    with trio.fail_after(20):
+        run = await sandbox.run(command, time_limit=10, output_cap=4096)
+    assert (run.returncode, bytes(run.err.head)) == (0, b""), run
+    return bytes(run.out.head).decode()
+
+
+async def warmed(pool: SandboxPool, stand_in: StandIn, ws: Path) -> WarmNetwork:
+    """Keep a sandbox with a way out ahead: one call with a way out (its own sandbox:
+    the pool learns its plan from it), then the one set up after it."""
+    pool.keep_network(True)
+    async with pool.network_directory(plain_launch(ws), ws) as directory:
+        assert directory is None  # nothing set up ahead before the first such call
+    async with pool.network_sandbox(plan_for(ws), stand_in.directory) as own:
+        assert await run_in(own, "python3 via_bridge.py") == CONNECTED
+    with trio.fail_after(10):
+        await eventually(lambda: pool.warm_network is not None)
+    warm = pool.warm_network
+    assert warm is not None
+    return warm
+
+
+@needs_python
+async def test_a_sandbox_with_a_way_out_set_up_ahead_serves_the_next_call_with_one(
+    stand_in: StandIn, ws: Path, tmp_path: Path
+) -> None:
+    (ws / "via_bridge.py").write_text(_VIA_BRIDGE)
+    async with running_pool(tmp_path) as pool:
+        warm = await warmed(pool, stand_in, ws)
+        path = warm.directory.path
+        # An empty directory of its own, only the sandbox's uid's, with socat already
+        # listening inside: before any call, so no socket is there yet.
+        info = path.stat()
+        owner = SANDBOX_UID if AS_ROOT else os.geteuid()
+        assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o700, owner)
+        assert list(path.iterdir()) == []
+        assert path.name != stand_in.directory.name
+        with trio.fail_after(10):
+            await eventually(lambda: len(socats_of(path)) == 1)
+        async with pool.network_directory(plain_launch(ws), ws) as directory:
+            assert directory == path
+            assert pool.warm_network is None  # taken: no other call can have it
+            # The call's socket appears only now, after socat listened: socat connects
+            # to it for each connection it accepts.
+            async with (
+                stand_in_at(path) as proxy,
+                pool.network_sandbox(plan_for(ws), path) as sandbox,
+            ):
+                assert sandbox is warm.sandbox
+                out = await run_in(sandbox, "python3 via_bridge.py; ls /run/boxmaker-egress")
+            assert out == CONNECTED + "proxy.sock\n"
+            assert proxy.request_lines() == [b"CONNECT pypi.org:443 HTTP/1.1"]
+            # One call, then torn down, as every sandbox.
+            assert warm.sandbox.process.returncode is not None
+        assert not path.exists()
+        if AS_ROOT:
+            assert not path.parent.exists()  # its /run/boxmaker-egress-XXXX too
+        # The next one: another sandbox, another directory.
+        with trio.fail_after(10):
+            await eventually(lambda: pool.warm_network is not None)
+        assert pool.warm_network is not None
+        assert pool.warm_network.directory.path != path
+        assert pool.warm_network.sandbox is not warm.sandbox
+
+
+async def test_a_sandbox_with_a_way_out_taken_but_not_run_is_torn_down(
+    stand_in: StandIn, ws: Path, tmp_path: Path
+) -> None:
+    (ws / "via_bridge.py").write_text(_VIA_BRIDGE)
+    async with running_pool(tmp_path) as pool:
+        warm = await warmed(pool, stand_in, ws)
+        async with pool.network_directory(plain_launch(ws), ws) as directory:
+            assert directory == warm.directory.path
+        # The call never ran (no socat any more, say): its sandbox went with it.
+        assert warm.sandbox.process.returncode is not None
+        assert not warm.directory.path.exists()
+
+
+async def test_a_sandbox_with_a_way_out_serves_only_the_launch_it_was_set_up_for(
+    stand_in: StandIn, ws: Path, tmp_path: Path
+) -> None:
+    (ws / "via_bridge.py").write_text(_VIA_BRIDGE)
+    async with running_pool(tmp_path) as pool:
+        warm = await warmed(pool, stand_in, ws)
+        with sandbox_workspace() as other:
+            async with pool.network_directory(plain_launch(other), other) as directory:
+                assert directory is None
+        with trio.fail_after(10):
+            await eventually(lambda: warm.sandbox.process.poll() is not None)
+        assert not warm.directory.path.exists()
+
+
+async def test_grants_that_give_no_way_out_stop_keeping_a_sandbox_with_one(
+    stand_in: StandIn, ws: Path, tmp_path: Path
+) -> None:
+    (ws / "via_bridge.py").write_text(_VIA_BRIDGE)
+    async with running_pool(tmp_path) as pool:
+        warm = await warmed(pool, stand_in, ws)
+        pool.keep_network(False)
+        assert pool.warm_network is None
+        with trio.fail_after(10):
+            await eventually(lambda: warm.sandbox.process.poll() is not None)
+        assert not warm.directory.path.exists()
+        # And none is set up again after a call with a way out, until they give one.
+        async with pool.network_sandbox(plan_for(ws), stand_in.directory) as own:
+            await run_in(own, "true")
+        await wait_all_tasks_blocked()
+        assert pool.warm_network is None
+        pool.keep_network(True)
+        with trio.fail_after(10):
+            await eventually(lambda: pool.warm_network is not None)
+
+
+def test_the_pool_keeps_a_way_out_only_for_a_live_connect_grant_via_shell() -> None:
+    now = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+
+    def keeps(table: str) -> bool:
+        return keeps_a_way_out(parse_grants(table), now)
+
+    base = 'tool = "connect"\nhosts = ["pypi.org"]\n'
+    assert keeps(f'[[grant]]\nid = "a"\n{base}mode = "auto"\nvia = ["shell"]\n')
+    assert keeps(
+        f'[[grant]]\nid = "a"\n{base}mode = "ask"\nvia = ["shell"]\ncommands = ["pip *"]\n'
+    )
+    assert not keeps(f'[[grant]]\nid = "a"\n{base}mode = "deny"\nvia = ["shell"]\n')
+    assert not keeps(f'[[grant]]\nid = "a"\n{base}mode = "auto"\nvia = ["mcp.fetch.*"]\n')
+    expired = "expires = 2026-05-01T00:00:00Z\n"
+    assert not keeps(f'[[grant]]\nid = "a"\n{base}mode = "auto"\nvia = ["shell"]\n{expired}')
+    assert not keeps('[[grant]]\nid = "s"\ntool = "shell"\nmode = "auto"\n')

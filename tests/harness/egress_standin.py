@@ -22,6 +22,8 @@ import attrs
 import trio
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID
 
+from boxmaker.broker.egress_dirs import listen_in
+
 HEAD_CAP: Final = 16384
 CONNECTED: Final = b"HTTP/1.1 200 Connection established\r\n\r\n"
 REFUSED: Final = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -96,6 +98,25 @@ async def stand_in_proxy() -> AsyncIterator[StandIn]:
             nursery.cancel_scope.cancel()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def stand_in_at(directory: Path) -> AsyncIterator[StandIn]:
+    """The stand-in on a ``proxy.sock`` put into ``directory`` (an empty way out's
+    directory, made by broker/egress_dirs.py: the sandbox pool's) the way brokerd's proxy
+    puts a call's socket there; the socket removed afterwards, the directory left."""
+    stand_in = StandIn(directory)
+    sock = listen_in(directory, SANDBOX_UID if AS_ROOT else os.geteuid())
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                trio.serve_listeners, lambda stream: _serve(stand_in, stream), [listener]
+            )
+            yield stand_in
+            nursery.cancel_scope.cancel()
+    finally:
+        stand_in.socket_path.unlink(missing_ok=True)
 
 
 def alive(pid: int) -> bool:

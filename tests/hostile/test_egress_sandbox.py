@@ -9,6 +9,10 @@ data out); it replaces the proxy socket; another local uid connects to a call's 
 socket and speaks as that call. Real bwrap, real socat, a stand-in for brokerd's proxy
 (tests/harness/egress_standin.py); nothing is sent off this machine (every address tried
 from inside is refused by the sandbox's own network namespace before a packet leaves).
+
+And against the sandbox with a way out that brokerd keeps set up ahead
+(broker/sandbox_pool.py), with real brokerd: a call with no network grant gets it (and
+so a bridge out), or a call gets the directory, and so the proxy socket, of another.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+from tests.harness.broker import Brokerd, body, call, eventually, records, tool_request
 from tests.harness.egress_standin import StandIn, socats_of, stand_in_proxy
 from tests.harness.runner import spec_for
 from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.tunnels import configure, grants, network_grant
 
 from boxmaker.broker.run_spec import RunResult
 from boxmaker.broker.runner import execute
+from boxmaker.broker.state import Broker
+from boxmaker.home.paths import Home
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or shutil.which("socat") is None,
@@ -228,3 +236,119 @@ async def test_another_uid_cannot_connect_to_a_calls_proxy_socket(
         "own": "HTTP/1.1 200 Connection established\n",
     }
     assert stand_in.request_lines() == [b"CONNECT pypi.org:443 HTTP/1.1"]
+
+
+# -- the sandbox with a way out set up ahead, through brokerd ---------------------------
+
+_PROBE = """
+import os, socket
+print("probe ran")
+try:
+    socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    print("bridge connected")
+except OSError as exc:
+    print("bridge", type(exc).__name__)
+print("socket", os.path.exists("/run/boxmaker-egress/proxy.sock"))
+print("directory", os.path.exists("/run/boxmaker-egress"))
+"""
+_BOTH = """
+import os, socket, sys, time
+name = sys.argv[1]
+open(name + ".ready", "w").close()
+deadline = time.monotonic() + 10
+while not all(os.path.exists(n + ".ready") for n in ("a", "b")) and time.monotonic() < deadline:
+    time.sleep(0.01)
+mounts = [line.split() for line in open("/proc/self/mountinfo")]
+roots = [fields[3] for fields in mounts if fields[4] == "/run/boxmaker-egress"]
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(f"CONNECT {name}.test:443 HTTP/1.1\\r\\nHost: {name}.test:443\\r\\n\\r\\n".encode())
+print(s.recv(100).split(b"\\r\\n")[0].decode())
+print(*os.listdir("/run/boxmaker-egress"), *roots)
+"""
+NET_COMMANDS = '["python3 both.py *", "true --net"]'
+"""What the connect grant lets use the network; any other command gets none."""
+
+
+async def shell_call(home: Home, command: str, call_id: str | None = None) -> str:
+    request = tool_request("shell", {"command": command}, call=call_id)
+    with trio.fail_after(60):
+        frames = await call(home, request)
+    assert frames[-1]["outcome"] == "ok", frames
+    return str(frames[-1]["content"])
+
+
+async def warm_way_out(home: Home, brokerd: Brokerd, ws: Path) -> Broker:
+    """brokerd whose grants give ``true --net`` and ``python3 both.py *`` a way out,
+    after one such call: it keeps a sandbox with a way out set up ahead."""
+    configure(home, ws)
+    grants(home, network_grant(["granted.test"], commands=NET_COMMANDS))
+    broker = await brokerd.start()
+    await shell_call(home, "true --net")
+    with trio.fail_after(10):
+        await eventually(lambda: broker.sandboxes.warm_network is not None)
+    return broker
+
+
+async def test_a_call_without_a_network_grant_never_gets_the_sandbox_with_a_bridge(
+    home: Home, brokerd: Brokerd, ws: Path
+) -> None:
+    (ws / "probe.py").write_text(_PROBE)
+    broker = await warm_way_out(home, brokerd, ws)
+    warm = broker.sandboxes.warm_network
+    assert warm is not None
+    with trio.fail_after(10):  # the bridge a plain call must not get is there, listening
+        await eventually(lambda: len(socats_of(warm.directory.path)) == 1)
+    out = await shell_call(home, "python3 probe.py")
+    assert out.splitlines() == [
+        "probe ran",
+        "bridge ConnectionRefusedError",
+        "socket False",
+        "directory False",
+    ], out
+    # Still waiting, untouched, for a call that has a way out; no CONNECT was made.
+    assert broker.sandboxes.warm_network is warm
+    assert warm.sandbox.process.poll() is None
+    assert [r for r in records(home) if r.get("tool") == "connect"] == []
+
+
+async def test_a_call_never_gets_another_calls_directory(
+    home: Home, brokerd: Brokerd, ws: Path
+) -> None:
+    (ws / "both.py").write_text(_BOTH)
+    broker = await warm_way_out(home, brokerd, ws)
+    warm = broker.sandboxes.warm_network
+    assert warm is not None
+    calls = {"a": "c-00000000000000a1", "b": "c-00000000000000b2"}
+    outs: dict[str, str] = {}
+
+    async def run(name: str) -> None:
+        outs[name] = await shell_call(home, f"python3 both.py {name}", calls[name])
+
+    # Two calls with a way out at once: one takes the sandbox set up ahead (and its
+    # directory), the other makes its own.
+    async with trio.open_nursery() as nursery:
+        for name in calls:
+            nursery.start_soon(run, name)
+    roots = {}
+    for name, out in outs.items():
+        status, listing = out.splitlines()
+        # The proxy answered (403: no grant for the host), so the socket was live.
+        assert status.startswith("HTTP/1.1 403"), out
+        socket_name, root = listing.split()
+        assert socket_name == "proxy.sock"
+        roots[name] = Path(root).name
+    warm_name = warm.directory.path.name
+    assert sorted(roots.items()) in (
+        [("a", warm_name), ("b", calls["b"])],
+        [("a", calls["a"]), ("b", warm_name)],
+    ), roots
+    # Each CONNECT was its own call's: the directory bound in its sandbox held its
+    # own call's socket and no other.
+    decisions = [
+        body(r) for r in records(home) if r["kind"] == "decision" and r["tool"] == "connect"
+    ]
+    assert {d["arguments"]["host"]: d["arguments"]["via"] for d in decisions} == {
+        "a.test": calls["a"],
+        "b.test": calls["b"],
+    }
+    assert not warm.directory.path.exists()

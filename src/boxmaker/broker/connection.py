@@ -55,6 +55,7 @@ from boxmaker.broker.requester import Requester
 from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.runner import STOPPABLE_TOOLS
 from boxmaker.broker.sandbox_plan import Launch
+from boxmaker.broker.sandbox_pool import keeps_a_way_out
 from boxmaker.broker.state import Broker
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
@@ -501,8 +502,14 @@ class _Ports:
         # The way out is opened around the run, not inside it: a run stopped because its
         # requester left must not take the tunnels' records with it (they end
         # call_ended, and are recorded, when the egress closes).
-        parent, peer = way_out
-        async with egress_proxy.open_call_egress(broker, parent, peer=peer) as egress:
+        parent, peer, launch = way_out
+        # The sandbox with a way out set up ahead, when one fits: the call's socket is
+        # put in its directory, so the command starts at once (sandbox_pool.py).
+        ahead = broker.sandboxes.network_directory(launch, spec.workspace)
+        async with (
+            ahead as directory,
+            egress_proxy.open_call_egress(broker, parent, peer=peer, directory=directory) as egress,
+        ):
             ran = await self._run_spec(attrs.evolve(spec, egress_dir=egress.directory))
         if isinstance(ran, Ran) and egress.budget.used:
             # What came in through a tunnel may be in the output: the model reads it in
@@ -538,22 +545,27 @@ class _Ports:
         if isinstance(state, Running) and state.told is not None:
             self.reply(attrs.evolve(state.told, ran=RunEnd(outcome="ok", detail=UNDER_WAY)))
 
-    async def _way_out(self, spec: RunSpec) -> tuple[egress_proxy.EgressParent, int] | None:
+    async def _way_out(self, spec: RunSpec) -> tuple[egress_proxy.EgressParent, int, Launch] | None:
         """A shell call's way out, when the grants current now give it one
-        (:func:`~boxmaker.core.network.network_grants`): who it is for, and the uid
-        that may use it (the sandbox's). None: today's sandbox, no network at all."""
+        (:func:`~boxmaker.core.network.network_grants`): who it is for, the uid that
+        may use it (the sandbox's), and the call's plain launch. None: today's sandbox,
+        no network at all. Either way the pool hears whether the grants keep a sandbox
+        with a way out set up ahead."""
         launch = spec.sandbox
         value = spec.arguments.value
         if not isinstance(launch, Launch) or not isinstance(value, ShellArgs):
             return None  # not a shell call, or one whose sandbox cannot start anyway
         grants = await self.broker.grants.current()
         if not isinstance(grants, GrantSet):
+            self.broker.sandboxes.keep_network(False)
             return None
-        if not network_grants(grants, spec.tool, value.command, utc_now()):
+        now = utc_now()
+        self.broker.sandboxes.keep_network(keeps_a_way_out(grants, now))
+        if not network_grants(grants, spec.tool, value.command, now):
             return None
         call = self.call
         parent = egress_proxy.EgressParent(call.call, call.session, spec.tool, value.command)
-        return parent, launch.user.uid if launch.user is not None else os.geteuid()
+        return parent, launch.user.uid if launch.user is not None else os.geteuid(), launch
 
     async def _run_external(self, verdict: Run | Ask) -> Ran | RequesterGone:
         """An external tool's run: ``claude.*`` runs nothing (the client runs its own

@@ -6,10 +6,10 @@ For a shell call that the grants current at its run give a way out
 around the run: a directory of the call's own (0700) holding ``proxy.sock`` (0600),
 which the sandbox binds inside itself (broker/sandbox_plan.py): ``run/egress/<call>/``,
 or, when brokerd is root, ``/run/boxmaker-egress-XXXX/<call>/``, both the sandbox's
-uid's (its bwrap must reach what it binds: :func:`_egress_root`). A connection on it is
-that call's and no other's: the socket is bound into one sandbox only, and only the
-sandbox's uid may connect (the peer check; the directory's mode already keeps every
-other uid out).
+uid's (its bwrap must reach what it binds: :mod:`boxmaker.broker.egress_dirs`). A
+connection on it is that call's and no other's: the socket is bound into one sandbox
+only, and only the sandbox's uid may connect (the peer check; the directory's mode
+already keeps every other uid out).
 
 Each connection is one request: its head read with h11 (:mod:`boxmaker.broker.proxy_head`),
 then ``CONNECT host:port`` (or a plain ``http://`` request) becomes a ``connect`` call of
@@ -34,11 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
-import shutil
 import socket
-import stat
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -48,6 +44,12 @@ import h11
 import trio
 
 from boxmaker.broker import connection
+from boxmaker.broker.egress_dirs import (
+    PROXY_SOCK,
+    EgressDirectory,
+    listen_in,
+    make_egress_directory,
+)
 from boxmaker.broker.proxy_head import (
     HEAD_S,
     HeadRefused,
@@ -65,7 +67,7 @@ from boxmaker.core.reasons import Reason, reason_words
 from boxmaker.core.vocabulary import Answer, AnswerOutcome, ErrorFrame
 from boxmaker.formats.convert import new_call_id
 from boxmaker.ledger.records import ConnectionEnd
-from boxmaker.runtime.unix_sockets import BACKLOG, peer_uid
+from boxmaker.runtime.unix_sockets import peer_uid
 
 if TYPE_CHECKING:
     from boxmaker.broker.state import Broker
@@ -74,11 +76,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("boxmaker.brokerd.egress")
 
-EGRESS_DIR: Final = "egress"
-"""``run/egress/``: one directory a call with a way out (brokerd not root)."""
-ROOT_RUN: Final = Path("/run")
-"""Where brokerd as root makes each call's way out (:func:`_egress_root`)."""
-PROXY_SOCK: Final = "proxy.sock"
 CLOSE_GRACE_S: Final = 5.0
 """Seconds the tunnels of a call that ended have to write their records."""
 ACCEPT_RETRY_S: Final = 0.1
@@ -205,7 +202,7 @@ class CallEgress:
     broker: Broker
     parent: EgressParent
     directory: Path
-    """The call's own directory (:func:`_egress_root`): the sandbox binds it;
+    """The call's own directory (:mod:`~boxmaker.broker.egress_dirs`): the sandbox binds it;
     ``proxy.sock`` is in it."""
     peer: int
     """The only uid that may connect: the sandbox's."""
@@ -373,79 +370,30 @@ class CallEgress:
             await self.none_open.wait()
 
 
-def _egress_root(run_dir: Path, peer: int) -> tuple[Path, bool]:
-    """Where a call's directory is made, and whether that place is the call's own (made
-    here, removed with it).
-
-    brokerd not root: ``run/egress/`` (the sandbox is brokerd's own uid, which reaches
-    the home's ``run/``). brokerd root: the sandbox's bwrap runs as the sandbox's uid and
-    must reach the directory it binds, which the owner's 0700 ``run/`` forbids; so the
-    call's directory is made in a directory of its own under /run (else the system's
-    temporary directory), root's, mode 0711 (passable, not listable), with a random
-    name: no other uid can list it, find the call's directory in it, or enter that
-    (0700, the sandbox's uid's). Blocking."""
-    if os.geteuid() != 0 or peer == 0:
-        return run_dir / EGRESS_DIR, False
-    system_run = ROOT_RUN if os.access(ROOT_RUN, os.W_OK) else None
-    base = Path(tempfile.mkdtemp(prefix="boxmaker-egress-", dir=system_run))
-    base.chmod(0o711)
-    return base, True
-
-
-def _prepare_directory(run_dir: Path, call: str, peer: int) -> tuple[Path, bool, socket.socket]:
-    """``<root>/<call>/proxy.sock`` listening (:func:`_egress_root`), the directory 0700
-    and the socket 0600, both ``peer``'s when brokerd is root (else brokerd's own, which
-    is then the sandbox's too); whether the root is the call's own; the listening
-    socket. Blocking."""
-    root, own_root = _egress_root(run_dir, peer)
-    if not own_root:
-        root.mkdir(mode=0o700, exist_ok=True)
-    info = root.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        raise OSError(errno.EPERM, f"{root} is not brokerd's own directory")
-    directory = root / call
-    if directory.is_dir() and not directory.is_symlink():
-        shutil.rmtree(directory)  # left by a brokerd that did not stop cleanly
-    directory.mkdir(mode=0o700)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        path = directory / PROXY_SOCK
-        sock.bind(str(path))
-        path.chmod(0o600)
-        if os.geteuid() == 0 and peer != 0:
-            os.chown(path, peer, peer)
-            os.chown(directory, peer, peer)
-        sock.listen(BACKLOG)
-    except BaseException:
-        sock.close()
-        _remove(directory, own_root=own_root)
-        raise
-    return directory, own_root, sock
-
-
-def _remove(directory: Path, *, own_root: bool) -> None:
-    """The call's directory gone (and its root when it was the call's own)."""
-    with contextlib.suppress(OSError):
-        (directory / PROXY_SOCK).unlink(missing_ok=True)
-        directory.rmdir()
-        if own_root:
-            directory.parent.rmdir()
-
-
 @contextlib.asynccontextmanager
 async def open_call_egress(
-    broker: Broker, parent: EgressParent, *, peer: int
+    broker: Broker, parent: EgressParent, *, peer: int, directory: Path | None = None
 ) -> AsyncIterator[CallEgress]:
     """The way out of ``parent``'s call, open while the context is: ``peer`` is the
     sandbox's uid, the only one that may connect, and (brokerd root) the owner of the
-    directory and its socket. On exit every tunnel ends
-    (``call_ended``, or ``stopping``), their records are written (within
-    :data:`CLOSE_GRACE_S`, even when the exit is a cancellation), and the directory is
-    removed."""
+    directory and its socket. ``directory``: one made for ``peer`` by
+    :func:`~boxmaker.broker.egress_dirs.make_egress_directory` already (the sandbox pool's,
+    bound in a sandbox set up ahead), where the socket is put and from where it is
+    removed at the end, the directory left to its maker; None: the call's own, made here
+    and removed at the end. On exit every tunnel ends (``call_ended``, or ``stopping``),
+    their records are written (within :data:`CLOSE_GRACE_S`, even when the exit is a
+    cancellation), and the socket is gone."""
     config = broker.config.egress
-    directory, own_root, sock = await broker.to_thread(
-        _prepare_directory, broker.home.run_dir, parent.call, peer
-    )
+    made: EgressDirectory | None = None
+    if directory is None:
+        made = await broker.to_thread(make_egress_directory, broker.home.run_dir, parent.call, peer)
+        directory = made.path
+    try:
+        sock = await broker.to_thread(listen_in, directory, peer)
+    except BaseException:
+        if made is not None:
+            made.remove()
+        raise
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     budget = ByteBudget(config.bytes_per_call, config.bytes_per_call)
     egress = CallEgress(broker, parent, directory, peer, config, budget)
@@ -461,4 +409,8 @@ async def open_call_egress(
                     await egress.close()
                 nursery.cancel_scope.cancel()
     finally:
-        _remove(directory, own_root=own_root)
+        if made is not None:
+            made.remove()
+        else:
+            with contextlib.suppress(OSError):
+                (directory / PROXY_SOCK).unlink(missing_ok=True)

@@ -75,6 +75,8 @@ certificates (Debian's links point into /usr/share/ca-certificates, which the sa
 sees), so TLS clients check the hosts they reach through brokerd as they do on the host.
 Not openssl.cnf: curl, python and pip verify the same without it (OpenSSL skips a
 missing default configuration)."""
+BRIDGE_BUFFER: Final = 262144
+"""socat's buffer (``-b``): the most it moves with one read and one write."""
 BRIDGE_POLLS: Final = 1000
 """How many times the launcher looks for the bridge's port (2 ms apart: about 3 s in
 all, each look and ``sleep`` included) before it gives up."""
@@ -167,10 +169,15 @@ def _bridge_start(socat: str) -> str:
     """The launcher's first step with a way out: socat in the background, listening on
     the sandbox's own loopback; each connection to it becomes one to the proxy socket."""
     # socat listens with a backlog of 5 unless told: more clients at once (pip, npm)
-    # would wait for a SYN to be sent again.
-    listen = f"TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,reuseaddr,fork,backlog=64"
+    # would wait for a SYN to be sent again. nodelay: without it the accepted socket
+    # holds back small writes (Nagle), 40 ms a request; -b: with socat's 8 KiB buffer
+    # a download costs a read and a write each 8 KiB (docs/decisions.md, "The bridge's
+    # options").
+    listen = f"TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,reuseaddr,fork,backlog=64,nodelay"
     connect = f"UNIX-CONNECT:{EGRESS_MOUNT}/{PROXY_SOCKET}"
-    return f"{shlex.quote(socat)} {listen} {connect} </dev/null >/dev/null & s=$!; "
+    return (
+        f"{shlex.quote(socat)} -b {BRIDGE_BUFFER} {listen} {connect} </dev/null >/dev/null & s=$!; "
+    )
 
 
 _BRIDGE_WAIT: Final = (
@@ -190,7 +197,8 @@ _BRIDGE_WAIT: Final = (
 
 def egress_launch(launch: Launch, workspace: Path, egress: Egress) -> Launch:
     """``launch`` (a shell sandbox on ``workspace``) with ``egress``: the network variant,
-    started for its call alone (docs/decisions.md, "The runner and the sandbox")."""
+    for one call, whose proxy socket is or will be in ``egress.directory``
+    (docs/decisions.md, "The runner and the sandbox")."""
     argv = sandbox_argv(launch.argv[0], workspace, launch.limits, egress=egress)
     return attrs.evolve(launch, argv=argv)
 

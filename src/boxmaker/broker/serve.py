@@ -245,7 +245,7 @@ async def serve_broker(
         execute=execute,
         raise_state=raise_state,
         to_thread=to_thread,
-        sandboxes=SandboxPool(bounds),
+        sandboxes=SandboxPool(bounds, run_dir=home.run_dir),
         gateway=gateway or EmptyGateway(),
         host=host,
     )

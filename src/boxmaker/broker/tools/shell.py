@@ -24,7 +24,8 @@ A shell call may use a sandbox brokerd set up ahead of it (sandbox_pool.py); eac
 sandbox serves one call and is torn down after it.
 
 A call that may use the network (its RunSpec's ``egress_dir``, docs/egress.md) gets a
-sandbox started for it alone, with a way out: its egress directory, the system's CA
+sandbox of its own with a way out (the one set up ahead on its very egress directory, or
+a new one; never the plain one): its egress directory, the system's CA
 certificates, the proxy variables, and socat bridging 127.0.0.1:3128 inside to brokerd's
 proxy socket; still no resolver and no other route. No socat, or a socat that did not
 start listening, is ``sandbox_unavailable`` (docs/runbook.md#egress-socat): the command
@@ -49,13 +50,11 @@ from boxmaker.broker.sandbox_plan import (
     EGRESS_FAILED_WORDS,
     LIMITS_FAILED,
     LIMITS_FAILED_WORDS,
-    Egress,
     Launch,
     SandboxLimits,
     SandboxRefused,
-    egress_launch,
 )
-from boxmaker.broker.sandbox_pool import SandboxPool
+from boxmaker.broker.sandbox_pool import NetworkPlan, SandboxPool
 from boxmaker.core.reasons import Reason
 
 RUNBOOK_SANDBOX_LIMITS: Final = "docs/runbook.md#sandbox-limits"
@@ -103,16 +102,19 @@ async def run_shell(spec: RunSpec, command: str, sandboxes: SandboxPool | None) 
     if not isinstance(launch, Launch):
         detail = launch if isinstance(launch, str) else NO_BWRAP_DETAIL
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, detail, spec.label)
-    if spec.egress_dir is not None:
+    # A pool that is not running only ever sets up a sandbox for the call at hand.
+    pool = sandboxes or SandboxPool()
+    if spec.egress_dir is None:
+        opened = pool.sandbox(launch)
+    else:
         socat = find_socat()
         if socat is None:
             return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, NO_SOCAT_DETAIL, spec.label)
-        launch = egress_launch(launch, spec.workspace, Egress(spec.egress_dir, socat))
+        # The sandbox set up ahead on this call's directory, or a new one: never the
+        # plain sandbox, never another call's.
+        opened = pool.network_sandbox(NetworkPlan(launch, spec.workspace, socat), spec.egress_dir)
     try:
-        # A pool that is not running only ever sets up a sandbox for the call at hand;
-        # a call with a way out always gets one of its own.
-        pool = sandboxes or SandboxPool()
-        async with pool.sandbox(launch, ahead=spec.egress_dir is None) as sandbox:
+        async with opened as sandbox:
             run = await sandbox.run(command, time_limit=spec.time_limit, output_cap=spec.output_cap)
     except SandboxRefused as refused:
         return RunResult.failure(Reason.SANDBOX_UNAVAILABLE, str(refused), spec.label)
