@@ -178,6 +178,9 @@ def _net(arguments: dict[str, Any]) -> str:
         return "later: scheduled"
     if action == "reuse":
         return _reuse(arguments)
+    if action == "hold":
+        # First, so that socat has carried it to the proxy while the tunnel is made.
+        HELD["spare"] = socket.create_connection(_proxy(), timeout=10)
     RUNNING[0] += 1
     RUNNING[1] = max(RUNNING)
     try:
@@ -187,7 +190,6 @@ def _net(arguments: dict[str, Any]) -> str:
         RUNNING[0] -= 1
     if action == "hold" and tls is not None:
         HELD["tunnel"] = tls
-        HELD["spare"] = socket.create_connection(_proxy(), timeout=10)
     elif tls is not None:
         tls.close()
     return f"{got}; at most {RUNNING[1]} at once; proxy {os.environ.get('https_proxy')}"

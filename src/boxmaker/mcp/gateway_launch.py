@@ -3,9 +3,10 @@ docs/runbook.md#mcp-servers).
 
 The shell's sandbox (broker/sandbox_plan.py) with the server's own paths in place of the
 workspace: the same uid (never root), no capabilities, the same seccomp filter, no
-network, the same process and file-size limits, and, where brokerd has cgroups, memory
-bounded by the cgroup rather than by address space (Node-based servers reserve ranges far
-above any sensible RLIMIT_AS). Without a cgroup the address-space limit stays.
+network (unless its grants give it a way out: broker/server_egress.py), the same process
+and file-size limits, and, where brokerd has cgroups, memory bounded by the cgroup rather
+than by address space (Node-based servers reserve ranges far above any sensible
+RLIMIT_AS). Without a cgroup the address-space limit stays.
 
 Each path is resolved at each start and bound by its real path, at the path the owner
 wrote: a writable path whose real path has left the workspace (the model writes the
