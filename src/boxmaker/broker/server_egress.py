@@ -44,7 +44,6 @@ from boxmaker.formats.clock import utc_now
 
 if TYPE_CHECKING:
     from boxmaker.broker.state import Broker
-    from boxmaker.home.config import EgressConfig
 
 log = logging.getLogger("boxmaker.brokerd.egress")
 
@@ -61,7 +60,6 @@ class ServerEgress:
     server: str
     directory: Path
     peer: int
-    config: EgressConfig
     nursery: trio.Nursery
     current: CallEgress = attrs.field(init=False)
     """The call in flight's connections, or (its ``parent`` None) those of no call."""
@@ -70,9 +68,8 @@ class ServerEgress:
         self.current = self._no_call()
 
     def _no_call(self) -> CallEgress:
-        return CallEgress(
-            self.broker, None, self.directory, self.peer, self.config, ByteBudget(0, 0)
-        )
+        config = self.broker.config.egress
+        return CallEgress(self.broker, None, self.directory, self.peer, config, ByteBudget(0, 0))
 
     def admit(self, stream: trio.SocketStream) -> None:
         self.current.admit(self.nursery, stream)
@@ -82,10 +79,12 @@ class ServerEgress:
         """While open, each new connection is ``parent``'s call's (its own byte budget
         and tunnel cap, as a shell call's); on exit, connections are nobody's again and
         every one of the call's ends (``call_ended``), its records written. One call at
-        a time: the gateway serializes a server's calls."""
-        cap = self.config.bytes_per_call
+        a time: the gateway serializes a server's calls. ``[egress]`` is read now, as a
+        shell call reads it when its way out opens."""
+        config = self.broker.config.egress
+        cap = config.bytes_per_call
         egress = CallEgress(
-            self.broker, parent, self.directory, self.peer, self.config, ByteBudget(cap, cap)
+            self.broker, parent, self.directory, self.peer, config, ByteBudget(cap, cap)
         )
         async with egress.watched():
             self.current = egress
@@ -111,7 +110,7 @@ async def open_server_egress(
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     try:
         async with trio.open_nursery() as nursery:
-            way_out = ServerEgress(broker, server, directory, peer, broker.config.egress, nursery)
+            way_out = ServerEgress(broker, server, directory, peer, nursery)
             await nursery.start(functools.partial(accept_each, listener, directory, way_out.admit))
             try:
                 yield way_out
