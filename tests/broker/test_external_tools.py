@@ -80,7 +80,9 @@ class Gateway:
     def catalogue(self) -> ExternalCatalogue:
         return self.tools
 
-    async def call(self, tool: ExternalTool, arguments: Mapping[str, Any]) -> RunResult:
+    async def call(
+        self, tool: ExternalTool, arguments: Mapping[str, Any], *, caller: object = None
+    ) -> RunResult:
         self.calls.append((tool.name, dict(arguments), tool.definition))
         self.entered.set()
         if self.fail:

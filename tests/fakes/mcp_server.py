@@ -18,6 +18,13 @@ behave badly on purpose:
 - ``memory``: reserves ``reserve`` MiB of address space (mapped, never touched), then
   fills ``fill`` MiB; answers what it got.
 - ``escapes``: its description, and its answer (an error result), carry terminal escapes.
+- ``net`` and ``net_b`` (the same, so a test can grant one and not the other): a
+  ``CONNECT`` of its own to ``host``:``port`` through ``https_proxy`` (127.0.0.1:3128
+  without it), then TLS (``cafile``) and one ``ping`` echoed; ``action`` ``fetch`` does
+  that (after ``pause`` seconds, saying how many of its calls ran at once), ``hold``
+  keeps the tunnel and one more connection to the proxy with nothing sent, ``reuse``
+  tries both in a later call and a fresh CONNECT, ``later`` does a fetch in a thread
+  ``pause`` seconds after the call answered and writes what it got on stderr.
 """
 
 from __future__ import annotations
@@ -25,8 +32,13 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import ssl
 import sys
+import threading
+import time
+import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import mcp_types as types
 import trio
@@ -68,7 +80,119 @@ def _tools() -> list[types.Tool]:
             },
         ),
         types.Tool(name="escapes", description=f"Esc{ESCAPES}aped", input_schema=empty),
+        types.Tool(name="net", description="Through the proxy.", input_schema=NET_SCHEMA),
+        types.Tool(name="net_b", description="Through the proxy.", input_schema=NET_SCHEMA),
     ]
+
+
+NET_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string"},
+        "host": {"type": "string"},
+        "port": {"type": "integer"},
+        "cafile": {"type": "string"},
+        "pause": {"type": "number"},
+    },
+}
+HELD: dict[str, Any] = {}
+"""What ``hold`` kept for a later call: ``tunnel`` (TLS) and ``spare`` (a connection)."""
+RUNNING = [0, 0]
+"""Calls of ``net`` running now, and the most ever at once."""
+
+
+def _proxy() -> tuple[str, int]:
+    url = urllib.parse.urlsplit(os.environ.get("https_proxy") or "http://127.0.0.1:3128")
+    return url.hostname or "127.0.0.1", url.port or 3128
+
+
+def _connect(sock: socket.socket, host: str, port: int) -> str:
+    """Send a CONNECT and read the answer's head (and a refusal's body): its words."""
+    sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return f"no answer (closed after {len(got)} bytes)"
+        got += chunk
+    head, _, rest = got.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n")[0].decode()
+    if " 200 " in status:
+        return status
+    while chunk := sock.recv(4096):
+        rest += chunk
+    return f"refused: {status}: {rest.decode(errors='replace').strip()}"
+
+
+def _tunnel(host: str, port: int, cafile: str) -> tuple[str, ssl.SSLSocket | None]:
+    try:
+        sock = socket.create_connection(_proxy(), timeout=10)
+    except OSError as exc:
+        return f"proxy: {exc}", None
+    try:
+        answer = _connect(sock, host, port)
+        if " 200 " not in answer:
+            sock.close()
+            return answer, None
+        context = ssl.create_default_context(cafile=cafile)
+        tls = context.wrap_socket(sock, server_hostname=host)
+        tls.sendall(b"ping")
+        return f"echoed {tls.recv(4)!r}", tls
+    except OSError as exc:
+        sock.close()
+        return f"tunnel: {exc}", None
+
+
+def _reuse(arguments: dict[str, Any]) -> str:
+    seen = []
+    try:
+        HELD["tunnel"].sendall(b"ping")
+        got = HELD["tunnel"].recv(4)
+        seen.append(f"held: {'closed' if not got else f'echoed {got!r}'}")
+    except OSError as exc:
+        seen.append(f"held: closed ({type(exc).__name__})")
+    try:
+        seen.append(f"spare: {_connect(HELD['spare'], arguments['host'], arguments['port'])}")
+    except OSError as exc:
+        seen.append(f"spare: closed ({type(exc).__name__})")
+    fresh, tls = _tunnel(arguments["host"], arguments["port"], arguments.get("cafile", ""))
+    if tls is not None:
+        tls.close()
+    seen.append(f"fresh: {fresh}")
+    return "\n".join(seen)
+
+
+def _later(arguments: dict[str, Any]) -> None:
+    time.sleep(float(arguments.get("pause", 0)))
+    got, tls = _tunnel(arguments["host"], arguments["port"], arguments.get("cafile", ""))
+    if tls is not None:
+        tls.close()
+    print(f"later: {got}", file=sys.stderr, flush=True)
+
+
+def _net(arguments: dict[str, Any]) -> str:
+    action = arguments.get("action", "fetch")
+    host, port, cafile = arguments["host"], arguments["port"], arguments.get("cafile", "")
+    if action == "later":
+        threading.Thread(target=_later, args=(arguments,), daemon=True).start()
+        return "later: scheduled"
+    if action == "reuse":
+        return _reuse(arguments)
+    if action == "hold":
+        # First, so that socat has carried it to the proxy while the tunnel is made.
+        HELD["spare"] = socket.create_connection(_proxy(), timeout=10)
+    RUNNING[0] += 1
+    RUNNING[1] = max(RUNNING)
+    try:
+        got, tls = _tunnel(host, port, cafile)
+        time.sleep(float(arguments.get("pause", 0)))
+    finally:
+        RUNNING[0] -= 1
+    if action == "hold" and tls is not None:
+        HELD["tunnel"] = tls
+    elif tls is not None:
+        tls.close()
+    return f"{got}; at most {RUNNING[1]} at once; proxy {os.environ.get('https_proxy')}"
 
 
 def _text(text: str) -> types.CallToolResult:
@@ -138,6 +262,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                 return _text(f"reserve: {exc}")
             filled = bytearray(int(arguments.get("fill", 0)) << 20)
             return _text(f"reserved {len(reserved) >> 20} MiB, filled {len(filled) >> 20} MiB")
+        case "net" | "net_b":
+            return _text(await trio.to_thread.run_sync(_net, arguments))
         case "escapes":
             failed = _text(f"failed{ESCAPES}here")
             return types.CallToolResult(content=failed.content, is_error=True)

@@ -141,3 +141,20 @@ def make_repository(workspace: Path) -> Path:
     owner = workspace.stat()
     subprocess.run(["chown", "-R", f"{owner.st_uid}:{owner.st_gid}", str(repo)], check=True)
     return repo
+
+
+NET_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string"},
+        "host": {"type": "string"},
+        "port": {"type": "integer"},
+        "cafile": {"type": "string"},
+        "pause": {"type": "number"},
+    },
+}
+
+
+def net_definition(name: str = "net") -> dict[str, Any]:
+    """The fake server's ``net`` (or ``net_b``) definition as it lists it."""
+    return {"name": name, "description": "Through the proxy.", "inputSchema": NET_SCHEMA}

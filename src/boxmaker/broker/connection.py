@@ -579,10 +579,12 @@ class _Ports:
             return Ran(RunOutcome(True, None, None, CLIENT_TOOL_ALLOWED, tool.label))
         arguments = checked.value.arguments
         gateway = self.broker.gateway
+        # Its server's connections meanwhile are this call's (broker/server_egress.py).
+        caller = egress_proxy.EgressParent(self.call.call, self.call.session, tool.name, None)
 
         async def call() -> RunResult:
             try:
-                return await gateway.call(tool, arguments)
+                return await gateway.call(tool, arguments, caller=caller)
             except Exception as exc:
                 # Cancelled is not an Exception: a withdrawn call's cancel passes.
                 log.warning("call %s: %s failed in the gateway", verdict.decision.call, tool.name)

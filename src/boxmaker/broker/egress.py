@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -85,6 +86,12 @@ TOO_MANY: Final = (
 )
 """The answer to a connection over the call's cap, sent at once and unread (no request
 was read, so h11 has none to answer)."""
+NO_CALL_DETAIL: Final = (
+    "no call of this MCP server is in flight: a connection is opened only for the call "
+    "that caused it"
+)
+"""The ``403`` of a CONNECT to an MCP server's way out between its calls
+(broker/server_egress.py)."""
 
 
 @attrs.frozen
@@ -200,7 +207,9 @@ class CallEgress:
     """One call's way out, open: its directory and what its connections share."""
 
     broker: Broker
-    parent: EgressParent
+    parent: EgressParent | None
+    """None: an MCP server's way out between its calls (broker/server_egress.py): every
+    request on it is refused ``403``, logged and not recorded (no call made it)."""
     directory: Path
     """The call's own directory (:mod:`~boxmaker.broker.egress_dirs`): the sandbox binds it;
     ``proxy.sock`` is in it."""
@@ -217,6 +226,13 @@ class CallEgress:
     def socket_path(self) -> Path:
         return self.directory / PROXY_SOCK
 
+    @property
+    def who(self) -> str:
+        """Whose connections these are, for the log."""
+        if self.parent is None:
+            return f"{self.directory.name} (no call in flight)"
+        return f"call {self.parent.call}"
+
     # -- connections -------------------------------------------------------------------
 
     async def serve(
@@ -226,29 +242,21 @@ class CallEgress:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        async with listener:
-            task_status.started()
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS):
-                        raise
-                    log.error("%s: accept failed (%s); retrying", self.socket_path, exc)  # noqa: TRY400
-                    await trio.sleep(ACCEPT_RETRY_S)
-                    continue
-                if len(self.open) >= self.config.tunnels_per_call or self.closing is not None:
-                    self._refuse_at_once(stream)
-                    continue
-                self.open[stream] = None
-                self.none_open = trio.Event()
-                nursery.start_soon(self._handle, stream)
+        admit = functools.partial(self.admit, nursery)
+        await accept_each(listener, self.socket_path, admit, task_status=task_status)
+
+    def admit(self, nursery: trio.Nursery, stream: trio.SocketStream) -> None:
+        """A connection just accepted: handled in ``nursery``, or refused at once."""
+        if len(self.open) >= self.config.tunnels_per_call or self.closing is not None:
+            self._refuse_at_once(stream)
+            return
+        self.open[stream] = None
+        self.none_open = trio.Event()
+        nursery.start_soon(self._handle, stream)
 
     def _refuse_at_once(self, stream: trio.SocketStream) -> None:
         cap = self.config.tunnels_per_call
-        log.warning(
-            "call %s: a connection over [egress] tunnels_per_call (%d)", self.parent.call, cap
-        )
+        log.warning("%s: a connection over [egress] tunnels_per_call (%d)", self.who, cap)
         text = (
             f"boxmaker: this call already has {cap} connections open "
             f"([egress] tunnels_per_call); see {RUNBOOK_EGRESS}\n"
@@ -288,7 +296,7 @@ class CallEgress:
         with trio.move_on_after(HEAD_S) as timer:
             head = await read_head(stream, http)
         if timer.cancelled_caught:
-            log.info("call %s: no request head within %g s", self.parent.call, HEAD_S)
+            log.info("%s: no request head within %g s", self.who, HEAD_S)
             return None
         if head is None:
             return None
@@ -299,13 +307,23 @@ class CallEgress:
         if isinstance(target, HeadRefused):
             await self._answer(stream, http, target)
             return None
+        parent = self.parent
+        if parent is None:
+            log.warning(
+                "%s: refused %s %s:%d: no call of the server is in flight",
+                self.directory.name,
+                head.request.method.decode("ascii", "replace"),
+                target.host,
+                target.port,
+            )
+            await self._answer(stream, http, HeadRefused(403, NO_CALL_DETAIL))
+            return None
         if self.closing is not None or self.budget.spent:
             why = (
                 self.budget.detail if self.budget.spent else f"the call has ended ({self.closing})"
             )
             await self._answer(stream, http, HeadRefused(503, why))
             return None
-        parent = self.parent
         request = connect_request(
             call=new_call_id(),
             session=parent.session,
@@ -318,7 +336,7 @@ class CallEgress:
         )
         requester = TunnelRequester(stream, http, head.request, target)
         requester.request_bytes = head.size
-        tunnel = Tunnel(self, requester, target, request.call)
+        tunnel = Tunnel(self, requester, target, request.call, parent)
         self.open[stream] = tunnel
         return connection.OpenedCall(requester, request, run=tunnel.run, internal=True)
 
@@ -349,9 +367,7 @@ class CallEgress:
 
     async def watch_ledger(self) -> None:
         await self.broker.writer.broken.wait()
-        log.error(
-            "call %s: the ledger failed; every tunnel of the call is closed", self.parent.call
-        )
+        log.error("%s: the ledger failed; every tunnel of the call is closed", self.who)
         self.end_all(ConnectionEnd.LEDGER_FAILED)
 
     async def close(self) -> None:
@@ -368,6 +384,44 @@ class CallEgress:
                 stream.socket.shutdown(socket.SHUT_RD)
         if self.open:
             await self.none_open.wait()
+
+    @contextlib.asynccontextmanager
+    async def watched(self) -> AsyncIterator[None]:
+        """While open, every tunnel ends when the ledger fails or brokerd stops; on exit
+        the call is over (:meth:`close`, within :data:`CLOSE_GRACE_S`, even when the exit
+        is a cancellation)."""
+        async with trio.open_nursery() as watchers:
+            watchers.start_soon(self.watch_ledger)
+            watchers.start_soon(self.watch_stop)
+            try:
+                yield
+            finally:
+                with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                    await self.close()
+                watchers.cancel_scope.cancel()
+
+
+async def accept_each(
+    listener: trio.SocketListener,
+    path: Path,
+    admit: Callable[[trio.SocketStream], None],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept on ``listener`` (``path``'s) until cancelled, giving each connection to
+    ``admit``; a shortage of descriptors or memory is logged and waited out."""
+    async with listener:
+        task_status.started()
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS):
+                    raise
+                log.error("%s: accept failed (%s); retrying", path, exc)  # noqa: TRY400
+                await trio.sleep(ACCEPT_RETRY_S)
+                continue
+            admit(stream)
 
 
 @contextlib.asynccontextmanager
@@ -400,13 +454,10 @@ async def open_call_egress(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(egress.serve, listener, nursery)
-            nursery.start_soon(egress.watch_ledger)
-            nursery.start_soon(egress.watch_stop)
             try:
-                yield egress
+                async with egress.watched():
+                    yield egress
             finally:
-                with trio.move_on_after(CLOSE_GRACE_S, shield=True):
-                    await egress.close()
                 nursery.cancel_scope.cancel()
     finally:
         if made is not None:

@@ -12,12 +12,15 @@ Nothing here imports the MCP SDK: brokerd without MCP servers never loads it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from boxmaker.broker.run_spec import RunResult
 from boxmaker.core.external_tools import EMPTY_CATALOGUE, ExternalCatalogue, ExternalTool
+
+if TYPE_CHECKING:
+    from boxmaker.broker.egress import EgressParent
 
 
 class McpGateway(Protocol):
@@ -28,11 +31,19 @@ class McpGateway(Protocol):
         blocks (the gateway replaces it whole when a server's tools change)."""
         ...
 
-    async def call(self, tool: ExternalTool, arguments: Mapping[str, Any]) -> RunResult:
+    async def call(
+        self,
+        tool: ExternalTool,
+        arguments: Mapping[str, Any],
+        *,
+        caller: EgressParent | None = None,
+    ) -> RunResult:
         """Run ``tool`` (an accepted ``mcp.*`` tool, as decided) with ``arguments`` (as
         checked): its result, or a failure (``mcp_server_failed``, ``timeout``, ...); never
         raises for the server's failure. Cancelled when the call is withdrawn (the
-        gateway then sends the server ``notifications/cancelled``)."""
+        gateway then sends the server ``notifications/cancelled``). ``caller``: the
+        call (its id, session and tool) that a server's connections meanwhile are
+        attributed to, when the server has a way out (broker/server_egress.py)."""
         ...
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -48,7 +59,13 @@ class EmptyGateway:
     def catalogue(self) -> ExternalCatalogue:
         return EMPTY_CATALOGUE
 
-    async def call(self, tool: ExternalTool, arguments: Mapping[str, Any]) -> RunResult:
+    async def call(
+        self,
+        tool: ExternalTool,
+        arguments: Mapping[str, Any],
+        *,
+        caller: EgressParent | None = None,
+    ) -> RunResult:
         raise AssertionError(f"{tool.name}: no MCP server is configured")  # pragma: no cover
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -277,7 +277,7 @@ def sandbox_argv(
     env = SANDBOX_ENV
     script = limits.ulimit() + LAUNCHER
     if egress is not None:
-        mounts += ("--ro-bind", str(egress.directory), EGRESS_MOUNT, *_tls_mounts())
+        mounts += _egress_mounts(egress)
         env = {**SANDBOX_ENV, **PROXY_ENV}
         script = (
             limits.ulimit()
@@ -289,6 +289,10 @@ def sandbox_argv(
     return _bwrap_argv(
         bwrap, env=env, mounts=mounts, chdir=WORKSPACE, tmpfs_size=limits.memory, script=script
     )
+
+
+def _egress_mounts(egress: Egress) -> tuple[str, ...]:
+    return ("--ro-bind", str(egress.directory), EGRESS_MOUNT, *_tls_mounts())
 
 
 @functools.cache
@@ -312,17 +316,27 @@ def server_argv(
     limits: SandboxLimits,
     argv: tuple[str, ...],
     address_space: bool,
+    egress: Egress | None = None,
 ) -> tuple[str, ...]:
     """The bwrap command line of an MCP server's sandbox (mcp/gateway_launch.py): the
     shell's sandbox with ``mounts`` in place of the workspace, ``env`` over
     :data:`SANDBOX_ENV`, and the server's own ``argv`` exec'ed once the limits are set
     (stdin and stdout stay the MCP stream). ``address_space``: whether the launcher sets
-    RLIMIT_AS (only without a cgroup to bound memory)."""
+    RLIMIT_AS (only without a cgroup to bound memory).
+
+    With ``egress`` (a server with a way out, for its whole life): what a shell call's
+    sandbox gets (:func:`sandbox_argv`), the proxy variables over the server's own
+    ``env``, and the server exec'ed only once the bridge listens."""
     script = limits.ulimit(address_space=address_space, cpu_time=False)
+    environment = {**SANDBOX_ENV, "HOME": SERVER_HOME, **env}
+    if egress is not None:
+        mounts += _egress_mounts(egress)
+        environment.update(PROXY_ENV)
+        script += _bridge_start(egress.socat) + _BRIDGE_WAIT
     script += "exec " + " ".join(shlex.quote(part) for part in argv)
     return _bwrap_argv(
         bwrap,
-        env={**SANDBOX_ENV, "HOME": SERVER_HOME, **env},
+        env=environment,
         mounts=mounts,
         chdir=SERVER_HOME,
         tmpfs_size=limits.memory,

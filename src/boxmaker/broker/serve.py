@@ -154,6 +154,7 @@ def _gateway(broker: Broker, prepared: _Prepared, bounds: SandboxBounds) -> McpG
     config = prepared.config
     if not config.mcp_servers:
         return EmptyGateway()
+    from boxmaker.broker.server_egress import ServerWaysOut
     from boxmaker.mcp.gateway import Gateway  # the SDK: only when needed
 
     home = broker.home
@@ -166,6 +167,7 @@ def _gateway(broker: Broker, prepared: _Prepared, bounds: SandboxBounds) -> McpG
         boot=broker.boot,
         bounds=bounds,
         to_thread=broker.to_thread,
+        ways_out=ServerWaysOut(broker),
     )
 
 

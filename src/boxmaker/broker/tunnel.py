@@ -46,7 +46,7 @@ from boxmaker.core.tls_hello import RECORD_HEADER, NotHello, read_hello, record_
 from boxmaker.ledger.records import Connection, ConnectionEnd
 
 if TYPE_CHECKING:
-    from boxmaker.broker.egress import CallEgress, TunnelRequester
+    from boxmaker.broker.egress import CallEgress, EgressParent, TunnelRequester
     from boxmaker.core.decide import Ask, Run
     from boxmaker.core.labels import Label
 
@@ -112,9 +112,16 @@ class Tunnel:
     given is the one recorded, and it stops whatever the run is doing at once."""
 
     def __init__(
-        self, egress: CallEgress, requester: TunnelRequester, target: ProxyTarget, call: str
+        self,
+        egress: CallEgress,
+        requester: TunnelRequester,
+        target: ProxyTarget,
+        call: str,
+        parent: EgressParent,
     ) -> None:
         self.egress = egress
+        self.parent = parent
+        """The calling call, as it was when this tunnel's request came."""
         self.requester = requester
         self.target = target
         self.call = call
@@ -363,7 +370,7 @@ class Tunnel:
 
     async def _record(self, label: Label, address: str, started: float) -> Ran:
         egress = self.egress
-        parent = egress.parent
+        parent = self.parent
         ended = self.ended or ConnectionEnd.CLOSED
         duration_ms = round((trio.current_time() - started) * 1000)
         record = Connection(

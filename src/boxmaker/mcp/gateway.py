@@ -18,17 +18,22 @@ tools offered as ``mcp.<server>.<tool>`` (docs/mcp.md, "MCP servers through brok
   ``notifications/cancelled``). A server that dies, breaks a bound or does not answer in
   time fails the call ``mcp_server_failed``; a tool's own error result is ``tool_error``.
   Nothing a server sends reaches brokerd's log or the owner's terminal unescaped.
+- **A way out.** A server whose tools a connect grant's ``via`` covers when it starts
+  gets brokerd's proxy for its life (broker/server_egress.py); it is then sent one call
+  at a time, each connection its sandbox opens is the call in flight's, and a result
+  whose tunnels carried a byte is labelled untrusted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import types as types_
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import mcp_types as types
@@ -37,6 +42,8 @@ import trio
 
 from boxmaker.broker.cgroups import UNBOUNDED, SandboxBounds
 from boxmaker.broker.run_spec import RunResult, describe_error
+from boxmaker.broker.sandbox_check import RUNBOOK_EGRESS_SOCAT, find_socat
+from boxmaker.broker.sandbox_plan import SANDBOX_PATH, Egress, Launch
 from boxmaker.core.catalogue import MAX_BYTES
 from boxmaker.core.external_tools import (
     ExternalCatalogue,
@@ -46,6 +53,7 @@ from boxmaker.core.external_tools import (
     mcp_name,
     not_pinned_detail,
 )
+from boxmaker.core.labels import THROUGH_NETWORK_LABEL
 from boxmaker.core.reasons import Reason
 from boxmaker.formats.clock import format_utc, utc_now
 from boxmaker.home.config import Config
@@ -62,6 +70,10 @@ from boxmaker.mcp.gateway_server import (
 )
 from boxmaker.mcp.pins import Pin, PinsError, ToolStatus, compare, read_pins
 from boxmaker.runtime.threads import WORKER_THREAD, ToThread
+
+if TYPE_CHECKING:
+    from boxmaker.broker.egress import EgressParent
+    from boxmaker.broker.server_egress import ServerEgress, ServerWaysOut
 
 log = logging.getLogger("boxmaker.brokerd.mcp")
 
@@ -156,6 +168,9 @@ class Gateway:
     bounds: SandboxBounds = UNBOUNDED
     environ: Mapping[str, str] = attrs.Factory(lambda: dict(os.environ))
     to_thread: ToThread = WORKER_THREAD
+    ways_out: ServerWaysOut | None = None
+    """brokerd's servers' ways out (broker/server_egress.py); None: no server has one
+    (``bxctl mcp pin``'s own start)."""
     _servers: dict[str, _Server] = attrs.field(init=False)
     _pins: dict[str, dict[str, Pin]] = attrs.Factory(dict)
     _pins_key: object = None
@@ -228,20 +243,17 @@ class Gateway:
     async def _serve(
         self,
         server: _Server,
-        launch: Any,
+        launch: Launch,
+        network: bool,
         *,
         task_status: trio.TaskStatus[ServerConnection] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         seen = _Seen(task_status)
         try:
-            await run_server(
-                server.name,
-                launch,
-                log_path=self.home.mcp_log(server.name),
-                bounds=self.bounds,
-                startup_timeout=server.config.startup_timeout_s,
-                task_status=seen,  # type: ignore[arg-type]  # a TaskStatus by its shape
-            )
+            if network and self.ways_out is not None:
+                await self._serve_with_way_out(server, launch, self.ways_out, seen)
+            else:
+                await self._run(server, launch, None, seen)
         except ServerFailed:
             raise  # before it started: nursery.start hands it to start_server
         except Exception as exc:
@@ -252,6 +264,70 @@ class Gateway:
         if seen.connection is not None and seen.connection.failure is not None:
             self._failed(server, seen.connection.failure)
         await self._write_status()
+
+    async def _run(
+        self, server: _Server, launch: Launch, way_out: ServerEgress | None, seen: _Seen
+    ) -> None:
+        await run_server(
+            server.name,
+            launch,
+            log_path=self.home.mcp_log(server.name),
+            bounds=self.bounds,
+            startup_timeout=server.config.startup_timeout_s,
+            way_out=way_out,
+            task_status=seen,  # type: ignore[arg-type]  # a TaskStatus by its shape
+        )
+
+    async def _serve_with_way_out(
+        self, server: _Server, launch: Launch, ways_out: ServerWaysOut, seen: _Seen
+    ) -> None:
+        """The server with its way out, open for its life; raises :class:`ServerFailed`
+        when that cannot be (it never runs without the way out its grants give it)."""
+        peer = launch.user.uid if launch.user is not None else os.geteuid()
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                way_out = await stack.enter_async_context(ways_out.open(server.name, peer=peer))
+            except OSError as exc:
+                why = f"its way out could not be opened: {describe_error(exc)}"
+                raise ServerFailed(why) from None
+            launched = await self.to_thread(lambda: self._launch(server, way_out.directory))
+            if isinstance(launched, str):
+                raise ServerFailed(launched)
+            await self._run(server, launched, way_out, seen)
+
+    def _launch(self, server: _Server, egress_dir: Path | None = None) -> Launch | str:
+        """The server's launch, with its way out at ``egress_dir`` when it has one, or
+        why it cannot start. Blocking."""
+        egress = None
+        if egress_dir is not None:
+            socat = find_socat()
+            if socat is None:
+                return (
+                    f"[mcp_servers.{server.name}] a connect grant gives this server a way "
+                    "out, and its sandbox reaches brokerd's proxy through socat, which is "
+                    f"not installed where the sandbox finds programs ({SANDBOX_PATH}); it "
+                    f"never runs without its proxy; see {RUNBOOK_EGRESS_SOCAT}"
+                )
+            egress = Egress(egress_dir, socat)
+        return server_launch(
+            server.name,
+            server.config,
+            workspace=self.workspace,
+            runner=self.config.runner,
+            home_problem=self.home_problem,
+            bounded=self.bounds.bounded and self.bounds.refusal is None,
+            environ=self.environ,
+            egress=egress,
+        )
+
+    async def _needs_way_out(self, server: _Server) -> bool:
+        """Whether the grants now give ``server`` a way out: a connect grant's ``via``
+        covers one of its tools (those pinned and those it listed this boot)."""
+        if self.ways_out is None:
+            return False
+        names = {*self._pins.get(server.name, {}), *(server.live or {})}
+        tools = [name for tool in names if (name := mcp_name(server.name, tool)) is not None]
+        return await self.ways_out.needed(tools)
 
     def _failed(self, server: _Server, why: str) -> None:
         server.failures += 1
@@ -278,23 +354,16 @@ class Gateway:
                 return f"{server.last_failure}; brokerd starts it again in {math.ceil(wait)} s"
             if self._nursery is None:
                 return "brokerd is stopping"
-            launch = await self.to_thread(
-                lambda: server_launch(
-                    server.name,
-                    server.config,
-                    workspace=self.workspace,
-                    runner=self.config.runner,
-                    home_problem=self.home_problem,
-                    bounded=self.bounds.bounded and self.bounds.refusal is None,
-                    environ=self.environ,
-                )
-            )
+            launch = await self.to_thread(lambda: self._launch(server))
             if isinstance(launch, str):
                 self._failed(server, launch)
                 await self._write_status()
                 return launch
+            network = await self._needs_way_out(server)
             try:
-                new: ServerConnection = await self._nursery.start(self._serve, server, launch)
+                new: ServerConnection = await self._nursery.start(
+                    self._serve, server, launch, network
+                )
             except ServerFailed as failed:
                 self._failed(server, str(failed))
                 await self._write_status()
@@ -323,10 +392,18 @@ class Gateway:
 
     # -- calls ------------------------------------------------------------------------
 
-    async def call(self, tool: ExternalTool, arguments: Mapping[str, Any]) -> RunResult:
+    async def call(
+        self,
+        tool: ExternalTool,
+        arguments: Mapping[str, Any],
+        *,
+        caller: EgressParent | None = None,
+    ) -> RunResult:
         """Run ``tool`` (an accepted ``mcp.*`` tool, as decided) with ``arguments`` at its
-        server. Never raises for the server's failure; lets Cancelled through (the
-        server is then told the call is cancelled)."""
+        server, for the call ``caller`` (whose the server's connections are meanwhile,
+        when it has a way out; None: no call's, every one refused). Never raises for the
+        server's failure; lets Cancelled through (the server is then told the call is
+        cancelled)."""
         label = tool.label
         server = self._servers.get(tool.server or "")
         if server is None:
@@ -343,7 +420,19 @@ class Gateway:
         if definition_hash(live) != tool.definition:
             detail = not_pinned_detail(tool.name, ToolState.CHANGED)
             return RunResult.failure(Reason.TOOL_CHANGED, detail, label)
-        return await self._send(server, started, tool, own_name, arguments)
+        way_out = started.way_out
+        if way_out is None:
+            return await self._send(server, started, tool, own_name, arguments)
+        # One call at a time: a connection is the call in flight's, and there is one.
+        async with started.one_call:
+            if caller is None:
+                return await self._send(server, started, tool, own_name, arguments)
+            async with way_out.serving(caller) as egress:
+                result = await self._send(server, started, tool, own_name, arguments)
+        if egress.budget.used:
+            # What came in through a tunnel may be in the result the model reads.
+            return attrs.evolve(result, label=result.label.join(THROUGH_NETWORK_LABEL))
+        return result
 
     async def _send(
         self,

@@ -3,9 +3,10 @@ docs/runbook.md#mcp-servers).
 
 The shell's sandbox (broker/sandbox_plan.py) with the server's own paths in place of the
 workspace: the same uid (never root), no capabilities, the same seccomp filter, no
-network, the same process and file-size limits, and, where brokerd has cgroups, memory
-bounded by the cgroup rather than by address space (Node-based servers reserve ranges far
-above any sensible RLIMIT_AS). Without a cgroup the address-space limit stays.
+network (unless its grants give it a way out: broker/server_egress.py), the same process
+and file-size limits, and, where brokerd has cgroups, memory bounded by the cgroup rather
+than by address space (Node-based servers reserve ranges far above any sensible
+RLIMIT_AS). Without a cgroup the address-space limit stays.
 
 Each path is resolved at each start and bound by its real path, at the path the owner
 wrote: a writable path whose real path has left the workspace (the model writes the
@@ -25,7 +26,7 @@ from typing import Final
 
 from boxmaker.broker.run_spec import sandbox_limits
 from boxmaker.broker.sandbox_check import find_sandbox
-from boxmaker.broker.sandbox_plan import SANDBOX_PATH, SYSTEM_DIRS, Launch, server_argv
+from boxmaker.broker.sandbox_plan import SANDBOX_PATH, SYSTEM_DIRS, Egress, Launch, server_argv
 from boxmaker.home.config import RunnerConfig
 from boxmaker.home.mcp_config import RUNBOOK_MCP_SERVERS, McpServerConfig
 
@@ -145,10 +146,12 @@ def server_launch(
     home_problem: Callable[[Path], str | None],
     bounded: bool,
     environ: Mapping[str, str],
+    egress: Egress | None = None,
 ) -> Launch | str:
     """The launch of server ``name``, or why it cannot start (the failure's detail).
     ``workspace``: its real path (brokerd's, resolved at start); ``bounded``: whether
-    the sandbox will have a cgroup. Blocking (stats)."""
+    the sandbox will have a cgroup; ``egress``: its way out, when it has one
+    (broker/server_egress.py). Blocking (stats)."""
     found = find_sandbox(workspace, runner.sandbox_uid)
     if isinstance(found, str):
         return found
@@ -166,5 +169,6 @@ def server_launch(
         limits=limits,
         argv=(server.command, *server.args),
         address_space=not bounded,
+        egress=egress,
     )
     return Launch(argv, found.user, limits)

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import attrs
@@ -43,6 +43,9 @@ from boxmaker.broker.run_spec import describe_error
 from boxmaker.broker.sandbox import Sandbox
 from boxmaker.broker.sandbox_plan import Launch, SandboxRefused
 from boxmaker.runtime.ndjson import FrameError, FrameReader
+
+if TYPE_CHECKING:
+    from boxmaker.broker.server_egress import ServerEgress
 
 log = logging.getLogger("boxmaker.brokerd.mcp")
 
@@ -74,6 +77,11 @@ class ServerConnection:
 
     name: str
     sandbox: Sandbox
+    way_out: ServerEgress | None = None
+    """Its way out through brokerd, open for its life (broker/server_egress.py); None:
+    no network at all."""
+    one_call: trio.Lock = attrs.Factory(trio.Lock)
+    """Held by the call in flight when the server has a way out (gateway.py)."""
     session: ClientSession | None = None
     tools: tuple[types.Tool, ...] = ()
     failure: str | None = None
@@ -107,11 +115,13 @@ async def run_server(
     log_path: Path,
     bounds: SandboxBounds,
     startup_timeout: float,
+    way_out: ServerEgress | None = None,
     task_status: trio.TaskStatus[ServerConnection] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Start server ``name`` and serve it until it ends or is stopped. Reports the
     :class:`ServerConnection` once ``tools/list`` has answered; raises
-    :class:`ServerFailed` before that. Call in a nursery of trio's own thread."""
+    :class:`ServerFailed` before that. ``way_out``: the one its ``launch`` binds, if
+    any. Call in a nursery of trio's own thread."""
     try:
         sandbox = Sandbox.start(launch, bounds=bounds)
     except SandboxRefused as refused:
@@ -119,7 +129,7 @@ async def run_server(
     except OSError as exc:
         problem = describe_error(exc)
         raise ServerFailed(f"bubblewrap (bwrap) could not be started: {problem}") from None
-    connection = ServerConnection(name, sandbox)
+    connection = ServerConnection(name, sandbox, way_out)
     started = False
     try:
         async with trio.open_nursery() as pumps:
