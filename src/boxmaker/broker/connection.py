@@ -97,7 +97,7 @@ from boxmaker.core.drive import drive, resume
 from boxmaker.core.external_tools import CLAUDE_PREFIX
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
-from boxmaker.core.labels import THROUGH_NETWORK_LABEL, Label
+from boxmaker.core.labels import Label
 from boxmaker.core.network import network_grants
 from boxmaker.core.reasons import Reason
 from boxmaker.core.state import StateUnreadable
@@ -511,12 +511,11 @@ class _Ports:
             egress_proxy.open_call_egress(broker, parent, peer=peer, directory=directory) as egress,
         ):
             ran = await self._run_spec(attrs.evolve(spec, egress_dir=egress.directory))
-        if isinstance(ran, Ran) and egress.budget.used:
-            # What came in through a tunnel may be in the output: the model reads it in
-            # this result, so this result is what makes the session untrusted.
+        if isinstance(ran, Ran):
+            # The model reads what came in through a tunnel in this result: this result
+            # is what makes the session untrusted.
             outcome = ran.outcome
-            label = outcome.label.join(THROUGH_NETWORK_LABEL)
-            return Ran(attrs.evolve(outcome, label=label))
+            return Ran(attrs.evolve(outcome, label=egress.output_label(outcome.label)))
         return ran
 
     async def _run_spec(self, spec: RunSpec) -> Ran | RequesterGone:

@@ -63,6 +63,7 @@ from boxmaker.broker.proxy_head import (
 )
 from boxmaker.broker.requester import SEND_S, Requester
 from boxmaker.broker.tunnel import RUNBOOK_EGRESS, Tunnel
+from boxmaker.core.labels import THROUGH_NETWORK_LABEL, Label
 from boxmaker.core.network import connect_request
 from boxmaker.core.reasons import Reason, reason_words
 from boxmaker.core.vocabulary import Answer, AnswerOutcome, ErrorFrame
@@ -225,6 +226,12 @@ class CallEgress:
     @property
     def socket_path(self) -> Path:
         return self.directory / PROXY_SOCK
+
+    def output_label(self, label: Label) -> Label:
+        """The label of the call's output, ``label`` as its tool gives it: untrusted
+        when any of its tunnels carried a byte (what came in may be in what the model
+        reads; the tunnels' own results raise nothing)."""
+        return label.join(THROUGH_NETWORK_LABEL) if self.budget.used else label
 
     @property
     def who(self) -> str:

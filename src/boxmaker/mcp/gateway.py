@@ -53,7 +53,6 @@ from boxmaker.core.external_tools import (
     mcp_name,
     not_pinned_detail,
 )
-from boxmaker.core.labels import THROUGH_NETWORK_LABEL
 from boxmaker.core.reasons import Reason
 from boxmaker.formats.clock import format_utc, utc_now
 from boxmaker.home.config import Config
@@ -429,10 +428,7 @@ class Gateway:
                 return await self._send(server, started, tool, own_name, arguments)
             async with way_out.serving(caller) as egress:
                 result = await self._send(server, started, tool, own_name, arguments)
-        if egress.budget.used:
-            # What came in through a tunnel may be in the result the model reads.
-            return attrs.evolve(result, label=result.label.join(THROUGH_NETWORK_LABEL))
-        return result
+        return attrs.evolve(result, label=egress.output_label(result.label))
 
     async def _send(
         self,
