@@ -32,7 +32,6 @@ anywhere ends every tunnel too (ended ``ledger_failed``).
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
 import socket
@@ -45,6 +44,7 @@ import h11
 import trio
 
 from boxmaker.broker import connection
+from boxmaker.broker.accept import ACCEPT_CAPACITY_ERRNOS, ACCEPT_RETRY_S
 from boxmaker.broker.egress_dirs import (
     PROXY_SOCK,
     EgressDirectory,
@@ -80,7 +80,6 @@ log = logging.getLogger("boxmaker.brokerd.egress")
 
 CLOSE_GRACE_S: Final = 5.0
 """Seconds the tunnels of a call that ended have to write their records."""
-ACCEPT_RETRY_S: Final = 0.1
 TOO_MANY: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
@@ -423,7 +422,7 @@ async def accept_each(
             try:
                 stream = await listener.accept()
             except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS):
+                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
                     raise
                 log.error("%s: accept failed (%s); retrying", path, exc)  # noqa: TRY400
                 await trio.sleep(ACCEPT_RETRY_S)
