@@ -17,7 +17,12 @@ import signal
 
 from hypothesis import settings
 
-pytest_plugins = ["pytester", "tests.harness.fixtures", "tests.harness.time_limit"]
+pytest_plugins = [
+    "pytester",
+    "tests.harness.fixtures",
+    "tests.harness.egress_fixtures",
+    "tests.harness.time_limit",
+]
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 settings.register_profile("boxmaker", deadline=None)

@@ -10,7 +10,6 @@ resolver seam replaced so every lookup is seen. Time is trio's autojump clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ from tests.harness.broker import (
     waiting_approvals,
 )
 from tests.harness.homes import grant
-from tests.harness.sandbox import AS_ROOT, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT
 from tests.harness.tunnels import (
     COMMAND,
     RUNBOOK,
@@ -42,7 +41,6 @@ from tests.harness.tunnels import (
     TlsEchoServer,
     at_eof,
     closed,
-    configure,
     connect_calls,
     grants,
     network_grant,
@@ -63,43 +61,6 @@ from boxmaker.home.paths import Home
 pytestmark = pytest.mark.usefixtures("inline_threads")
 
 Clock = trio.testing.MockClock
-
-
-@pytest.fixture
-def ws(home: Home) -> Iterator[Path]:
-    with sandbox_workspace() as workspace:
-        configure(home, workspace)
-        yield workspace
-
-
-@pytest.fixture
-def certificate() -> Certificate:
-    return Certificate.make()
-
-
-@pytest.fixture
-async def server(nursery: trio.Nursery, certificate: Certificate, tmp_path: Path) -> TlsEchoServer:
-    echo = TlsEchoServer(certificate.server_context(tmp_path))
-    await nursery.start(echo.serve)
-    return echo
-
-
-@pytest.fixture
-def resolver() -> Resolver:
-    return Resolver({"svc.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
-
-
-@pytest.fixture
-def shell() -> ShellStandIn:
-    return ShellStandIn()
-
-
-@pytest.fixture
-async def started(brokerd: Brokerd, resolver: Resolver, shell: ShellStandIn, ws: Path) -> Brokerd:
-    """brokerd with the shell stand-in and the resolver; grants are written by the test
-    before its call (brokerd reads them at each decision)."""
-    await brokerd.start(execute=shell, host=resolver.host)
-    return brokerd
 
 
 # -- the main path -----------------------------------------------------------------------

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,14 @@ import pytest
 import trio
 import trio.testing
 from tests.harness.broker import Brokerd, records
-from tests.harness.sandbox import AS_ROOT, SANDBOX_UID, sandbox_workspace
+from tests.harness.sandbox import AS_ROOT, SANDBOX_UID
 from tests.harness.tunnels import (
     RUNBOOK,
-    Certificate,
     PlainServer,
     Resolver,
     ShellStandIn,
     TlsEchoServer,
     at_eof,
-    configure,
     connect_calls,
     grants,
     network_grant,
@@ -55,45 +52,10 @@ Clock = trio.testing.MockClock
 
 
 @pytest.fixture
-def ws(home: Home) -> Iterator[Path]:
-    with sandbox_workspace() as workspace:
-        configure(home, workspace)
-        yield workspace
-
-
-@pytest.fixture
-def certificate() -> Certificate:
-    return Certificate.make()
-
-
-@pytest.fixture
-async def server(nursery: trio.Nursery, certificate: Certificate, tmp_path: Path) -> TlsEchoServer:
-    echo = TlsEchoServer(certificate.server_context(tmp_path))
-    await nursery.start(echo.serve)
-    return echo
-
-
-@pytest.fixture
 async def plain(nursery: trio.Nursery) -> PlainServer:
     served = PlainServer()
     await nursery.start(served.serve)
     return served
-
-
-@pytest.fixture
-def resolver() -> Resolver:
-    return Resolver({"svc.test": ["127.0.0.1"]})
-
-
-@pytest.fixture
-def shell() -> ShellStandIn:
-    return ShellStandIn()
-
-
-@pytest.fixture
-async def started(brokerd: Brokerd, resolver: Resolver, shell: ShellStandIn, ws: Path) -> Brokerd:
-    await brokerd.start(execute=shell, host=resolver.host)
-    return brokerd
 
 
 def decisions(home: Home) -> list[tuple[str, str | None, dict[str, Any]]]:
