@@ -96,6 +96,11 @@ def test_checked_arguments_expose_what_grants_match() -> None:
     assert checked("list_dir", {"path": "."}).match_paths == ("",)
 
 
+def test_a_subject_of_200_characters_is_whole_and_a_longer_one_is_cut_at_200() -> None:
+    assert checked("shell", {"command": "x" * 200}).subject() == "x" * 200
+    assert checked("shell", {"command": "x" * 200 + "y"}).subject() == "x" * 200 + "…"
+
+
 def test_absolute_path_inside_the_workspace() -> None:
     assert checked("read_file", {"path": "/w/notes/a"}, workspace="/w").paths == ("notes/a",)
     outside = check_arguments("read_file", {"path": "/etc/passwd"}, workspace="/w")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from boxmaker.core.catalogue import (
     INTERNAL_TOOLS,
+    MAX_COMMAND_BYTES,
     TOOL_NAMES,
     ArgumentProblem,
     CheckedArguments,
@@ -167,6 +168,8 @@ def test_checked_connect_arguments_match_as_hosts_and_commands() -> None:
         ({"via_command": "a\x00b"}, "argument 'via_command' contains a NUL byte"),
         ({"via_command": "x" * 65537}, "argument 'via_command' is longer than 65536 bytes"),
         ({"scheme": "ftp"}, "argument 'scheme' must be http or https"),
+        # via_command (optional) is absent: the schema still checks the keys after it.
+        ({"scheme": 5}, "argument 'scheme' must be a string"),
         ({"extra": 1}, "unknown argument 'extra'"),
     ],
 )
@@ -177,6 +180,24 @@ def test_bad_connect_arguments(change: dict[str, Any], detail: str) -> None:
     assert isinstance(checked, ArgumentProblem)
     assert checked.reason is Reason.BAD_ARGUMENTS
     assert checked.detail.startswith(detail), checked.detail
+
+
+def test_a_long_bad_host_or_tool_name_is_shown_by_its_first_100_characters() -> None:
+    raw: dict[str, Any] = {"host": "*" + "A" * 150, "port": 443, "via": VIA, "via_tool": "shell"}
+    assert check_arguments("connect", raw, internal=True) == ArgumentProblem(
+        Reason.BAD_ARGUMENTS,
+        f"argument 'host': {'*' + 'a' * 99!r} is not a host name or IP address: "
+        "it has glob characters or escapes",
+    )
+    raw = {"host": "a.org", "port": 443, "via": VIA, "via_tool": "x" * 150}
+    assert check_arguments("connect", raw, internal=True) == ArgumentProblem(
+        Reason.BAD_ARGUMENTS, f"argument 'via_tool': {'x' * 100!r} is not a tool's name"
+    )
+
+
+def test_a_via_command_of_exactly_the_length_limit_is_accepted() -> None:
+    assert MAX_COMMAND_BYTES == 64 * 1024
+    assert connect(via_command="x" * MAX_COMMAND_BYTES).command == "x" * (64 * 1024)
 
 
 def test_a_via_command_belongs_to_a_shell_call_only() -> None:
@@ -302,6 +323,67 @@ def test_only_the_owner_answers_a_connect_ask() -> None:
     text = table(*PYPI, 'approvers = ["owner", "mcp-client"]', mode="ask")
     assert problems(text) == [("approvers", 'only the owner answers a connect: "owner"')]
     assert one(*PYPI, 'approvers = ["owner"]', mode="ask").approvers == ("owner",)
+
+
+VIA_FAMILIES = (
+    "expected shell, or an external tool's name or family (mcp.SERVER.TOOL, mcp.SERVER.*, mcp.*)"
+)
+
+
+@pytest.mark.parametrize(
+    ("lines", "mode", "expected"),
+    [
+        (
+            ('hosts = ["a.org"]', 'via = "shell"'),
+            "auto",
+            ("via", "expected an array of strings, got a string", None),
+        ),
+        (
+            ('hosts = ["a.org"]', 'via = ["Shel"]'),
+            "auto",
+            ("via", f"'Shel': {VIA_FAMILIES}", "shell"),
+        ),
+        (
+            ('hosts = ["a.org"]', 'via = ["mcp.f.get", "mcp.f.get"]'),
+            "auto",
+            ("via", "a tool named twice", None),
+        ),
+        (
+            ('hosts = ["a.org"]', 'via = ["mcp.f.*"]', 'commands = ["pip *"]'),
+            "auto",
+            (
+                "commands",
+                'matched against a shell call\'s command: applies only when via has "shell"',
+                None,
+            ),
+        ),
+        (
+            (*PYPI, 'approvers = ["owner", "mcp-client"]'),
+            "ask",
+            ("approvers", 'only the owner answers a connect: "owner"', None),
+        ),
+    ],
+    ids=["via-not-array", "via-misspelt", "via-twice", "commands-without-shell", "approvers"],
+)
+def test_a_connect_grant_problem_names_its_grant_and_the_nearest_word(
+    lines: tuple[str, ...], mode: str, expected: tuple[str, str, str | None]
+) -> None:
+    document = parse_toml(table(*lines, gid="net-1", mode=mode))
+    assert isinstance(document, dict)
+    found = all_problems(document)
+    assert not isinstance(found, GrantSet)
+    assert [(p.grant_id, p.key, p.message, p.suggestion) for p in found] == [("net-1", *expected)]
+
+
+def test_a_grant_without_the_connect_keys_has_their_defaults() -> None:
+    # Equal to the Grant built with every default: via (), plain_http False, not None.
+    assert one(*PYPI) == Grant(
+        "net", "connect", Mode.AUTO, hosts=("pypi.org", "*.pythonhosted.org"), via=("shell",)
+    )
+    other = parse_grants('[[grant]]\nid = "r"\ntool = "read_file"\nmode = "auto"\n')
+    assert other == GrantSet((Grant("r", "read_file", Mode.AUTO),))
+    assert isinstance(other, GrantSet)
+    assert (other.grants[0].via, other.grants[0].plain_http) == ((), False)
 
 
 @pytest.mark.parametrize("key", ['via = ["shell"]', "plain_http = true"])

@@ -131,6 +131,7 @@ def test_the_record_size_comes_from_the_header() -> None:
             "not a TLS handshake record (the first byte is 0x17)",
         ),
         (b"\x16\x02\x00\x00\x10" + bytes(16), "not a TLS record (version 2.0)"),
+        (b"\x16\x04\x05\x00\x10" + bytes(16), "not a TLS record (version 4.5)"),
         (b"\x16\x03\x01\x00\x00", "the first TLS record is empty"),
         (
             b"\x16\x03\x01\x40\x01",
@@ -140,6 +141,10 @@ def test_the_record_size_comes_from_the_header() -> None:
 )
 def test_what_is_not_a_hello_record_says_why(data: bytes, detail: str) -> None:
     assert read_hello(data) == NotHello(detail)
+
+
+def test_a_record_of_exactly_the_largest_size_is_allowed() -> None:
+    assert record_size(b"\x16\x03\x01\x40\x00") == RECORD_HEADER + MAX_RECORD
 
 
 def test_a_record_longer_than_its_header_says_is_refused() -> None:
@@ -180,6 +185,27 @@ def test_a_hello_split_over_two_records_is_refused() -> None:
 )
 def test_a_bad_server_name_extension_is_refused(extensions: bytes, detail: str) -> None:
     assert read_hello(built_hello(extensions)) == NotHello(detail)
+
+
+def test_a_block_longer_than_the_block_around_it_is_refused() -> None:
+    extensions = sni((0, b"a.org"))
+    record = bytearray(built_hello(extensions))
+    # The extensions' length follows header, type and length, version, random, session
+    # id, cipher suites and compression; make it say one byte more than the hello holds.
+    at = RECORD_HEADER + 4 + 2 + 32 + 1 + 4 + 2
+    assert record[at : at + 2] == len(extensions).to_bytes(2, "big")
+    record[at + 1] += 1
+    assert read_hello(bytes(record)) == NotHello(
+        "the ClientHello's lengths do not add up (cut short, or split)"
+    )
+
+
+def test_a_hello_too_short_for_its_version_is_refused() -> None:
+    # One byte of body where the version takes two: refused, not an IndexError.
+    record = b"\x16\x03\x01\x00\x05" + b"\x01\x00\x00\x01" + b"\x02"
+    assert read_hello(record) == NotHello(
+        "the ClientHello's lengths do not add up (cut short, or split)"
+    )
 
 
 def test_bytes_after_the_extensions_are_refused() -> None:
