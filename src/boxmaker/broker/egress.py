@@ -5,7 +5,7 @@ For a shell call that the grants current at its run give a way out
 (:func:`boxmaker.core.network.network_grants`), brokerd opens :func:`open_call_egress`
 around the run: a directory of the call's own (0700) holding ``proxy.sock`` (0600),
 which the sandbox binds inside itself (broker/sandbox_plan.py): ``run/egress/<call>/``,
-or, when brokerd is root, ``/run/boxmaker-egress-XXXX/<call>/``, both the sandbox's
+or, when brokerd is root, ``/run/boxmaker-egress-<random>/<call>/``, both the sandbox's
 uid's (its bwrap must reach what it binds: :mod:`boxmaker.broker.egress_dirs`). A
 connection on it is that call's and no other's: the socket is bound into one sandbox
 only, and only the sandbox's uid may connect (the peer check; the directory's mode
