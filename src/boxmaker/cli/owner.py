@@ -234,6 +234,9 @@ def describe_approved(answer: Approved) -> str:
         text = f"withdrawn {call}: {why}; nothing ran"
     elif answer.ran is None:
         text = f"approved {call}: {tool} runs"
+    elif answer.ran.outcome == "ok" and answer.ran.detail:
+        # A tunnel is answered as it opens, not at its end (docs/decisions.md): its words.
+        text = f"approved {call}: {tool}: {answer.ran.detail}"
     elif answer.ran.outcome == "ok":
         text = f"approved {call}: {tool} ran (ok)"
     else:
