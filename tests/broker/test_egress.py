@@ -30,7 +30,7 @@ from tests.harness.broker import (
     tool_request,
     waiting_approvals,
 )
-from tests.harness.homes import grant
+from tests.harness.homes import grant, write_grants
 from tests.harness.sandbox import AS_ROOT
 from tests.harness.tunnels import (
     COMMAND,
@@ -406,6 +406,41 @@ async def test_a_connection_over_the_tunnel_cap_is_answered_503_at_once(
     assert refusal.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     assert b"[egress] tunnels_per_call" in refusal
     assert len(connect_calls(home)) == 2
+
+
+async def test_a_calls_connections_to_one_name_look_it_up_once(
+    home: Home,
+    started: Brokerd,
+    server: TlsEchoServer,
+    certificate: Certificate,
+    resolver: Resolver,
+    shell: ShellStandIn,
+    autojump_clock: Clock,
+) -> None:
+    """docs/egress.md: each connection is decided and dialed on its own, the name looked
+    up once a call; the next call looks it up again (the grants hold in the untrusted
+    session the first call's output makes)."""
+    port = server.port
+    write_grants(
+        home,
+        grant("sh", "shell", "auto", if_untrusted="auto")
+        + network_grant([f"svc.test:{port}", f"127.0.0.1:{port}"], if_untrusted='"auto"'),
+    )
+
+    async def program(directory: Path) -> str:
+        for stream in await shell.connect(directory, 3):
+            assert (await proxy_connect(stream, "svc.test", port)).status == 200
+            await closed(await tls_echo(stream, certificate, "svc.test"), home)
+        return "ok"
+
+    shell.program = program
+    await run_shell(home)
+    assert len(server.connections) == 3
+    ends = [body(r) for r in records(home) if r["kind"] == "connection"]
+    assert [(end["address"], end["ended"]) for end in ends] == [("127.0.0.1", "closed")] * 3
+    assert resolver.lookups == [("svc.test", port)]
+    await run_shell(home)
+    assert resolver.lookups == [("svc.test", port)] * 2
 
 
 async def test_the_byte_cap_closes_the_tunnel_that_reaches_it(

@@ -51,6 +51,7 @@ from boxmaker.broker.egress_dirs import (
     listen_in,
     make_egress_directory,
 )
+from boxmaker.broker.lookups import CallLookups
 from boxmaker.broker.proxy_head import (
     HEAD_S,
     HeadRefused,
@@ -221,6 +222,13 @@ class CallEgress:
     """Each connection open, with its tunnel once its request became a call."""
     closing: ConnectionEnd | None = None
     none_open: trio.Event = attrs.Factory(trio.Event)
+    lookups: CallLookups = attrs.field(init=False)
+    """The call's lookups (:mod:`~boxmaker.broker.lookups`): one a name, not one a
+    connection."""
+
+    @lookups.default
+    def _lookups(self) -> CallLookups:
+        return CallLookups(self.broker.host.resolve)
 
     @property
     def socket_path(self) -> Path:

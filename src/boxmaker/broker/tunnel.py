@@ -191,7 +191,7 @@ class Tunnel:
             raise _Refused(Reason.TOOL_ERROR, f"the tunnel did not open: {self.ended}")
         with trio.move_on_after(DIAL_S):
             try:
-                addresses = await egress.broker.host.resolve(destination.host, destination.port)
+                addresses = await egress.lookups.resolve(destination.host, destination.port)
             except OSError as exc:
                 detail = f"{destination.host}: the name does not resolve ({describe_error(exc)})"
                 raise _Refused(Reason.TOOL_ERROR, detail) from None
