@@ -24,12 +24,13 @@ the MCP client's answer, :mod:`boxmaker.broker.client_answers`) or for its endin
 delivered
 (:mod:`boxmaker.broker.pending`): no timer, no wake-up a second.
 
-A running call belongs to its connection too: a tool that can run for long (a shell
-command, an HTTP fetch: :data:`~boxmaker.broker.runner.STOPPABLE_TOOLS`) runs in a
-nursery of the connection beside a hang-up watcher (:meth:`Requester.while_here`, the
-shape of hypercorn's per-connection task group). When the requester leaves, the run is
-cancelled — the sandbox's processes are killed on the way out — and the machine records
-the result ``failed`` ``requester_gone``. An ``mcp.*`` call's run is the gateway's
+A running call belongs to its connection too (:mod:`boxmaker.broker.tool_run`): a tool
+that can run for long (a shell command, an HTTP fetch:
+:data:`~boxmaker.broker.runner.STOPPABLE_TOOLS`) runs in a nursery of the connection
+beside a hang-up watcher (:meth:`Requester.while_here`, the shape of hypercorn's
+per-connection task group). When the requester leaves, the run is cancelled — the
+sandbox's processes are killed on the way out — and the machine records the result
+``failed`` ``requester_gone``. An ``mcp.*`` call's run is the gateway's
 (:mod:`boxmaker.broker.mcp_port`), awaited the same way, so a hang-up cancels it; a
 ``claude.*`` call runs nothing here (the client runs its own tool once allowed): its
 answer is ``ok`` ``"allowed"``, its result recorded like any other.
@@ -38,7 +39,6 @@ answer is ``ok`` ``"allowed"``, its result recorded like any other.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, TypeAlias, assert_never
@@ -46,17 +46,13 @@ from typing import Final, TypeAlias, assert_never
 import attrs
 import trio
 
-from boxmaker.broker import egress as egress_proxy
 from boxmaker.broker.client_answers import AfterRequest, heard
 from boxmaker.broker.decide_now import BrokerSources, decide_now
 from boxmaker.broker.mcp_port import McpGateway
 from boxmaker.broker.pending import ApproveCommand, ClientAnswered, RefuseCommand, report
 from boxmaker.broker.requester import Requester
-from boxmaker.broker.run_spec import RunResult, RunSpec
-from boxmaker.broker.runner import STOPPABLE_TOOLS
-from boxmaker.broker.sandbox_plan import Launch
-from boxmaker.broker.sandbox_pool import keeps_a_way_out
 from boxmaker.broker.state import Broker
+from boxmaker.broker.tool_run import run_tool
 from boxmaker.core.approvals import PendingEntry
 from boxmaker.core.call import (
     APPROVAL_UNRECORDED,
@@ -79,27 +75,21 @@ from boxmaker.core.call_events import (
     Ran,
     RequesterGone,
     Reused,
-    RunOutcome,
     StateRaised,
     StateUnrecordable,
     Stopping,
 )
 from boxmaker.core.call_phases import Running
 from boxmaker.core.catalogue import (
-    ExternalArgs,
-    ShellArgs,
     catalogue_tools,
     external_catalogue_tools,
 )
 from boxmaker.core.client_answer import client_approver, client_refusal
 from boxmaker.core.decide import Ask, Ruling, Run, Verdict
 from boxmaker.core.drive import drive, resume
-from boxmaker.core.external_tools import CLAUDE_PREFIX
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
 from boxmaker.core.labels import Label
-from boxmaker.core.network import network_grants
-from boxmaker.core.reasons import Reason
 from boxmaker.core.state import StateUnreadable
 from boxmaker.core.vocabulary import (
     Answer,
@@ -146,8 +136,6 @@ FIRST_FRAME_S: Final = 5.0
 """The first frame within 5 s of the connection, else it closes."""
 UNDER_WAY: Final = "it runs: the tunnel is open; its end is recorded in the ledger"
 """What an owner who approved a tunnel hears once it opened."""
-CLIENT_TOOL_ALLOWED: Final = "allowed"
-"""A ``claude.*`` call's answer content when it may run: the client runs it itself."""
 
 
 @attrs.frozen
@@ -485,56 +473,7 @@ class _Ports:
             # An internal call's run is its connection's own (a tunnel reads and writes
             # the requester's stream itself, so no hang-up watcher may read it).
             return await self.own_run(verdict, self._under_way)
-        if verdict.checked.external is not None:
-            return await self._run_external(verdict)
-        broker = self.broker
-        spec = RunSpec.for_verdict(
-            verdict,
-            workspace=broker.workspace,
-            runner=broker.config.runner,
-            labels=broker.config.labels,
-            approved=approved,
-        )
-
-        way_out = await self._way_out(spec)
-        if way_out is None:
-            return await self._run_spec(spec)
-        # The way out is opened around the run, not inside it: a run stopped because its
-        # requester left must not take the tunnels' records with it (they end
-        # call_ended, and are recorded, when the egress closes).
-        parent, peer, launch = way_out
-        # The sandbox with a way out set up ahead, when one fits: the call's socket is
-        # put in its directory, so the command starts at once (sandbox_pool.py).
-        ahead = broker.sandboxes.network_directory(launch, spec.workspace)
-        async with (
-            ahead as directory,
-            egress_proxy.open_call_egress(broker, parent, peer=peer, directory=directory) as egress,
-        ):
-            ran = await self._run_spec(attrs.evolve(spec, egress_dir=egress.directory))
-        if isinstance(ran, Ran):
-            # The model reads what came in through a tunnel in this result: this result
-            # is what makes the session untrusted.
-            outcome = ran.outcome
-            return Ran(attrs.evolve(outcome, label=egress.output_label(outcome.label)))
-        return ran
-
-    async def _run_spec(self, spec: RunSpec) -> Ran | RequesterGone:
-        broker = self.broker
-
-        def run() -> Awaitable[RunResult]:
-            return broker.execute(spec, broker.sandboxes, to_thread=broker.to_thread)
-
-        if spec.tool in STOPPABLE_TOOLS:
-            finished = await self.requester.while_here(run)
-            if finished is None:
-                log.info("call %s: its requester left while it ran; the run was stopped", spec.call)
-                return RequesterGone()
-            result = finished
-        else:
-            result = await run()
-        return Ran(
-            RunOutcome(result.ok, result.reason, result.detail, result.content, result.label)
-        )
+        return await run_tool(self.broker, self.requester, self.call, verdict, approved=approved)
 
     def _under_way(self) -> None:
         """An internal run is under way (a tunnel opened, which may stay open for long):
@@ -543,60 +482,6 @@ class _Ports:
         state = self.call.state
         if isinstance(state, Running) and state.told is not None:
             self.reply(attrs.evolve(state.told, ran=RunEnd(outcome="ok", detail=UNDER_WAY)))
-
-    async def _way_out(self, spec: RunSpec) -> tuple[egress_proxy.EgressParent, int, Launch] | None:
-        """A shell call's way out, when the grants current now give it one
-        (:func:`~boxmaker.core.network.network_grants`): who it is for, the uid that
-        may use it (the sandbox's), and the call's plain launch. None: today's sandbox,
-        no network at all. Either way the pool hears whether the grants keep a sandbox
-        with a way out set up ahead."""
-        launch = spec.sandbox
-        value = spec.arguments.value
-        if not isinstance(launch, Launch) or not isinstance(value, ShellArgs):
-            return None  # not a shell call, or one whose sandbox cannot start anyway
-        grants = await self.broker.grants.current()
-        if not isinstance(grants, GrantSet):
-            self.broker.sandboxes.keep_network(False)
-            return None
-        now = utc_now()
-        self.broker.sandboxes.keep_network(keeps_a_way_out(grants, now))
-        if not network_grants(grants, spec.tool, value.command, now):
-            return None
-        call = self.call
-        parent = egress_proxy.EgressParent(call.call, call.session, spec.tool, value.command)
-        return parent, launch.user.uid if launch.user is not None else os.geteuid(), launch
-
-    async def _run_external(self, verdict: Run | Ask) -> Ran | RequesterGone:
-        """An external tool's run: ``claude.*`` runs nothing (the client runs its own
-        tool once allowed); ``mcp.*`` is the gateway's call, stopped (cancelled) when
-        the requester leaves, as a shell run is."""
-        checked = verdict.checked
-        tool = checked.external
-        assert tool is not None
-        assert isinstance(checked.value, ExternalArgs)
-        if tool.name.startswith(CLAUDE_PREFIX):
-            return Ran(RunOutcome(True, None, None, CLIENT_TOOL_ALLOWED, tool.label))
-        arguments = checked.value.arguments
-        gateway = self.broker.gateway
-        # Its server's connections meanwhile are this call's (broker/server_egress.py).
-        caller = egress_proxy.EgressParent(self.call.call, self.call.session, tool.name, None)
-
-        async def call() -> RunResult:
-            try:
-                return await gateway.call(tool, arguments, caller=caller)
-            except Exception as exc:
-                # Cancelled is not an Exception: a withdrawn call's cancel passes.
-                log.warning("call %s: %s failed in the gateway", verdict.decision.call, tool.name)
-                detail = f"{tool.name}: {type(exc).__name__}: {exc}"[:500]
-                return RunResult.failure(Reason.MCP_SERVER_FAILED, detail, tool.label)
-
-        finished = await self.requester.while_here(call)
-        if finished is None:
-            call_id = verdict.decision.call
-            log.info("call %s: its requester left while %s ran; cancelled", call_id, tool.name)
-            return RequesterGone()
-        ran = finished
-        return Ran(RunOutcome(ran.ok, ran.reason, ran.detail, ran.content, ran.label))
 
     async def raise_state(self, session: str, label: Label) -> StateRaised | StateUnrecordable:
         raised = await _raise_state(self.broker, session, label)
