@@ -185,6 +185,7 @@ class Kind(enum.StrEnum):
     POLICY = "policy"
     MCP_TOOLS = "mcp_tools"
     CONNECTION = "connection"
+    CHECKPOINT = "checkpoint"
 
 
 # ---------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ __all__ = [
     "ApprovalOutcome",
     "BadRecord",
     "Body",
+    "CallPhase",
+    "CheckpointRecord",
     "Connection",
     "ConnectionEnd",
     "Decision",
@@ -201,8 +203,50 @@ class Connection:
     ended: ConnectionEnd
 
 
+class CallPhase(enum.StrEnum):
+    """Where an open call stands (a :class:`CheckpointRecord`'s ``open_calls``)."""
+
+    ASKED = "asked"
+    """Decided ``ask``, no approval yet."""
+    RUNNING = "running"
+    """Decided ``run``, no result yet."""
+    APPROVED = "approved"
+    """An approval let it run, no result yet."""
+
+
+@attrs.frozen
+class CheckpointRecord:
+    """A signed checkpoint of the ledger's Merkle tree (docs/protocol.md, "Checkpoints"):
+    written by the ledger writer every ``[ledger] checkpoint_every`` records or
+    ``checkpoint_seconds`` with new records, and at a clean stop. ``size`` is this
+    record's own seq: the tree covers every line before it. ``root`` is the tree's root
+    (64 hex), ``note`` the C2SP signed note of the checkpoint (origin, size, root in
+    base64, then the ledger key's signature). ``open_calls`` are the calls open at
+    ``size`` that ``boot`` (the writer's) made, each with its phase, and ``unfinished``
+    those earlier boots left open: what a verification starting here needs of
+    everything before it."""
+
+    kind: ClassVar[Kind] = Kind.CHECKPOINT
+    boot: str
+    size: int
+    root: str
+    note: str
+    open_calls: dict[str, CallPhase]
+    unfinished: list[str]
+
+
 Body = (
-    Genesis | Start | Stop | Repair | Decision | Approval | Result | Policy | McpTools | Connection
+    Genesis
+    | Start
+    | Stop
+    | Repair
+    | Decision
+    | Approval
+    | Result
+    | Policy
+    | McpTools
+    | Connection
+    | CheckpointRecord
 )
 
 # An approval without a grant written, a note, a definition or an approver keeps the line
@@ -244,6 +288,7 @@ BODY_TYPES: dict[Kind, type[Body]] = {
     Kind.POLICY: Policy,
     Kind.MCP_TOOLS: McpTools,
     Kind.CONNECTION: Connection,
+    Kind.CHECKPOINT: CheckpointRecord,
 }
 
 

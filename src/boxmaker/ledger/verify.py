@@ -405,6 +405,9 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                 elif open_calls.get(call, _ASKED) & 3 == _ASKED:
                     # Written when an opened tunnel closes, before its connect's result.
                     problem(seq, f"connection for call {call} that is not running")
+            elif kind == "checkpoint":
+                if rec["size"] != seq:
+                    problem(seq, f"checkpoint record of size {rec['size']!r}, not its seq")
             elif kind != "repair":
                 problem(seq, f"unknown kind {kind!r}")
         except KeyError as missing:
