@@ -258,7 +258,8 @@ def parse_vkey(text: str) -> NoteVerifier:
     """The verifier a vkey names: an Ed25519 (0x01) or a cosignature (0x04) key. The key
     id must be eight lowercase hex digits and match the name and key. Raises
     :class:`NoteError` (``bad_vkey``)."""
-    parts = text.split("+")
+    # Two cuts, not a split on every '+': base64 has '+' in its alphabet.
+    parts = text.split("+", 2)
     if len(parts) != 3:
         raise NoteError(NoteProblem.BAD_VKEY, "a vkey is name+keyid+key, three parts")
     name, hex_id, encoded = parts
