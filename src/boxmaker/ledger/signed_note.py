@@ -233,11 +233,6 @@ class NoteSigner:
     def vkey(self) -> str:
         return self.verifier.vkey
 
-    def signature_line(self, key: int, signature: bytes) -> str:
-        return (
-            f"{SIGNATURE_PREFIX}{self.name} {_encode_base64(key.to_bytes(4, 'big') + signature)}\n"
-        )
-
 
 def format_vkey(
     name: str,
@@ -304,7 +299,8 @@ def sign_note(text: str, signers: Sequence[NoteSigner]) -> bytes:
         raise NoteError(NoteProblem.MALFORMED, f"1 to {MAX_SIGNATURES} signers, not {len(signers)}")
     message = text.encode()
     lines = [
-        signer.signature_line(signer.key_id, signer.private_key.sign(message)) for signer in signers
+        _format_signature(signer.name, signer.key_id, signer.private_key.sign(message))
+        for signer in signers
     ]
     return (text + "\n" + "".join(lines)).encode()
 
