@@ -13,6 +13,8 @@ from boxmaker.broker.sandbox_check import sandbox_problem
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.home.config import Config, ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
+from boxmaker.ledger.ledger_key import LedgerKeyError, create_ledger_key, read_ledger_origin
+from boxmaker.ledger.records import BadRecord
 from boxmaker.ledger.writer import LedgerTorn, open_ledger
 
 SANDBOX_OWNER: Final = 65534
@@ -23,7 +25,8 @@ SANDBOX_OWNER: Final = 65534
 
 def init(*, workspace: Path | None = None, common: Common = DEFAULT) -> Exit:
     """Create the home: directories 0700, a default config.toml, an empty grants.toml,
-    and the ledger with its genesis record; then say whether the shell tool can run in
+    the ledger with its genesis record, and the ledger's signing key (keys/, never
+    replaced; docs/runbook.md#ledger-key); then say whether the shell tool can run in
     the workspace.
 
     Existing files are never overwritten; running it again only tightens modes.
@@ -53,8 +56,11 @@ def init(*, workspace: Path | None = None, common: Common = DEFAULT) -> Exit:
             )
         given = _make_workspace(config, for_sandbox=chosen is not None)
         tail = open_ledger(home.audit_log)
-    except (HomeError, LedgerTorn) as exc:
+        key_created = create_ledger_key(home, read_ledger_origin(home.audit_log))
+    except (HomeError, LedgerTorn, LedgerKeyError) as exc:
         return fail(str(exc))
+    except BadRecord as exc:
+        return fail(f"{home.audit_log}: {exc}; see docs/runbook.md#ledger-key")
     except ConfigError as exc:
         return fail(f"{exc}; see docs/runbook.md#config")
     except OSError as exc:
@@ -73,10 +79,15 @@ def init(*, workspace: Path | None = None, common: Common = DEFAULT) -> Exit:
                 "run": fix,
                 "ledger": str(home.audit_log),
                 "head": tail.head,
+                "ledger_key": str(home.ledger_key),
+                "ledger_key_created": key_created,
+                "ledger_vkey": str(home.ledger_vkey),
             }
         )
     else:
         _say(home, config, written, given, tail.head)
+        made = "made" if key_created else "kept"
+        print(f"ledger key: {home.ledger_key} ({made}); its public key: {home.ledger_vkey}")
         if shell is not None:
             fail(f"warning: the shell tool cannot run in this workspace: {shell}")
             if fix is not None:

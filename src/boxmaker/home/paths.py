@@ -101,6 +101,24 @@ class Home:
         return self.ledger_dir / "audit.jsonl"
 
     @property
+    def keys_dir(self) -> Path:
+        """``keys/``: the ledger's signing key (0700; never inside the workspace:
+        :func:`boxmaker.home.config.workspace_problem`)."""
+        return self.root / "keys"
+
+    @property
+    def ledger_key(self) -> Path:
+        """``keys/ledger.ed25519``: the ledger's Ed25519 private key, PKCS#8 PEM, 0600
+        (boxmaker.ledger.ledger_key; docs/runbook.md#ledger-key)."""
+        return self.keys_dir / "ledger.ed25519"
+
+    @property
+    def ledger_vkey(self) -> Path:
+        """``keys/ledger.vkey``: the ledger key's public verifier key, one line, for
+        whoever checks the ledger's checkpoints."""
+        return self.keys_dir / "ledger.vkey"
+
+    @property
     def state_dir(self) -> Path:
         return self.root / "state"
 
@@ -175,6 +193,7 @@ class Home:
             self.root,
             self.run_dir,
             self.ledger_dir,
+            self.keys_dir,
             self.state_dir,
             self.sessions_dir,
             self.conversations_dir,
@@ -197,11 +216,18 @@ class Home:
         """``run/`` before the sockets are bound (docs/protocol.md): 0700, a looser one
         tightened, one owned by another user (or not a directory) refused. ``uid`` is
         who we are: ours (``os.getuid()``) unless a test says otherwise."""
-        me = os.getuid() if uid is None else uid
+        return self._ensure_private_subdir(self.run_dir, os.getuid() if uid is None else uid)
+
+    def ensure_keys_dir(self) -> Path:
+        """``keys/`` before the ledger key is written or read: 0700, a looser one
+        tightened, one owned by another user (or not a directory) refused."""
+        return self._ensure_private_subdir(self.keys_dir, os.getuid())
+
+    def _ensure_private_subdir(self, directory: Path, uid: int) -> Path:
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        _ensure_private_dir(self.root, follow_symlinks=True, uid=me)
-        _ensure_private_dir(self.run_dir, follow_symlinks=False, uid=me)
-        return self.run_dir
+        _ensure_private_dir(self.root, follow_symlinks=True, uid=uid)
+        _ensure_private_dir(directory, follow_symlinks=False, uid=uid)
+        return directory
 
     def write_defaults(self, *, workspace: str | None = None) -> list[Path]:
         """Write config.toml and grants.toml, mode 0600, where they do not exist yet

@@ -1,0 +1,198 @@
+"""The ledger's signing key on disk (docs/runbook.md#ledger-key): created once, never
+replaced, read back only when it is the owner's alone.
+
+``keys/ledger.ed25519`` holds the Ed25519 private key as PKCS#8 PEM, mode 0600, in
+``keys/`` (0700); ``keys/ledger.vkey`` holds the public verifier key line
+(``name+keyid+key``, signed-note's vkey) for whoever checks the checkpoints. The key's
+name is the ledger's origin (:func:`boxmaker.ledger.checkpoint.ledger_origin`), so the
+vkey is written for an origin while the private key itself names nothing. Blocking
+I/O: callers in trio run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Final
+
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    load_pem_private_key,
+)
+
+from boxmaker.home.file_ops import fsync_dir, write_atomically
+from boxmaker.home.paths import Home
+from boxmaker.home.regular_file import NotRegularFile, open_regular_file, read_regular_file
+from boxmaker.ledger.checkpoint import ledger_origin
+from boxmaker.ledger.records import BadRecord, Genesis, decode_line
+from boxmaker.ledger.signed_note import Ed25519PrivateKey, NoteSigner
+
+RUNBOOK_LEDGER_KEY: Final = "docs/runbook.md#ledger-key"
+KEY_MODE: Final = 0o600
+VKEY_MODE: Final = 0o644
+MAX_KEY_FILE: Final = 16384
+"""A PKCS#8 PEM Ed25519 key is 119 bytes; anything this long is not one."""
+MAX_GENESIS_LINE: Final = 4096
+
+
+class LedgerKeyProblem(enum.StrEnum):
+    """Why the ledger key cannot be used."""
+
+    MISSING = "missing"
+    NOT_A_FILE = "not_a_file"
+    NOT_OURS = "not_ours"
+    LOOSE_MODE = "loose_mode"
+    UNREADABLE = "unreadable"
+
+
+class LedgerKeyError(Exception):
+    """The ledger key cannot be used; :attr:`reason` says why, the message names the
+    file and docs/runbook.md#ledger-key."""
+
+    def __init__(self, reason: LedgerKeyProblem, path: Path, detail: str) -> None:
+        super().__init__(f"{path}: the ledger key {detail}; see {RUNBOOK_LEDGER_KEY}")
+        self.reason = reason
+        self.path = path
+
+
+def _key_bytes(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+
+
+def _write_new(path: Path, data: bytes) -> bool:
+    """Write ``data`` at ``path`` only if nothing is there: a full temp file, fsynced,
+    then hard-linked to the name (which fails on any existing name, a link included, so
+    a key is never replaced, not even by a racing create). True when written."""
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, KEY_MODE)
+    try:
+        try:
+            os.fchmod(fd, KEY_MODE)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(temp, path, follow_symlinks=False)
+        except FileExistsError:
+            return False
+    finally:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+    fsync_dir(path.parent)
+    return True
+
+
+def create_ledger_key(home: Home, origin: str) -> bool:
+    """Make the ledger key if there is none (``keys/`` made 0700 first), and write its
+    vkey for ``origin``. An existing key is kept and must load
+    (:func:`load_ledger_signer`'s checks). True when a new key was made.
+
+    Raises :class:`LedgerKeyError` for an existing key that cannot be used,
+    :class:`~boxmaker.home.paths.HomeError` for a ``keys/`` that is not ours, OSError.
+    """
+    home.ensure_keys_dir()
+    created = _write_new(home.ledger_key, _key_bytes(Ed25519PrivateKey.generate()))
+    signer = load_ledger_signer(home, origin)
+    vkey = (signer.vkey + "\n").encode()
+    # The vkey is public and derived from the key: rewritten when it differs (a new
+    # origin after a new genesis), never read back to decide anything.
+    with contextlib.suppress(FileNotFoundError, NotRegularFile):
+        if read_regular_file(home.ledger_vkey, limit=MAX_KEY_FILE) == vkey:
+            return created
+    write_atomically(home.ledger_vkey, vkey, mode=VKEY_MODE)
+    home.ledger_vkey.chmod(VKEY_MODE)
+    return created
+
+
+def _check_keys_dir(home: Home) -> None:
+    directory = home.keys_dir
+    try:
+        info = directory.lstat()
+    except FileNotFoundError:
+        raise LedgerKeyError(
+            LedgerKeyProblem.MISSING, home.ledger_key, "is missing (no keys/ directory)"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise LedgerKeyError(
+            LedgerKeyProblem.NOT_A_FILE,
+            home.ledger_key,
+            f"is not usable: {directory} is not a directory",
+        )
+    _check_private(home.ledger_key, info, f"directory {directory}", 0o700)
+
+
+def _check_private(key_path: Path, info: os.stat_result, what: str, mode: int) -> None:
+    if info.st_uid != os.getuid():
+        raise LedgerKeyError(
+            LedgerKeyProblem.NOT_OURS,
+            key_path,
+            f"is not usable: its {what} is owned by uid {info.st_uid}, "
+            f"not by you (uid {os.getuid()})",
+        )
+    loose = stat.S_IMODE(info.st_mode) & 0o077
+    if loose:
+        raise LedgerKeyError(
+            LedgerKeyProblem.LOOSE_MODE,
+            key_path,
+            f"is not usable: its {what} has mode {stat.S_IMODE(info.st_mode):04o}, "
+            f"open to others; it must be {mode:04o}",
+        )
+
+
+def load_ledger_signer(home: Home, origin: str) -> NoteSigner:
+    """The ledger key, as the signer named ``origin``. Refused (:class:`LedgerKeyError`)
+    when it is missing, not a regular file (a symlink is not followed), not ours, open
+    to group or others (the file or ``keys/``), or not a PKCS#8 PEM Ed25519 key."""
+    path = home.ledger_key
+    _check_keys_dir(home)
+    try:
+        fd = open_regular_file(path)
+    except FileNotFoundError:
+        raise LedgerKeyError(LedgerKeyProblem.MISSING, path, "is missing") from None
+    except NotRegularFile as exc:
+        raise LedgerKeyError(
+            LedgerKeyProblem.NOT_A_FILE, path, f"is not usable: {exc.strerror}"
+        ) from None
+    except OSError as exc:
+        raise LedgerKeyError(
+            LedgerKeyProblem.UNREADABLE, path, f"cannot be opened ({exc.strerror})"
+        ) from None
+    try:
+        _check_private(path, os.fstat(fd), "file", KEY_MODE)
+        data = os.read(fd, MAX_KEY_FILE + 1)
+    except OSError as exc:
+        raise LedgerKeyError(
+            LedgerKeyProblem.UNREADABLE, path, f"cannot be read ({exc.strerror})"
+        ) from None
+    finally:
+        os.close(fd)
+    try:
+        key = load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        key = None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise LedgerKeyError(
+            LedgerKeyProblem.UNREADABLE, path, "is not an unencrypted PKCS#8 PEM Ed25519 key"
+        )
+    return NoteSigner(origin, key)
+
+
+def read_ledger_origin(audit_log: Path) -> str:
+    """The origin of the ledger at ``audit_log``: from its genesis record (line 0).
+    Raises :class:`~boxmaker.ledger.records.BadRecord` when line 0 is not one, OSError."""
+    with audit_log.open("rb") as file:
+        first = file.readline(MAX_GENESIS_LINE)
+    record = decode_line(first.removesuffix(b"\n"))
+    if not isinstance(record.body, Genesis):
+        raise BadRecord(f"{audit_log}: line 0 is a {record.body.kind} record, not genesis")
+    return ledger_origin(record.body.ledger)
