@@ -37,6 +37,18 @@ from boxmaker.ledger.tiles import (
 )
 
 
+class NoSync(OsFileOps):
+    """The real calls but fsync, which these tests do not look at and a busy disk makes
+    slow (test_narrower_partials_go_and_a_full_tile_takes_their_place and
+    test_a_new_store_and_its_size use the real calls, fsync included)."""
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+
+NO_SYNC = NoSync()
+
+
 @functools.cache
 def _stored(size: int) -> tuple[list[Hash], list[Frontier]]:
     """Every stored hash of leaves 0..size-1 (lines ``line i``), and each leaf's share."""
@@ -165,11 +177,11 @@ def test_any_batches_read_back_as_stored(
     tmp_path_factory: pytest.TempPathFactory, sizes: list[int]
 ) -> None:
     root = tmp_path_factory.mktemp("tree") / "tree"
-    store = TileStore(root)
+    store = TileStore(root, files=NO_SYNC)
     _fill(store, sizes)
     assert store.size == sum(sizes)
     _check_reads(store)
-    reopened = TileStore(root)
+    reopened = TileStore(root, files=NO_SYNC)
     assert reopened.size == store.size
     _check_reads(reopened)
     assert _tree_files(root) == sorted(t.path for t in tiles_for_size(store.size))
@@ -179,7 +191,7 @@ def test_a_big_tree_in_many_batches(tmp_path: Path) -> None:
     """Past 65,536 leaves (a third tiling level), in batches of random sizes; each state
     reopened has the size, the frontier and the root built by appending."""
     rng = random.Random(19)
-    store = TileStore(tmp_path / "tree")
+    store = TileStore(tmp_path / "tree", files=NO_SYNC)
     storage, _ = _stored(70_000)
     frontier = Frontier()
     while store.size < 70_000:
@@ -189,11 +201,11 @@ def test_a_big_tree_in_many_batches(tmp_path: Path) -> None:
         ]
         store.append(hashes)
         if rng.random() < 0.2 or store.size == 70_000:
-            reopened = TileStore(tmp_path / "tree")
+            reopened = TileStore(tmp_path / "tree", files=NO_SYNC)
             assert reopened.size == frontier.size
             assert Frontier.at(reopened.size, reopened) == frontier
             assert tree_hash(reopened.size, reopened) == frontier.root()
-    _check_reads(TileStore(tmp_path / "tree"))
+    _check_reads(TileStore(tmp_path / "tree", files=NO_SYNC))
     assert _tree_files(tmp_path / "tree") == sorted(t.path for t in tiles_for_size(70_000))
     # A proof from the files is the proof from memory.
     for index in (0, 255, 256, 65_535, 65_536, 69_999):
@@ -202,8 +214,8 @@ def test_a_big_tree_in_many_batches(tmp_path: Path) -> None:
         )
 
 
-class Recording(OsFileOps):
-    """The real calls, with each rename's target kept (and a failure at one of them)."""
+class Recording(NoSync):
+    """NoSync's calls, with each rename's target kept (and a failure at one of them)."""
 
     def __init__(self, fail_at: int | None = None) -> None:
         self.renamed: list[str] = []
@@ -258,7 +270,7 @@ def test_a_write_that_fails_at_any_step_leaves_a_store_that_reopens(
     failure (or a crash) at each step leaves a store whose reopened size is a size the
     batch passed through, whose hashes are right, and that the batch completes again."""
     root = tmp_path / "tree"
-    _fill(TileStore(root), [300])
+    _fill(TileStore(root, files=NO_SYNC), [300])
     store = TileStore(root, files=Recording(fail_at=fail_at))
     batch = _leaf_hashes(300, 600)
     if fail_at < 3:
@@ -267,12 +279,12 @@ def test_a_write_that_fails_at_any_step_leaves_a_store_that_reopens(
         assert store.size == 300  # the failed batch is not taken
     else:
         store.append(batch)
-    reopened = TileStore(root)
+    reopened = TileStore(root, files=NO_SYNC)
     assert reopened.size == {0: 300, 1: 300, 2: 512}.get(fail_at, 600)
     _check_reads(reopened)
     reopened.append(_leaf_hashes(reopened.size, 600))
     _check_reads(reopened)
-    assert TileStore(root).size == 600
+    assert TileStore(root, files=NO_SYNC).size == 600
     assert _tree_files(root) == sorted(t.path for t in tiles_for_size(600))
 
 
@@ -280,22 +292,22 @@ def test_a_higher_level_ahead_of_level_0_is_cut_back(tmp_path: Path) -> None:
     """A crash after level 1 got its full tile and before level 0 did: level 1 is read
     from that full tile, only as far as level 0 goes."""
     root = tmp_path / "tree"
-    _fill(TileStore(root), [255 * 256 + 10])
+    _fill(TileStore(root, files=NO_SYNC), [255 * 256 + 10])
     assert (root / "tile/1/000.p/255").is_file()
     store = TileStore(root, files=Recording(fail_at=2))  # 2/000.p/1, 1/000, then 0/255
     with pytest.raises(OSError, match="No space left"):
         _fill(store, [246 + 256])
     assert (root / "tile/1/000").is_file()
     assert not (root / "tile/1/000.p").exists()
-    reopened = TileStore(root)
+    reopened = TileStore(root, files=NO_SYNC)
     assert reopened.size == 255 * 256 + 10
     _check_reads(reopened)
     _fill(reopened, [246 + 256])
-    _check_reads(TileStore(root))
+    _check_reads(TileStore(root, files=NO_SYNC))
 
 
 def test_bad_appends_change_nothing(tmp_path: Path) -> None:
-    store = TileStore(tmp_path / "tree")
+    store = TileStore(tmp_path / "tree", files=NO_SYNC)
     _fill(store, [3])
     hashes = _leaf_hashes(3, 5)  # leaf 3 stores 3 hashes, leaf 4 one
     with pytest.raises(ValueError, match=r"^2 hashes are not whole leaves from leaf 3$"):
@@ -325,7 +337,7 @@ def _problem(root: Path, reason: str, path: str, indexes: list[int] | None = Non
 
 def test_a_missing_short_or_unreadable_tile_is_named(tmp_path: Path) -> None:
     root = tmp_path / "tree"
-    _fill(TileStore(root), [70_000])
+    _fill(TileStore(root, files=NO_SYNC), [70_000])
     in_tile_5 = [stored_hash_index(0, 5 * 256 + 3)]
 
     (root / "tile/0/005").rename(tmp_path / "kept")
@@ -353,7 +365,7 @@ def test_a_missing_short_or_unreadable_tile_is_named(tmp_path: Path) -> None:
     _problem(root, "unreadable", "tile/0/005", in_tile_5)
     (root / "tile/0/005").rmdir()
     (root / "tile/0/005").write_bytes(data)
-    TileStore(root).read_hashes(in_tile_5)
+    TileStore(root, files=NO_SYNC).read_hashes(in_tile_5)
 
     # The right edge, read when the store opens: level 1's partial tile.
     level_1 = root / "tile/1/001.p/17"
@@ -369,7 +381,7 @@ def test_a_missing_short_or_unreadable_tile_is_named(tmp_path: Path) -> None:
         "tree tile tile/1/001.p/17 short: 543 bytes, the tree needs 17 hashes"
     )
     (tmp_path / "edge").rename(level_1)
-    assert TileStore(root).size == 70_000
+    assert TileStore(root, files=NO_SYNC).size == 70_000
 
 
 def test_a_new_store_and_its_size(tmp_path: Path) -> None:
