@@ -365,7 +365,8 @@ async def test_follow_sends_what_is_appended_later(
                 assert (await call(home, later))[-1]["outcome"] == "ok"
             after = len(home.audit_log.read_bytes().splitlines())
             assert after > before + 2
-            while len(otlp.logs()) < after:  # noqa: ASYNC110
+            # The batch's logs, then the spans of the calls it ended.
+            while len(otlp.logs()) < after or not otlp.spans():  # noqa: ASYNC110
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
     assert sorted(by_seq(otlp.logs())) == list(range(after))

@@ -17,7 +17,6 @@ import http.server
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -204,14 +203,6 @@ def receiver(out: Path) -> Iterator[Receiver]:
         yield started
     finally:
         started.stop()
-
-
-def wait_for(predicate: Any, within: float = 10.0) -> None:
-    """Real time: until ``predicate()`` holds, ``within`` seconds at most."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the bound"
-        time.sleep(0.02)
 
 
 if __name__ == "__main__":
