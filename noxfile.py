@@ -133,6 +133,7 @@ def bench(session: nox.Session) -> None:
         "bench_turns",
         "bench_mcp_gateway",
         "bench_egress",
+        "bench_export",
     ):
         session.run("python", f"tools/{script}.py", success_codes=[0, 1])
 

@@ -1,4 +1,5 @@
-"""``bxctl audit``: verify and show the ledger (docs/decisions.md, "Verify")."""
+"""``bxctl audit``: verify, show and export the ledger (docs/decisions.md, "Verify";
+docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import attrs
 import orjson
 from cyclopts import App
 
+from boxmaker.cli.audit_export import export
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.catalogue import INTERNAL_TOOLS
-from boxmaker.core.vocabulary import Approval, Decision, Record, Result, holds
+from boxmaker.core.vocabulary import Decision, Record, holds
 from boxmaker.formats.printable import printable
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord, iter_lines
-from boxmaker.ledger.records import Body, Connection, Policy, body_fields, parse_head
+from boxmaker.ledger.records import Body, Connection, Policy, body_fields, call_of, parse_head
 from boxmaker.ledger.verify import verify_file
 
 audit_app = App(name="audit", help="The hash-chained audit ledger.")
+audit_app.command(export)
 
 # Fields shown after the common ones, in this order, when a record has them.
 SHOWN_FIELDS = (
@@ -112,15 +115,6 @@ def verify(*, expect_head: str | None = None, common: Common = DEFAULT) -> Exit:
 Read = Record[Body] | NotARecord
 """A line as the ledger's reader reads it: a record, or why it is not one."""
 Selected = list[tuple[bytes, Read]]
-
-
-def call_of(body: Body) -> str | None:
-    """The call a record is of (a decision, approval, result or connection), else None."""
-    match body:
-        case Decision() | Approval() | Result() | Connection():
-            return body.call
-        case _:
-            return None
 
 
 def via_of(body: Body) -> str | None:

@@ -21,7 +21,7 @@ import attrs
 import orjson
 
 from boxmaker.cli.admin_client import DaemonUnreachable, ask_broker
-from boxmaker.cli.audit import call_of, grant_of, grant_then_lines, select_with_policies
+from boxmaker.cli.audit import grant_of, grant_then_lines, select_with_policies
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.catalogue import (
     INTERNAL_TOOLS,
@@ -51,7 +51,7 @@ from boxmaker.home.grants_file import load_grants
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import GrantThen
 from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
-from boxmaker.ledger.records import Body, Connection, ConnectionEnd, body_fields
+from boxmaker.ledger.records import Body, Connection, ConnectionEnd, body_fields, call_of
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
 

@@ -75,6 +75,7 @@ __all__ = [
     "Stop",
     "VerdictCode",
     "body_fields",
+    "call_of",
     "decode_fields",
     "decode_line",
     "encode_line",
@@ -327,6 +328,19 @@ def body_fields(body: Body) -> dict[str, Any]:
     """
     fields: dict[str, Any] = converter.unstructure(body, type(body))
     return fields
+
+
+def call_of(body: Body) -> str | None:
+    """The call a record is of (a decision, approval, result or connection), else None.
+
+    >>> call_of(Stop(boot="b-1")) is None
+    True
+    """
+    match body:
+        case Decision() | Approval() | Result() | Connection():
+            return body.call
+        case _:
+            return None
 
 
 def encode_line(seq: int, at: str, prev: str, body: Body) -> bytes:

@@ -1,0 +1,209 @@
+"""A real OTLP/HTTP receiver for the export's tests and benchmark: a separate process
+(``python -m tests.harness.otlp_receiver OUT [--port N] [--take N]``) on 127.0.0.1
+that takes ``POST /v1/logs`` and ``POST /v1/traces`` with protobuf bodies, decodes them
+with the OpenTelemetry proto package (``ExportLogsServiceRequest``,
+``ExportTraceServiceRequest``: the decoding is theirs, not boxmaker's), and appends
+one JSON line per log record and per span to OUT. It prints ``listening PORT`` when
+ready. With ``--take N`` it exits right after answering its Nth request: a receiver
+that goes away mid-stream.
+
+:class:`Receiver` starts and stops it from a test and reads OUT back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    return None if kind is None else getattr(value, kind)
+
+
+def _attributes(attributes: Any) -> dict[str, Any]:
+    pairs: list[KeyValue] = list(attributes)
+    return {pair.key: _value(pair.value) for pair in pairs}
+
+
+def _logs(body: bytes) -> tuple[bytes, list[dict[str, Any]]]:
+    request = ExportLogsServiceRequest.FromString(body)
+    got = []
+    for resource_logs in request.resource_logs:
+        resource = _attributes(resource_logs.resource.attributes)
+        for scope_logs in resource_logs.scope_logs:
+            for record in scope_logs.log_records:
+                got.append(
+                    {
+                        "signal": "log",
+                        "resource": resource,
+                        "scope": scope_logs.scope.name,
+                        "time": record.time_unix_nano,
+                        "severity": record.severity_text,
+                        "body": _value(record.body),
+                        "attributes": _attributes(record.attributes),
+                        "trace_id": record.trace_id.hex(),
+                        "span_id": record.span_id.hex(),
+                    }
+                )
+    return ExportLogsServiceResponse().SerializeToString(), got
+
+
+def _spans(body: bytes) -> tuple[bytes, list[dict[str, Any]]]:
+    request = ExportTraceServiceRequest.FromString(body)
+    got = []
+    for resource_spans in request.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                got.append(
+                    {
+                        "signal": "span",
+                        "resource": resource,
+                        "scope": scope_spans.scope.name,
+                        "name": span.name,
+                        "kind": span.kind,
+                        "trace_id": span.trace_id.hex(),
+                        "span_id": span.span_id.hex(),
+                        "parent_span_id": span.parent_span_id.hex(),
+                        "start": span.start_time_unix_nano,
+                        "end": span.end_time_unix_nano,
+                        "status": span.status.code,
+                        "status_message": span.status.message,
+                        "attributes": _attributes(span.attributes),
+                    }
+                )
+    return ExportTraceServiceResponse().SerializeToString(), got
+
+
+DECODERS = {"/v1/logs": _logs, "/v1/traces": _spans}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_POST(self) -> None:
+        decode = DECODERS.get(self.path)
+        if decode is None or self.headers.get("Content-Type") != "application/x-protobuf":
+            self.send_error(404 if decode is None else 415)
+            return
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        answer, got = decode(body)
+        with self.server.out.open("ab") as out:
+            out.write(b"".join(orjson.dumps(item) + b"\n" for item in got))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+        self.wfile.flush()
+        self.server.answered += 1
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(http.server.HTTPServer):
+    out: Path
+    answered: int = 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--take", type=int, default=None)
+    args = parser.parse_args()
+    server = _Server(("127.0.0.1", args.port), _Handler)
+    server.out = args.out
+    print(f"listening {server.server_address[1]}", flush=True)
+    while args.take is None or server.answered < args.take:
+        server.handle_request()
+    server.server_close()
+
+
+class Receiver:
+    """The receiver process, started by :meth:`start` (on ``port``, 0 for any)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.port = 0
+        self.process: subprocess.Popen[str] | None = None
+        self.processes: list[subprocess.Popen[str]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, take: int | None = None) -> None:
+        argv = [sys.executable, "-m", "tests.harness.otlp_receiver", str(self.out)]
+        argv += ["--port", str(self.port)]
+        if take is not None:
+            argv += ["--take", str(take)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.processes.append(self.process)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line.startswith("listening "), line
+        self.port = int(line.split()[1])
+
+    def stop(self) -> None:
+        """Kill the receiver if it runs; close every pipe of every start."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(10)
+            if process.stdout is not None:
+                process.stdout.close()
+
+    def wait_gone(self, within: float = 10.0) -> int:
+        """The exit status of a receiver started with ``take``, once it exited."""
+        assert self.process is not None
+        return self.process.wait(within)
+
+    def received(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [orjson.loads(line) for line in self.out.read_bytes().splitlines()]
+
+    def logs(self) -> list[dict[str, Any]]:
+        return [item for item in self.received() if item["signal"] == "log"]
+
+    def spans(self) -> list[dict[str, Any]]:
+        return [item for item in self.received() if item["signal"] == "span"]
+
+
+@contextmanager
+def receiver(out: Path) -> Iterator[Receiver]:
+    """A receiver started on any free port, stopped at the end."""
+    started = Receiver(out)
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+if __name__ == "__main__":
+    main()
