@@ -48,19 +48,26 @@ def _root(data: bytes) -> bytes:
 
 
 def build_tiles(root: Path, leaves: int, seed: int = 1) -> None:
-    """Every tile a tree of ``leaves`` leaves has, level 0 from random hashes."""
+    """Every tile a tree of ``leaves`` leaves has, level 0 from random hashes, each level
+    above from the roots of the full tiles below it."""
     rng = random.Random(seed)
     wanted = tiles_for_size(leaves)
-    below = rng.randbytes(leaves * HASH_SIZE)  # level 0: the leaf hashes
     level = 0
-    while below:
+    below: bytes | None = None  # the level's hashes; level 0's are made tile by tile
+    while below is None or below:
+        roots = []
         for tile in (t for t in wanted if t.level == level):
-            start = tile.index * TILE_BYTES
+            if below is None:
+                data = rng.randbytes(tile.width * HASH_SIZE)
+            else:
+                start = tile.index * TILE_BYTES
+                data = below[start : start + tile.width * HASH_SIZE]
             path = root / tile.path
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(below[start : start + tile.width * HASH_SIZE])
-        full = len(below) // TILE_BYTES
-        below = b"".join(_root(below[i * TILE_BYTES : (i + 1) * TILE_BYTES]) for i in range(full))
+            path.write_bytes(data)
+            if tile.full:
+                roots.append(_root(data))
+        below = b"".join(roots)
         level += 1
 
 
