@@ -189,7 +189,6 @@ def test_a_changed_signature_is_refused() -> None:
     note = f"{text}\n\n{name} {base64.b64encode(bytes(raw)).decode()}\n"
     problem = refused(attrs.evolve(document, checkpoint=note))
     assert problem.reason is ProofProblem.NOT_SIGNED
-    assert "bad_signature" not in problem.detail  # the words, not the code
     assert "does not verify" in problem.detail
 
 

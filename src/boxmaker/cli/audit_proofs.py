@@ -237,7 +237,7 @@ def check_proof_command(
             load_proof(_read_limited(file, MAX_DOCUMENT_BYTES, "a proof")), pinned
         )
     except OSError as exc:
-        return fail(f"{file if vkey is None else 'reading'}: {exc.strerror}", Exit.USAGE)
+        return fail(f"{exc.filename or file}: {exc.strerror}", Exit.USAGE)
     except ProveFailed as exc:
         return fail(str(exc), Exit.USAGE)
     except ProofCheckError as exc:
