@@ -11,6 +11,7 @@ from rich.console import Console
 
 from boxmaker import __version__
 from boxmaker.cli.audit import audit_app
+from boxmaker.cli.audit_proofs import check_proof_command, consistency, prove
 from boxmaker.cli.chat import chat
 from boxmaker.cli.common import Exit
 from boxmaker.cli.daemons import down, reload, restart, up
@@ -34,6 +35,10 @@ app = App(
 app.command(init)
 app.command(grants_app)
 app.command(audit_app)
+# The proofs for outsiders live in their own module, which builds on audit's.
+audit_app.command(prove)
+audit_app.command(check_proof_command, name="check-proof")
+audit_app.command(consistency)
 app.command(mcp_app)
 for command in (demo, up, down, restart, reload, logs, chat, approvals, approve, refuse, why):
     app.command(command)
