@@ -18,7 +18,6 @@ from typing import Any, Final
 
 import orjson
 
-from boxmaker.cli.audit import call_of
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.vocabulary import Record
 from boxmaker.formats.printable import printable
@@ -40,7 +39,7 @@ from boxmaker.ledger.proofs import (
     note_checkpoint,
 )
 from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
-from boxmaker.ledger.records import Body, CheckpointRecord
+from boxmaker.ledger.records import Body, CheckpointRecord, call_of
 from boxmaker.ledger.signed_note import NoteError
 from boxmaker.ledger.tiles import TileProblem, TileStore
 
