@@ -3,7 +3,9 @@ OTLP/HTTP receiver in another process (tests/harness/otlp_receiver.py), which de
 what arrives with the OpenTelemetry proto package. Every record arrives once, with its
 attributes; one span per call; a receiver that goes away mid-stream, or an export that
 is stopped, loses nothing and repeats nothing; a cursor of another ledger is refused;
---follow sends what is appended later."""
+--follow sends what is appended later; a receiver's throttling (503 with Retry-After) is
+waited out, its refusal (400) stops the export with the cursor where it was, its partial
+success is said."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import trio.testing
 from tests.harness.broker import admin, call, inline, running, tool_request, waiting_approvals
 from tests.harness.cli import bxctl_in_process as bxctl
 from tests.harness.homes import grant, short_home, write_config, write_grants
-from tests.harness.otlp_receiver import Receiver, receiver
+from tests.harness.otlp_receiver import PARTIAL_WORDS, REFUSED_WORDS, Receiver, receiver
 
 from boxmaker.cli.app import app
 from boxmaker.home.paths import Home
@@ -396,3 +398,87 @@ def test_without_the_sdk_the_export_says_how_to_install_it(
         "bxctl: `bxctl audit export` needs the OpenTelemetry SDK, which is not installed: "
         "pip install 'boxmaker[otel]' (see docs/runbook.md#otlp-export)\n"
     )
+
+
+async def test_a_503_with_retry_after_is_sent_again_after_the_wait_it_asked_for(
+    home: Home,
+    ledger: list[dict[str, Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    busy = Receiver(tmp_path / "received.jsonl")
+    # Its first answer: 503 with Retry-After: 1 (the OTLP specification's throttling).
+    await trio.to_thread.run_sync(lambda: busy.start(answers=("503:1",)))
+    try:
+        started = trio.current_time()
+        assert await export(home, "--otlp", busy.url) == 0
+        waited = trio.current_time() - started
+    finally:
+        busy.stop()
+    err = capsys.readouterr().err
+    last = len(ledger) - 1
+    assert err == (
+        f"bxctl: the receiver at {busy.url} did not take the log records of seq 0-{last} "
+        f"(HTTP 503 Service Unavailable: {REFUSED_WORDS}); the cursor stays at seq -1; "
+        f"trying again in 1 s (see docs/runbook.md#otlp-export)\n"
+        f"bxctl: the receiver at {busy.url} took the log records of seq 0-{last}\n"
+    )
+    assert waited >= 1.0
+    assert sorted(by_seq(busy.logs())) == list(range(len(ledger)))
+    assert len(busy.spans()) == 4
+
+
+async def test_a_400_is_not_sent_again_and_the_cursor_stays(
+    home: Home,
+    ledger: list[dict[str, Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = home.audit_log.read_bytes().splitlines(keepends=True)
+    home.audit_log.write_bytes(b"".join(lines[:5]))
+    target = Receiver(tmp_path / "received.jsonl")
+    await trio.to_thread.run_sync(target.start)
+    try:
+        assert await export(home, "--otlp", target.url) == 0
+        cursor = home.state_dir / "otlp-cursor.json"
+        kept = cursor.read_bytes()
+        assert orjson.loads(kept)["seq"] == 4
+        home.audit_log.write_bytes(b"".join(lines))
+        target.stop()
+        capsys.readouterr()
+        # The same port: a receiver that answers its one request with 400, then exits.
+        await trio.to_thread.run_sync(lambda: target.start(answers=("400",), take=1))
+        assert await export(home, "--otlp", target.url) == 1
+        assert await trio.to_thread.run_sync(target.wait_gone) == 0
+    finally:
+        target.stop()
+    assert capsys.readouterr().err == (
+        f"bxctl: the receiver at {target.url} refused the log records of seq 5-"
+        f"{len(ledger) - 1} (HTTP 400 Bad Request: {REFUSED_WORDS}): sending them again "
+        f"would not help; the cursor stays at seq 4; see docs/runbook.md#otlp-export\n"
+    )
+    assert cursor.read_bytes() == kept
+    assert sorted(by_seq(target.logs())) == [0, 1, 2, 3, 4]
+
+
+async def test_a_partial_success_is_said_and_not_sent_again(
+    home: Home,
+    ledger: list[dict[str, Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    partly = Receiver(tmp_path / "received.jsonl")
+    await trio.to_thread.run_sync(lambda: partly.start(answers=("partial",)))
+    try:
+        assert await export(home, "--otlp", partly.url) == 0
+    finally:
+        partly.stop()
+    last = len(ledger) - 1
+    assert capsys.readouterr().err == (
+        f"bxctl: the receiver at {partly.url} took the log records of seq 0-{last} but "
+        f"rejected 1 of them ({PARTIAL_WORDS}); they are not sent again (see "
+        "docs/runbook.md#otlp-export)\n"
+    )
+    assert sorted(by_seq(partly.logs())) == list(range(len(ledger)))
+    cursor = orjson.loads((home.state_dir / "otlp-cursor.json").read_bytes())
+    assert (cursor["seq"], cursor["logs_through"]) == (last, last)

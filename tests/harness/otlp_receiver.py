@@ -1,11 +1,16 @@
 """A real OTLP/HTTP receiver for the export's tests and benchmark: a separate process
-(``python -m tests.harness.otlp_receiver OUT [--port N] [--take N]``) on 127.0.0.1
+(``python -m tests.harness.otlp_receiver OUT [--port N] [--take N] [--answers A,B…]
+[--ack-only]``) on 127.0.0.1
 that takes ``POST /v1/logs`` and ``POST /v1/traces`` with protobuf bodies, decodes them
 with the OpenTelemetry proto package (``ExportLogsServiceRequest``,
 ``ExportTraceServiceRequest``: the decoding is theirs, not boxmaker's), and appends
 one JSON line per log record and per span to OUT. It prints ``listening PORT`` when
 ready. With ``--take N`` it exits right after answering its Nth request: a receiver
-that goes away mid-stream.
+that goes away mid-stream. With ``--answers``, its first requests are answered otherwise,
+one answer each, and not kept: ``503:2`` (that status with ``Retry-After: 2``), ``400``
+(that status), ``partial`` (taken, but a partial success rejecting one item; kept).
+With ``--ack-only`` it reads each request and answers success without decoding or
+keeping anything (the benchmark's second figure: the exporter without the decoding).
 
 :class:`Receiver` starts and stops it from a test and reads OUT back.
 """
@@ -24,16 +29,20 @@ from typing import Any
 
 import orjson
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 ROOT = Path(__file__).resolve().parents[2]
+PARTIAL_WORDS = "one item dropped by the test's receiver"
+REFUSED_WORDS = "bad data, says the test's receiver"
 
 
 def _value(value: AnyValue) -> Any:
@@ -99,6 +108,14 @@ def _spans(body: bytes) -> tuple[bytes, list[dict[str, Any]]]:
 DECODERS = {"/v1/logs": _logs, "/v1/traces": _spans}
 
 
+def _partial(path: str) -> bytes:
+    if path == "/v1/logs":
+        partial = ExportLogsPartialSuccess(rejected_log_records=1, error_message=PARTIAL_WORDS)
+        return ExportLogsServiceResponse(partial_success=partial).SerializeToString()
+    spans = ExportTracePartialSuccess(rejected_spans=1, error_message=PARTIAL_WORDS)
+    return ExportTraceServiceResponse(partial_success=spans).SerializeToString()
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
 
@@ -108,11 +125,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(404 if decode is None else 415)
             return
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        answer, got = decode(body)
-        with self.server.out.open("ab") as out:
-            out.write(b"".join(orjson.dumps(item) + b"\n" for item in got))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
+        status, headers, answer = 200, {"Content-Type": "application/x-protobuf"}, b""
+        planned = self.server.answers.pop(0) if self.server.answers else None
+        if planned is not None and planned != "partial":
+            code, _, retry_after = planned.partition(":")
+            status, answer = int(code), REFUSED_WORDS.encode()
+            headers = {"Content-Type": "text/plain"}
+            if retry_after:
+                headers["Retry-After"] = retry_after
+        elif not self.server.ack_only:
+            answer, got = decode(body)
+            if planned == "partial":
+                answer = _partial(self.path)
+            with self.server.out.open("ab") as out:
+                out.write(b"".join(orjson.dumps(item) + b"\n" for item in got))
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
         self.wfile.write(answer)
@@ -126,6 +155,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.HTTPServer):
     out: Path
     answered: int = 0
+    answers: list[str]
+    ack_only: bool = False
 
 
 def main() -> None:
@@ -133,9 +164,13 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--take", type=int, default=None)
+    parser.add_argument("--answers", default="")
+    parser.add_argument("--ack-only", action="store_true")
     args = parser.parse_args()
     server = _Server(("127.0.0.1", args.port), _Handler)
     server.out = args.out
+    server.answers = [answer for answer in args.answers.split(",") if answer]
+    server.ack_only = args.ack_only
     print(f"listening {server.server_address[1]}", flush=True)
     while args.take is None or server.answered < args.take:
         server.handle_request()
@@ -155,11 +190,17 @@ class Receiver:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *, take: int | None = None) -> None:
+    def start(
+        self, *, take: int | None = None, answers: tuple[str, ...] = (), ack_only: bool = False
+    ) -> None:
         argv = [sys.executable, "-m", "tests.harness.otlp_receiver", str(self.out)]
         argv += ["--port", str(self.port)]
         if take is not None:
             argv += ["--take", str(take)]
+        if answers:
+            argv += ["--answers", ",".join(answers)]
+        if ack_only:
+            argv.append("--ack-only")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.processes.append(self.process)
@@ -195,10 +236,10 @@ class Receiver:
 
 
 @contextmanager
-def receiver(out: Path) -> Iterator[Receiver]:
+def receiver(out: Path, *, ack_only: bool = False) -> Iterator[Receiver]:
     """A receiver started on any free port, stopped at the end."""
     started = Receiver(out)
-    started.start()
+    started.start(ack_only=ack_only)
     try:
         yield started
     finally:

@@ -1,6 +1,6 @@
 """``bxctl audit export --otlp URL``: the ledger to an OpenTelemetry receiver, such as a
 team's Collector (docs/operations.md). It needs the optional extra ``boxmaker[otel]``
-(the SDK is imported only when the command runs, so bxctl works without it)."""
+(imported only when the command runs, so bxctl works without it)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from boxmaker.formats.printable import printable
 RUNBOOK_EXPORT: Final = "docs/runbook.md#otlp-export"
 INSTALL_EXTRA: Final = "pip install 'boxmaker[otel]'"
 SDK_MODULES: Final = frozenset({"opentelemetry", "google"})
-"""The extra's top-level packages (the SDK, its exporter and protobuf)."""
+"""The extra's top-level packages (``opentelemetry-proto`` and protobuf)."""
 CURSOR_NAME: Final = "otlp-cursor.json"
 
 
@@ -65,7 +65,10 @@ async def export(
     if (problem := _url_problem(otlp)) is not None:
         return fail(problem, Exit.USAGE)
     try:
-        # The optional extra: imported here, when the command runs.
+        # The optional extra: imported here, when the command runs; its package first,
+        # so its absence is found whatever boxmaker modules were imported before.
+        import opentelemetry.proto  # noqa: F401
+
         from boxmaker.ledger.otlp_export import ExportProblem, export_ledger
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in SDK_MODULES:

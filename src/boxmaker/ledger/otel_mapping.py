@@ -28,6 +28,7 @@ log records carry its span's ids.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 from typing import Any, Final, TypeAlias
 
@@ -75,11 +76,14 @@ _RENAMED: Final = {
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 Value: TypeAlias = str | int | bool | float
+_SCALARS: Final = frozenset({str, int, bool, float})
 Attributes: TypeAlias = dict[str, Value]
 
 
+@functools.lru_cache(maxsize=64)
 def time_ns(at: str) -> int:
-    """A record's ``at`` in nanoseconds since the epoch, as OTLP carries times.
+    """A record's ``at`` in nanoseconds since the epoch, as OTLP carries times. Kept a
+    short while: a record's log and its call's span ask for the same time in turn.
 
     >>> time_ns("1970-01-01T00:00:01.234Z")
     1234000000
@@ -87,9 +91,11 @@ def time_ns(at: str) -> int:
     return (record_time(at) - _EPOCH) // dt.timedelta(microseconds=1) * 1000
 
 
+@functools.lru_cache(maxsize=4096)
 def call_ids(ledger: str, call: str) -> tuple[int, int]:
     """The trace id (128 bits) and span id (64 bits) of ``call`` in ``ledger``: the same
-    at every export, never zero (an invalid id in OTLP)."""
+    at every export, never zero (an invalid id in OTLP). Kept for the calls seen last:
+    each call's records and its span ask for them."""
     digest = hashlib.sha256(f"boxmaker.otel\n{ledger}\n{call}".encode()).digest()
     return int.from_bytes(digest[:16]) or 1, int.from_bytes(digest[16:24]) or 1
 
@@ -127,8 +133,18 @@ class LedgerLog:
     span_id: int | None = None
 
 
-def log_of(line: bytes, record: Record[Body], ledger: str, *, capture_content: bool) -> LedgerLog:
+def log_of(
+    line: bytes,
+    record: Record[Body],
+    ledger: str,
+    *,
+    capture_content: bool,
+    fields: dict[str, Any] | None = None,
+    line_sha256: str | None = None,
+) -> LedgerLog:
     """The log record of ``record``, read from ``line`` (its exact bytes, no newline).
+    A caller that parsed and hashed the line already passes its ``fields`` (the line's
+    JSON object, unchanged) and ``line_sha256``: the work is not done twice.
 
     >>> from boxmaker.ledger.records import Stop, encode_line, decode_line
     >>> line = encode_line(3, "2026-01-02T03:04:05.678Z", "ab", Stop(boot="b-1"))
@@ -142,18 +158,22 @@ def log_of(line: bytes, record: Record[Body], ledger: str, *, capture_content: b
         "boxmaker.ledger": ledger,
         "boxmaker.seq": record.seq,
         "boxmaker.kind": kind,
-        "boxmaker.line_sha256": line_hash(line),
+        "boxmaker.line_sha256": line_hash(line) if line_sha256 is None else line_sha256,
     }
     renamed = _RENAMED if isinstance(body, Approval) else {}
+    decision = isinstance(body, Decision)
     # The line's own JSON (the typed record checked it): a tenth of the converter's cost.
-    for name, value in line_fields(line).items():
+    for name, value in (line_fields(line) if fields is None else fields).items():
         if name in COMMON_FIELDS:
             continue
-        if isinstance(body, Decision) and name == "arguments":
+        if decision and name == "arguments":
             if capture_content:
                 attributes[ARGUMENTS] = arguments_text(value)
             continue
-        _flatten(PREFIX + renamed.get(name, name), value, attributes)
+        if type(value) in _SCALARS:  # most fields: what _flatten does, without the call
+            attributes[PREFIX + renamed.get(name, name)] = value
+        else:
+            _flatten(PREFIX + renamed.get(name, name), value, attributes)
     call = call_of(body)
     trace_id, span_id = call_ids(ledger, call) if call is not None else (None, None)
     return LedgerLog(record.seq, time_ns(record.at), kind, attributes, trace_id, span_id)

@@ -1,14 +1,15 @@
 """``bxctl audit export --otlp URL``: the ledger sent to an OpenTelemetry receiver
-(docs/operations.md). Needs the optional extra ``boxmaker[otel]``: only
-``bxctl audit export`` imports this module.
+(docs/operations.md). Needs the optional extra ``boxmaker[otel]`` (``opentelemetry-proto``):
+only ``bxctl audit export`` imports this module.
 
-The ledger is read with the one reader (:mod:`boxmaker.ledger.reader`), a batch of lines
-at a time from the byte offset where the last export stopped; each line's ``prev`` is
-checked against the line before (a chain broken since the last export stops it). The
-records become values by the pure mapping (:mod:`boxmaker.ledger.otel_mapping`), then
-the SDK's log records and spans, which the SDK's OTLP/HTTP exporters send as protobuf
-(``URL/v1/logs``, ``URL/v1/traces``; the exporters' calls block, so they run through
-``trio.to_thread``).
+The ledger is read a batch of lines at a time from the byte offset where the last export
+stopped; each line's ``prev`` is checked against the line before (a chain broken since
+the last export stops it) and each line is decoded as a typed record. The records
+become values by the pure mapping (:mod:`boxmaker.ledger.otel_mapping`), those become
+OTLP request bodies (:mod:`boxmaker.ledger.otlp_proto`), POSTed to ``URL/v1/logs`` and
+``URL/v1/traces`` (:mod:`boxmaker.ledger.otlp_http`). The next batch is read, mapped and
+encoded in a worker thread while the one before is sent: the batches are still sent one
+at a time, in order.
 
 The cursor (:class:`Cursor`, a JSON file written atomically) moves only after the
 receiver took a batch: first the logs (``logs_through``), then the spans of the calls the
@@ -16,52 +17,45 @@ batch ended (``seq``, with the calls still open then). A stopped or crashed expo
 receiver that was down, resumes from it: nothing is lost and nothing the receiver took is
 sent again. The one exception is a crash between the receiver's answer and the cursor's
 rename (docs/decisions.md, "Export to OpenTelemetry"). A receiver that does not take a
-batch is tried again with backoff; the cursor stays.
+batch for a while (down, 429, 503...) is tried again with backoff, or after the
+``Retry-After`` it asked for; one that refuses it (400...) stops the export. The cursor
+stays in both cases.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 import attrs
 import orjson
 import trio
-from opentelemetry._logs import LogRecord, SeverityNumber
-from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk._logs.export import LogRecordExportResult
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import (
-    NonRecordingSpan,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    set_span_in_context,
-)
 
 from boxmaker import __version__
 from boxmaker.home.file_ops import write_atomically
 from boxmaker.home.regular_file import read_regular_file
-from boxmaker.ledger.otel_mapping import (
-    Attributes,
-    CallSpan,
-    CallTracker,
-    LedgerLog,
-    OpenCall,
-    log_of,
+from boxmaker.ledger.otel_mapping import CallSpan, CallTracker, LedgerLog, OpenCall, log_of
+from boxmaker.ledger.otlp_http import (
+    Refused,
+    SettingProblem,
+    Signal,
+    SignalClient,
+    Taken,
+    settings_of,
 )
-from boxmaker.ledger.reader import READ_BUFFER, LedgerReader, NotARecord
-from boxmaker.ledger.records import GENESIS_PREV, BadRecord, Genesis, decode_line, line_hash
+from boxmaker.ledger.otlp_proto import ProtoEncoder
+from boxmaker.ledger.reader import READ_BUFFER
+from boxmaker.ledger.records import (
+    GENESIS_PREV,
+    BadRecord,
+    Genesis,
+    decode_fields,
+    decode_line,
+    line_fields,
+    line_hash,
+)
 
 __all__ = [
     "RUNBOOK",
@@ -75,15 +69,16 @@ __all__ = [
 
 RUNBOOK: Final = "docs/runbook.md#otlp-export"
 BATCH_LINES: Final = 4096
-"""Ledger lines a batch at most: one request a signal (about 2 MB of logs)."""
+"""Ledger lines a batch at most."""
+BATCH_BYTES: Final = 1 << 20
+"""Ledger bytes a batch at most (a longer line goes alone): a request stays a few MiB
+even with ``--capture-content`` (a log record and a span each carry the arguments)."""
 REQUEST_TIMEOUT: Final = 5.0
 """Seconds the exporter waits for the receiver's answer to one request."""
 POLL: Final = 0.5
 """Seconds between looks at the ledger's end with ``--follow``."""
 CURSOR_LIMIT: Final = 64 << 20
 CURSOR_VERSION: Final = 1
-_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
-_EXPORTER_LOGGER: Final = "opentelemetry.exporter"
 
 
 class ExportProblem(Exception):
@@ -216,13 +211,14 @@ class _Tail:
     file: BinaryIO
     offset: int
 
-    def read_lines(self, most: int) -> list[tuple[int, bytes]]:
-        """Up to ``most`` complete lines, each with its byte offset. Blocking."""
+    def read_lines(self, most: int, most_bytes: int = BATCH_BYTES) -> list[tuple[int, bytes]]:
+        """Up to ``most`` complete lines and about ``most_bytes`` (at least one line),
+        each with its byte offset. Blocking."""
         self.file.seek(self.offset)
         lines: list[tuple[int, bytes]] = []
         readline = self.file.readline
-        offset = self.offset
-        while len(lines) < most:
+        offset = start = self.offset
+        while len(lines) < most and (not lines or offset - start < most_bytes):
             line = readline()
             if not line.endswith(b"\n"):
                 break
@@ -271,184 +267,223 @@ def _resume_point(file: BinaryIO, path: Path, cursor: Cursor, url: str, ledger: 
         )
 
 
-class _ExporterWords(logging.Handler):
-    """The OTLP exporters' last warning (a status code, a refused connection): said in
-    bxctl's own message rather than as a traceback on stderr."""
+@attrs.frozen
+class _Batch:
+    """Lines ``first``-``last`` of the ledger, ready to send: their log records and the
+    spans of the calls they ended as request bodies (None for none), and what the
+    cursor says once both are taken."""
 
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.last = ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.last = record.getMessage().splitlines()[0] if record.getMessage() else ""
-
-
-def _sdk_log(log: LedgerLog, resource: Resource, scope: InstrumentationScope) -> ReadableLogRecord:
-    context = Context()
-    if log.trace_id is not None and log.span_id is not None:
-        span = NonRecordingSpan(SpanContext(log.trace_id, log.span_id, False, _SAMPLED))
-        context = set_span_in_context(span, context)
-    record = LogRecord(
-        timestamp=log.time_ns,
-        observed_timestamp=log.time_ns,
-        context=context,
-        severity_number=SeverityNumber.INFO,
-        severity_text="INFO",
-        body=log.body,
-        attributes=log.attributes,
-    )
-    return ReadableLogRecord(record, resource, scope)
-
-
-def _sdk_span(span: CallSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
-    status = Status(StatusCode.UNSET)
-    if span.error is not None:
-        status = Status(StatusCode.ERROR, span.error)
-    return ReadableSpan(
-        name=span.name,
-        context=SpanContext(span.trace_id, span.span_id, False, _SAMPLED),
-        resource=resource,
-        attributes=span.attributes,
-        kind=SpanKind.INTERNAL,
-        status=status,
-        start_time=span.start_ns,
-        end_time=span.end_ns,
-        instrumentation_scope=scope,
-    )
+    first: int
+    last: int
+    offset: int
+    """The byte offset of line ``last``."""
+    line_sha256: str
+    logs: bytes | None
+    log_count: int
+    spans: bytes | None
+    span_count: int
+    open_calls: tuple[OpenCall, ...]
 
 
 @attrs.define
-class _Exporter:
-    """The SDK's two OTLP/HTTP exporters for one receiver, and what they said last."""
+class _Batcher:
+    """Reads, checks, maps and encodes the ledger a batch at a time, from the line after
+    the cursor's (blocking: run in a worker thread, one call at a time)."""
 
-    url: str
+    path: Path
     ledger: str
-    logs: OTLPLogExporter = attrs.field(init=False)
-    spans: OTLPSpanExporter = attrs.field(init=False)
-    resource: Resource = attrs.field(init=False)
-    scope: InstrumentationScope = attrs.field(init=False)
-    words: _ExporterWords = attrs.field(factory=_ExporterWords)
+    tail: _Tail
+    tracker: CallTracker
+    encoder: ProtoEncoder
+    capture_content: bool
+    expected: int
+    """The seq of the next line."""
+    prev: str
+    """The hash of the line before it."""
+    logs_through: int
+    """Log records up to this seq were taken already (by an export stopped between a
+    batch's logs and its spans)."""
 
-    def __attrs_post_init__(self) -> None:
-        base = self.url.rstrip("/")
-        self.logs = OTLPLogExporter(endpoint=f"{base}/v1/logs", timeout=REQUEST_TIMEOUT)
-        self.spans = OTLPSpanExporter(endpoint=f"{base}/v1/traces", timeout=REQUEST_TIMEOUT)
-        attributes: Attributes = {
-            "service.name": "boxmaker",
-            "service.version": __version__,
-            "boxmaker.ledger": self.ledger,
-        }
-        self.resource = Resource.create(attributes)
-        self.scope = InstrumentationScope("boxmaker.ledger", __version__)
-        logger = logging.getLogger(_EXPORTER_LOGGER)
-        logger.addHandler(self.words)
-        logger.propagate = False
+    def _problem(self, what: str) -> ExportProblem:
+        return ExportProblem(f"{self.path}: {what}; run `bxctl audit verify`; see {RUNBOOK}")
 
-    def close(self) -> None:
-        logger = logging.getLogger(_EXPORTER_LOGGER)
-        logger.removeHandler(self.words)
-        logger.propagate = True
-        self.logs.shutdown()  # type: ignore[no-untyped-call]  # the SDK's, unannotated
-        self.spans.shutdown()  # type: ignore[no-untyped-call]
-
-    def send_logs(self, logs: Sequence[LedgerLog]) -> bool:
-        """Whether the receiver took ``logs``. Blocking."""
-        batch = [_sdk_log(log, self.resource, self.scope) for log in logs]
-        return self.logs.export(batch) is LogRecordExportResult.SUCCESS
-
-    def send_spans(self, spans: Sequence[CallSpan]) -> bool:
-        """Whether the receiver took ``spans``. Blocking."""
-        batch = [_sdk_span(span, self.resource, self.scope) for span in spans]
-        return self.spans.export(batch) is SpanExportResult.SUCCESS
+    def next(self, most: int) -> _Batch | None:
+        """The next batch of at most ``most`` lines; None at the ledger's end. Raises
+        :class:`ExportProblem` for a line that is not a record or breaks the chain."""
+        lines = self.tail.read_lines(most)
+        if not lines:
+            return None
+        first, ledger, capture = self.expected, self.ledger, self.capture_content
+        feed = self.tracker.feed
+        logs: list[LedgerLog] = []
+        spans: list[CallSpan] = []
+        for _, raw in lines:
+            line = raw[:-1]
+            try:
+                fields = line_fields(line)
+                record = decode_fields(dict(fields))
+            except BadRecord as exc:
+                after = self.expected - 1
+                raise self._problem(f"the line after seq {after} is not a record ({exc})") from None
+            if record.seq != self.expected or record.prev != self.prev:
+                raise self._problem(
+                    f"the chain breaks at seq {record.seq} (expected seq {self.expected} after "
+                    f"the line hashed {self.prev[:12]}…)"
+                )
+            self.prev = line_hash(line)
+            self.expected += 1
+            if record.seq > self.logs_through:
+                log = log_of(
+                    line,
+                    record,
+                    ledger,
+                    capture_content=capture,
+                    fields=fields,
+                    line_sha256=self.prev,
+                )
+                logs.append(log)
+            if (span := feed(record)) is not None:
+                spans.append(span)
+        return _Batch(
+            first=first,
+            last=self.expected - 1,
+            offset=lines[-1][0],
+            line_sha256=self.prev,
+            logs=self.encoder.logs(logs) if logs else None,
+            log_count=len(logs),
+            spans=self.encoder.spans(spans) if spans else None,
+            span_count=len(spans),
+            open_calls=tuple(self.tracker.open_calls.values()),
+        )
 
 
 @attrs.define
 class _Export:
-    """One run of the export: the state between batches."""
+    """One run of the export: the sending side's state between batches."""
 
-    path: Path
     url: str
     cursor_path: Path
     say: Callable[[str], None]
     backoff: Backoff
-    exporter: _Exporter
-    tracker: CallTracker
-    tail: _Tail
+    clients: dict[Signal, SignalClient]
     cursor: Cursor
+    """What the receiver took: the cursor as it is written next."""
+    nursery: trio.Nursery
+    written: Cursor
+    """The cursor as it is on disk."""
+    writing: trio.Lock = attrs.field(factory=trio.Lock)
     sent_logs: int = 0
     sent_spans: int = 0
 
-    async def deliver(self, what: str, send: Callable[[], bool], first: int, last: int) -> None:
-        """Send until the receiver takes it; the cursor stays meanwhile."""
+    async def deliver(self, what: str, signal: Signal, body: bytes, batch: _Batch) -> None:
+        """Send until the receiver takes it; the cursor stays meanwhile. Raises
+        :class:`ExportProblem` when the receiver refuses it."""
+        seqs = f"the {what} of seq {batch.first}-{batch.last}"
         delay = self.backoff.first
         failed = False
-        while not await trio.to_thread.run_sync(send):
+        while not isinstance(answer := await self.clients[signal].post(body), Taken):
+            await self.write_cursor()  # what the messages say is on disk
+            if isinstance(answer, Refused):
+                raise ExportProblem(
+                    f"the receiver at {self.url} refused {seqs} ({answer.words}): sending them "
+                    f"again would not help; the cursor stays at seq {self.cursor.seq}; see "
+                    f"{RUNBOOK}"
+                )
             failed = True
-            words = self.exporter.words.last or "no answer"
+            wait = delay if answer.wait is None else answer.wait
             self.say(
-                f"the receiver at {self.url} did not take the {what} of seq {first}-{last} "
-                f"({words}); the cursor stays at seq {self.cursor.seq}; trying again in "
-                f"{delay:g} s (see {RUNBOOK})"
+                f"the receiver at {self.url} did not take {seqs} ({answer.words}); the cursor "
+                f"stays at seq {self.cursor.seq}; trying again in {wait:g} s (see {RUNBOOK})"
             )
-            await trio.sleep(delay)
-            delay = min(delay * 2, self.backoff.most)
+            await trio.sleep(wait)
+            if answer.wait is None:
+                delay = min(delay * 2, self.backoff.most)
         if failed:
-            self.say(f"the receiver at {self.url} took the {what} of seq {first}-{last}")
+            self.say(f"the receiver at {self.url} took {seqs}")
+        if answer.rejected:
+            self.say(
+                f"the receiver at {self.url} took {seqs} but rejected {answer.rejected} of them "
+                f"({answer.words or 'it gave no reason'}); they are not sent again (see {RUNBOOK})"
+            )
+        elif answer.words:
+            self.say(f"the receiver at {self.url} took {seqs} and said: {answer.words}")
 
-    async def move_cursor(self, cursor: Cursor) -> None:
-        """Write the cursor: shielded, so a stop right after the receiver's answer
-        still records what it took."""
-        with trio.CancelScope(shield=True):
-            data = cursor.to_json()
-            await trio.to_thread.run_sync(write_atomically, self.cursor_path, data)
+    def move_cursor(self, cursor: Cursor) -> None:
+        """The receiver took up to ``cursor``: written in the background (the next
+        request is sent meanwhile), in order, the newest when several wait."""
         self.cursor = cursor
+        self.nursery.start_soon(self.write_cursor)
 
-    async def batch(self, lines: list[tuple[int, bytes]], *, capture_content: bool) -> None:
-        """Send one batch of lines: their logs, then the spans of the calls they end;
-        the cursor after each."""
+    async def write_cursor(self) -> None:
+        """Write the newest cursor unless it is on disk already. Shielded, so a stop
+        right after the receiver's answer still records what it took."""
+        with trio.CancelScope(shield=True):
+            async with self.writing:
+                cursor = self.cursor
+                if cursor is not self.written:
+                    data = cursor.to_json()
+                    await trio.to_thread.run_sync(write_atomically, self.cursor_path, data)
+                    self.written = cursor
+
+    async def send(self, batch: _Batch) -> None:
+        """Send one batch: its logs, then the spans of the calls it ends; the cursor
+        after each."""
         at = self.cursor
-        expected, prev = at.seq + 1, at.line_sha256
-        logs: list[LedgerLog] = []
-        spans: list[CallSpan] = []
-        for line, record in LedgerReader(raw for _, raw in lines).records():
-            if isinstance(record, NotARecord):
-                raise ExportProblem(
-                    f"{self.path}: the line after seq {expected - 1} is not a record "
-                    f"({record.problem}); run `bxctl audit verify`; see {RUNBOOK}"
-                )
-            if record.seq != expected or record.prev != prev:
-                raise ExportProblem(
-                    f"{self.path}: the chain breaks at seq {record.seq} (expected seq "
-                    f"{expected} after the line hashed {prev[:12]}…); run `bxctl audit "
-                    f"verify`; see {RUNBOOK}"
-                )
-            prev = line_hash(line)
-            expected += 1
-            if record.seq > at.logs_through:
-                ledger = self.exporter.ledger
-                logs.append(log_of(line, record, ledger, capture_content=capture_content))
-            if (span := self.tracker.feed(record)) is not None:
-                spans.append(span)
-        first, last = at.seq + 1, expected - 1
-        if logs:
-            await self.deliver("log records", lambda: self.exporter.send_logs(logs), first, last)
-            self.sent_logs += len(logs)
-            if spans:
-                await self.move_cursor(attrs.evolve(at, logs_through=last))
-        if spans:
-            await self.deliver("spans", lambda: self.exporter.send_spans(spans), first, last)
-            self.sent_spans += len(spans)
-        last_offset = lines[-1][0]
+        if batch.logs is not None:
+            await self.deliver("log records", "logs", batch.logs, batch)
+            self.sent_logs += batch.log_count
+            if batch.spans is not None:
+                self.move_cursor(attrs.evolve(at, logs_through=batch.last))
+        if batch.spans is not None:
+            await self.deliver("spans", "traces", batch.spans, batch)
+            self.sent_spans += batch.span_count
         done = Cursor(
             url=self.url,
             ledger=at.ledger,
-            seq=last,
-            offset=last_offset,
-            line_sha256=prev,
-            logs_through=max(last, at.logs_through),
-            open_calls=tuple(self.tracker.open_calls.values()),
+            seq=batch.last,
+            offset=batch.offset,
+            line_sha256=batch.line_sha256,
+            logs_through=max(batch.last, at.logs_through),
+            open_calls=batch.open_calls,
         )
-        await self.move_cursor(done)
+        self.move_cursor(done)
+
+
+def _clients(url: str) -> dict[Signal, SignalClient]:
+    """One client a signal, set by the environment. Blocking (reads TLS files)."""
+    base = url.rstrip("/")
+    clients: dict[Signal, SignalClient] = {}
+    try:
+        for signal in ("logs", "traces"):
+            settings = settings_of(os.environ, signal)
+            clients[signal] = SignalClient(f"{base}/v1/{signal}", signal, settings, REQUEST_TIMEOUT)
+    except SettingProblem as exc:
+        raise ExportProblem(f"{exc}; see {RUNBOOK}") from None
+    return clients
+
+
+async def _produce(
+    batcher: _Batcher,
+    most: int,
+    ready: trio.MemorySendChannel[_Batch | ExportProblem],
+    follow: bool,
+    poll: float,
+) -> None:
+    """Batches into ``ready`` (one made ahead while one is sent), then a problem if one
+    stops the export, then the end (closed) unless ``follow``."""
+    async with ready:
+        while True:
+            try:
+                batch = await trio.to_thread.run_sync(batcher.next, most)
+            except ExportProblem as exc:
+                await ready.send(exc)
+                return
+            if batch is not None:
+                await ready.send(batch)
+            elif follow:
+                await trio.sleep(poll)
+            else:
+                return
 
 
 async def export_ledger(
@@ -482,20 +517,42 @@ async def export_ledger(
         tail = _Tail(file, cursor.offset)
         if cursor.seq >= 0:
             await trio.to_thread.run_sync(tail.read_lines, 1)  # the cursor's own line
-        exporter = _Exporter(url, ledger)
+        encoder = ProtoEncoder(ledger, __version__)
+        batcher = _Batcher(
+            path,
+            ledger,
+            tail,
+            tracker,
+            encoder,
+            capture_content,
+            expected=cursor.seq + 1,
+            prev=cursor.line_sha256,
+            logs_through=cursor.logs_through,
+        )
         most = BATCH_LINES if batch_lines is None else batch_lines
-        run = _Export(path, url, cursor_path, say, backoff, exporter, tracker, tail, cursor)
+        clients = await trio.to_thread.run_sync(_clients, url)
+        problem: ExportProblem | None = None
         try:
-            while True:
-                lines = await trio.to_thread.run_sync(tail.read_lines, most)
-                if lines:
-                    await run.batch(lines, capture_content=capture_content)
-                elif follow:
-                    await trio.sleep(poll)
-                else:
-                    break
+            async with trio.open_nursery() as nursery:
+                run = _Export(url, cursor_path, say, backoff, clients, cursor, nursery, cursor)
+                ready, batches = trio.open_memory_channel[_Batch | ExportProblem](0)
+                nursery.start_soon(_produce, batcher, most, ready, follow, poll)
+                async for batch in batches:
+                    if isinstance(batch, ExportProblem):
+                        problem = batch
+                        break
+                    try:
+                        await run.send(batch)
+                    except ExportProblem as exc:
+                        problem = exc
+                        break
+                nursery.cancel_scope.cancel()  # the batch made ahead is not sent
         finally:
-            exporter.close()
+            with trio.CancelScope(shield=True):
+                for client in clients.values():
+                    await client.aclose()
+        if problem is not None:
+            raise problem
         return Sent(run.sent_logs, run.sent_spans, run.cursor.seq)
     finally:
         file.close()
