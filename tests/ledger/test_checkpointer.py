@@ -229,6 +229,11 @@ async def test_one_checkpoint_at_a_clean_close(
     check_checkpoint(book, book.checkpoints()[0])
     check_files(book, book.checkpoints()[0])
     assert book.hooked == [(book.checkpoints()[0]["note"].encode(), 3)]
+    # The tiles hold the checkpoint's own line too: the next start resumes from them.
+    assert TileStore(tree_dir(book.home)).size == len(book.lines()) == 4
+    lines = book.lines()
+    book.home.audit_log.unlink()  # a rebuild would need the lines: resumed, it does not
+    assert open_tree(book.home, 4).root() == _mth(lines)
 
 
 async def test_the_open_calls_and_their_phases(
