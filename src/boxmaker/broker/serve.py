@@ -32,6 +32,7 @@ import logging
 import os
 import resource
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Final
@@ -58,9 +59,17 @@ from boxmaker.home import state_files
 from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
 from boxmaker.home.paths import Home, HomeError, resolve_home
+from boxmaker.ledger.fast_start import RUNBOOK_FAST_START
+from boxmaker.ledger.ledger_key import (
+    LedgerKeyError,
+    create_ledger_key,
+    load_ledger_signer,
+    read_ledger_origin,
+)
 from boxmaker.ledger.policies import policies_dir
-from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.records import BadRecord, Repair, Start, Stop, new_boot_id
+from boxmaker.ledger.signed_note import NoteSigner
+from boxmaker.ledger.start import LedgerStart, start_ledger
 from boxmaker.ledger.writer import (
     LedgerFile,
     LedgerTorn,
@@ -105,6 +114,8 @@ class _Prepared:
     file: LedgerFile
     repaired: Repair | None
     open_calls: frozenset[str]
+    ledger: LedgerStart
+    signer: NoteSigner | None
 
 
 def _prepare(
@@ -129,17 +140,58 @@ def _prepare(
     if repair_torn and home.audit_log.exists():
         repaired = repair(home.audit_log)
     tail = open_ledger(home.audit_log)
-    # One pass over the ledger at start: the calls earlier boots left open must not be
-    # decided again under the same id (a second decision breaks verification), and a
-    # damaged chain is worth a line in the log before anything is appended to it.
-    report = verify_file(home.audit_log)
+    signer = _ledger_signer(home)
+    # The ledger verified at start, from its newest checkpoint when that holds: the
+    # calls earlier boots left open must not be decided again under the same id (a
+    # second decision breaks verification), and a damaged chain is worth a line in the
+    # log before anything is appended to it.
+    started = time.perf_counter()
+    ledger = start_ledger(home, None if signer is None else signer.verifier, tail.next_seq)
+    report = ledger.report
+    took = time.perf_counter() - started
+    if ledger.fallback is None:
+        log.info(
+            "ledger verified from checkpoint seq %d: %d record(s) after it, %.3f s",
+            ledger.checkpoint_seq,
+            report.records,
+            took,
+        )
+    else:
+        log.warning(
+            "ledger verified in full (%d records, %.3f s), not from a checkpoint: %s; see %s",
+            report.records,
+            took,
+            ledger.fallback,
+            RUNBOOK_FAST_START,
+        )
     if not report.sound:
         log.error(
             "the ledger has %d problem(s), the first: %s; run `bxctl audit verify`",
             len(report.problems) + report.problems_left_out,
             report.problems[0],
         )
-    return _Prepared(config, guard, tail, open_file(home.audit_log), repaired, report.open_calls)
+    return _Prepared(
+        config,
+        guard,
+        tail,
+        open_file(home.audit_log),
+        repaired,
+        report.open_calls,
+        ledger,
+        signer,
+    )
+
+
+def _ledger_signer(home: Home) -> NoteSigner | None:
+    """The ledger key (made now when missing, as ``bxctl init`` makes it); None, logged,
+    when it cannot be had: the start then verifies in full, signatures unchecked."""
+    try:
+        origin = read_ledger_origin(home.audit_log)
+        create_ledger_key(home, origin)
+        return load_ledger_signer(home, origin)
+    except (LedgerKeyError, BadRecord, OSError, ValueError) as exc:
+        log.warning("the ledger key cannot be used: %s; see docs/runbook.md#ledger-key", exc)
+        return None
 
 
 MCP_EXTRA_MISSING: Final = (

@@ -95,10 +95,8 @@ from boxmaker.ledger.records import (
 )
 from boxmaker.ledger.signed_note import NoteVerifier
 from boxmaker.ledger.tiles import TILE_WIDTH, TileProblem, TileStore
+from boxmaker.ledger.tree import TREE_DIR
 from boxmaker.ledger.verify_tree import TileCheck, checkpoint_problems
-
-TREE_DIR: Final = "tree"
-"""``ledger/tree/`` beside the ledger: the tree's tiles and the newest checkpoint."""
 
 MAX_PROBLEMS = 1000
 
@@ -163,6 +161,8 @@ class Report:
     """Whether their notes' signatures were checked (a ledger key was given)."""
     tiles_checked: int = 0
     """The tree's tiles compared with the lines (:func:`verify_file`)."""
+    tiles_sound: bool | None = None
+    """Whether every tile compared held what the lines give (None: none compared)."""
     resumed_from: int | None = None
     """The seq of the first line checked when resumed (:class:`ResumePoint`), else None."""
 
@@ -207,7 +207,8 @@ def verify_file(
     with path.open("rb", buffering=READ_BUFFER) as file:
         report = verify_lines(file, expect_head, verifier=verifier, tiles=tiles)
     if unreadable is not None:
-        report = attrs.evolve(report, problems=(unreadable, *report.problems))
+        problems = (unreadable, *report.problems)
+        report = attrs.evolve(report, problems=problems, tiles_sound=False)
     return check_kept(report, policies_dir(path))
 
 
@@ -518,7 +519,8 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                 checkpoints += 1
                 if rec["size"] != seq:
                     problem(seq, f"checkpoint record of size {rec['size']!r}, not its seq")
-                ours = rec["boot"] == newest_boot
+                # The writer's boot's calls, with their phases, until its stop.
+                ours = rec["boot"] == newest_boot and not boot_stopped
                 found_open = {
                     call: _PHASE_NAMES[state & 3]
                     for call, state in open_calls.items()
@@ -574,6 +576,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         checkpoints=checkpoints,
         signatures_checked=verifier is not None,
         tiles_checked=0 if tiles is None else tiles.tiles,
+        tiles_sound=None if tiles is None else not tiles.problems,
         resumed_from=None if resume is None else resume.next_seq,
     )
 
