@@ -156,6 +156,18 @@ class EgressConfig:
     """A tunnel with no byte either way for this long is closed (ended ``idle``)."""
 
 
+@attrs.frozen(kw_only=True)
+class LedgerConfig:
+    """``[ledger]``: how often brokerd signs a checkpoint of the ledger's tree
+    (docs/protocol.md, "Checkpoints"); read at start."""
+
+    checkpoint_every: int = attrs.field(default=1000, validator=_at_least(1))
+    """Records written since the last checkpoint that make the next one."""
+    checkpoint_seconds: float = attrs.field(default=60.0, validator=_positive)
+    """Seconds after a record not yet in a checkpoint that make one (a quiet ledger
+    makes none)."""
+
+
 def _argv(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     if any(not part or "\0" in part for part in value):
         raise InvalidField(attribute.name, "expected a list of non-empty strings (argv)")
@@ -189,6 +201,7 @@ class Config:
     runner: RunnerConfig = attrs.Factory(RunnerConfig)
     notify: NotifyConfig = attrs.Factory(NotifyConfig)
     egress: EgressConfig = attrs.Factory(EgressConfig)
+    ledger: LedgerConfig = attrs.Factory(LedgerConfig)
     mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
     """``[mcp_servers.NAME]``: the MCP servers whose tools go through brokerd
     (home/mcp_config.py)."""
