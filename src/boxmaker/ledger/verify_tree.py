@@ -82,7 +82,7 @@ def checkpoint_problems(
     unfinished = rec["unfinished"]
     if len(unfinished) != len(unfinished_now) or set(unfinished) != unfinished_now:
         differ = phases_differ(
-            dict.fromkeys(unfinished, "open"), dict.fromkeys(unfinished_now, "open")
+            dict.fromkeys(unfinished, "unfinished"), dict.fromkeys(unfinished_now, "unfinished")
         )
         found.append(
             f"checkpoint unfinished differ from the calls open then: {differ or 'repeated'}"
