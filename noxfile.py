@@ -123,6 +123,7 @@ def bench(session: nox.Session) -> None:
     for script in (
         "bench_decide",
         "bench_ledger",
+        "bench_ledger_start",
         "bench_what_if",
         "bench_runner",
         "bench_broker",

@@ -4,7 +4,9 @@ Builds a realistic 200,000-record ledger in a temporary directory (encode_line d
 no fsync), then times, best of 3:
 
 - raw: for each line, ``hashlib.sha256(line).hexdigest()`` and ``orjson.loads(line)``;
-- verify: ``boxmaker.ledger.verify.verify_file``.
+- verify: ``boxmaker.ledger.verify.verify_file``, which also computes the Merkle tree
+  over the lines (a leaf hash a line, two node hashes on average); the raw loop does
+  not, so the ratio carries the tree's cost (docs/decisions.md, "Verify").
 
 Run: ``python tools/bench_ledger.py [RECORDS]``. The target is a ratio of at least 0.70.
 """
