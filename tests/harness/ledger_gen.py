@@ -169,19 +169,22 @@ def write_ledger(
     seed: int = 1,
     stop_chance: float = 0.001,
     max_open: int = 12,
+    max_unfinished: int = 40,
     tiles: bool = True,
 ) -> Generated:
     """Write a ledger of about ``records`` records under ``ledger_dir`` (the genesis
-    names the ledger ``signer`` is the key of: its name is the origin). ``tiles``: write
-    the tree's tiles, the checkpoint and its position."""
+    names the ledger ``signer`` is the key of: its name is the origin). A boot stops
+    now and then: cleanly (its open calls ended first, as brokerd's stop ends them) or
+    leaving them open, as a kill would, while fewer than ``max_unfinished`` are.
+    ``tiles``: write the tree's tiles, the checkpoint and its position."""
     rng = random.Random(seed)
     ledger_id = signer.name.removeprefix("boxmaker.local/ledger/")
     assert ledger_origin(ledger_id) == signer.name
     ledger_dir.mkdir(parents=True, exist_ok=True)
     path = ledger_dir / "audit.jsonl"
     checkpoints: list[int] = []
-    # call -> (its boot, its phase); a stopped boot's calls stay, as unfinished.
-    open_calls: dict[str, tuple[str, CallPhase]] = {}
+    mine: dict[str, CallPhase] = {}  # the running boot's open calls
+    left: dict[str, tuple[str, CallPhase]] = {}  # those stopped boots left open
     store = TileStore(ledger_dir / TREE_DIR, files=NoSync()) if tiles else None
     with path.open("wb", buffering=1 << 20) as file:
         out = _Writer(file, signer, store=store)
@@ -191,15 +194,19 @@ def write_ledger(
         number = 0
         while out.seq < records:
             if out.seq % every == 0:
-                mine = not stopped
-                phases = {c: p for c, (b, p) in open_calls.items() if mine and b == boot}
-                unfinished = sorted(c for c in open_calls if c not in phases)
+                phases = {} if stopped else dict(mine)
+                unfinished = sorted([*left, *(mine if stopped else ())])
                 out.checkpoint(boot or "b-none", phases, unfinished)
                 checkpoints.append(out.seq - 1)
                 continue
             if stopped or rng.random() < stop_chance:
                 if not stopped:
+                    if (mine and rng.random() < 0.5) or len(left) + len(mine) > max_unfinished:
+                        _end(out, *mine.popitem(), rng)
+                        continue  # ended one by one, a record each, then the stop
                     out.fields(_template(Stop(boot=boot)))
+                    left.update((call, (boot, phase)) for call, phase in mine.items())
+                    mine.clear()
                     stopped = True
                     continue
                 boot = f"b-{rng.randbytes(8).hex()}"
@@ -207,23 +214,22 @@ def write_ledger(
                 stopped = False
                 continue
             number += 1
-            mine = [c for c, (b, _) in open_calls.items() if b == boot]
             roll = rng.random()
             if mine and (roll < 0.45 or len(mine) >= max_open):
-                call = rng.choice(mine)
-                phase = open_calls[call][1]
+                call = rng.choice(list(mine))
+                phase = mine[call]
                 if phase is CallPhase.ASKED:
                     outcome = rng.choice(
                         (ApprovalOutcome.ALLOWED, ApprovalOutcome.ASK, ApprovalOutcome.DENIED)
                     )
                     out.fields(dict(_APPROVAL, call=call, outcome=outcome.value))
                     if outcome is ApprovalOutcome.DENIED:
-                        del open_calls[call]
+                        del mine[call]
                     else:
-                        open_calls[call] = (boot, CallPhase.APPROVED)
+                        mine[call] = CallPhase.APPROVED
                 else:
                     out.fields(dict(_RESULT, call=call, output_bytes=rng.randint(0, 9999)))
-                    del open_calls[call]
+                    del mine[call]
                 continue
             call = f"c-{number:016x}"
             verdict = rng.choice((VerdictCode.RUN, VerdictCode.ASK, VerdictCode.DENY))
@@ -231,8 +237,7 @@ def write_ledger(
             if verdict is VerdictCode.DENY:
                 fields.update(reason=Reason.NO_GRANT.value, grant=None)
             else:
-                phase = CallPhase.RUNNING if verdict is VerdictCode.RUN else CallPhase.ASKED
-                open_calls[call] = (boot, phase)
+                mine[call] = CallPhase.RUNNING if verdict is VerdictCode.RUN else CallPhase.ASKED
             out.fields(fields)
     if store is not None:
         store.append(out.stored)
@@ -243,4 +248,14 @@ def write_ledger(
             position = CheckpointPosition(seq=seq, offset=offset, sha256=sha)
             (tree_dir / CHECKPOINT_POS_FILE).write_bytes(position.to_json())
     os.chmod(path, 0o600)
+    open_calls = dict(left)
+    open_calls.update((call, (boot, phase)) for call, phase in mine.items())
     return Generated(path, out.seq, checkpoints, open_calls)
+
+
+def _end(out: _Writer, call: str, phase: CallPhase, rng: random.Random) -> None:
+    """End an open call as a clean stop does: an ask withdrawn, a run's result."""
+    if phase is CallPhase.ASKED:
+        out.fields(dict(_APPROVAL, call=call, outcome=ApprovalOutcome.WITHDRAWN.value))
+    else:
+        out.fields(dict(_RESULT, call=call, output_bytes=rng.randint(0, 9999)))
