@@ -124,6 +124,7 @@ def bench(session: nox.Session) -> None:
         "bench_decide",
         "bench_ledger",
         "bench_ledger_start",
+        "bench_tree",
         "bench_what_if",
         "bench_runner",
         "bench_broker",

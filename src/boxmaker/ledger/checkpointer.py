@@ -14,6 +14,9 @@ The writer task then, with nothing else appended in between:
    ``ledger/tree/checkpoint.pos`` (where the record's line is), both atomically, then
    calls the ``on_checkpoint`` hook.
 
+At the clean close the tiles are flushed once more after the last checkpoint
+(:meth:`Checkpointer.close`), so they hold every line, that checkpoint's own included.
+
 A flush or a signature that fails is logged and the checkpoint skipped, never the
 ledger stopped: the tiles are derived from the lines, and the next checkpoint (after
 ``every`` more records or ``seconds``) tries again.
@@ -217,6 +220,15 @@ class Checkpointer:
                 self.on_checkpoint(note, record.size)
             except Exception:
                 log.exception("a checkpoint hook failed (checkpoint %d)", record.size)
+
+    async def close(self) -> None:
+        """At the writer's clean close, after its last checkpoint: the tiles take the
+        lines since (that checkpoint's own), so the next start finds tiles of the
+        ledger's size and resumes from them. A failure is logged: that start rebuilds."""
+        try:
+            await self._to_thread(self.tree.flush)
+        except Exception:
+            log.exception("the tree's tiles could not be written at close")
 
     def _write_files(self, note: bytes, position: CheckpointPosition) -> None:
         # The note first: a position never names a record newer than the note beside it.

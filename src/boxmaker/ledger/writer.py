@@ -381,9 +381,11 @@ class LedgerWriter:
                     if self._checkpointer is not None and self._checkpointer.due():
                         await self._checkpoint()
             # The clean close: everything sent is written; the last checkpoint covers it.
-            if self._checkpointer is not None and self._checkpointer.uncovered:
+            if self._checkpointer is not None:
                 with trio.CancelScope(shield=True):
-                    await self._checkpoint()
+                    if self._checkpointer.uncovered:
+                        await self._checkpoint()
+                    await self._checkpointer.close()
         finally:
             self._closing = True
             self._abandon_waiting()
