@@ -19,6 +19,13 @@ session id, a port from 1, counts from 0, an IP address, a known ``ended``) and 
 while its ``connect`` call runs: after the decision (or approval) that let it run and
 before its result.
 
+The tree (docs/protocol.md, "Verifying"): the RFC 6962 tree over the lines is computed
+in the same loop, and each ``checkpoint`` record is checked against it (its root, its
+signed note, the calls then open: :mod:`boxmaker.ledger.verify_tree`); with a
+:class:`~boxmaker.ledger.verify_tree.TileCheck`, the tiles under ``ledger/tree/`` are
+compared with the lines. With a :class:`ResumePoint` the lines are those after a
+checkpoint (:mod:`boxmaker.ledger.fast_start`).
+
 Where a problem is reported (its ``seq``): the position the line holds in the chain,
 i.e. the seq the line should have. After a wrong ``seq`` the count follows the line's
 own number, so one gap or swap is one problem and not a cascade. A broken ``prev`` link
