@@ -125,6 +125,7 @@ def bench(session: nox.Session) -> None:
         "bench_ledger",
         "bench_merkle",
         "bench_proofs",
+        "bench_ledger_start",
         "bench_tree",
         "bench_what_if",
         "bench_runner",

@@ -36,6 +36,7 @@ import logging
 import os
 import resource
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Final
@@ -63,6 +64,7 @@ from boxmaker.home.config import Config, ConfigError, load_config, workspace_pro
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
 from boxmaker.home.paths import Home, HomeError, resolve_home
 from boxmaker.ledger.checkpointer import Checkpointer, CheckpointHook
+from boxmaker.ledger.fast_start import RUNBOOK_FAST_START, RefusalReason
 from boxmaker.ledger.ledger_key import (
     LedgerKeyError,
     create_ledger_key,
@@ -73,8 +75,8 @@ from boxmaker.ledger.open_calls import OpenCalls
 from boxmaker.ledger.policies import policies_dir
 from boxmaker.ledger.records import BadRecord, Repair, Start, Stop, new_boot_id
 from boxmaker.ledger.signed_note import NoteSigner
-from boxmaker.ledger.tree import LedgerTree, open_tree, tree_dir
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.start import start_ledger
+from boxmaker.ledger.tree import LedgerTree, tree_dir
 from boxmaker.ledger.writer import (
     LedgerFile,
     LedgerTorn,
@@ -148,10 +150,33 @@ def _prepare(
     if repair_torn and home.audit_log.exists():
         repaired = repair(home.audit_log)
     tail = open_ledger(home.audit_log)
-    # One pass over the ledger at start: the calls earlier boots left open must not be
-    # decided again under the same id (a second decision breaks verification), and a
-    # damaged chain is worth a line in the log before anything is appended to it.
-    report = verify_file(home.audit_log)
+    signer = _ledger_signer(home)
+    # The ledger verified at start, from its newest checkpoint when that holds: the
+    # calls earlier boots left open must not be decided again under the same id (a
+    # second decision breaks verification), and a damaged chain is worth a line in the
+    # log before anything is appended to it.
+    started = time.perf_counter()
+    ledger = start_ledger(home, None if signer is None else signer.verifier, tail.next_seq)
+    report = ledger.report
+    took = time.perf_counter() - started
+    if ledger.fallback is None:
+        log.info(
+            "ledger verified from checkpoint seq %d: %d record(s) after it, %.3f s",
+            ledger.checkpoint_seq,
+            report.records,
+            took,
+        )
+    else:
+        # No checkpoint yet (a new ledger, or one from before checkpoints) is no warning.
+        first = ledger.fallback.reason is RefusalReason.NO_POSITION
+        log.log(
+            logging.INFO if first else logging.WARNING,
+            "ledger verified in full (%d records, %.3f s), not from a checkpoint: %s; see %s",
+            report.records,
+            took,
+            ledger.fallback,
+            RUNBOOK_FAST_START,
+        )
     if not report.sound:
         log.error(
             "the ledger has %d problem(s), the first: %s; run `bxctl audit verify`",
@@ -160,14 +185,14 @@ def _prepare(
         )
     file = open_file(home.audit_log)
     end = home.audit_log.stat().st_size
-    return _Prepared(
-        config, guard, tail, file, repaired, report.open_calls, end, _signed(home, tail)
-    )
+    signed = None if signer is None else (signer, ledger.tree)
+    return _Prepared(config, guard, tail, file, repaired, report.open_calls, end, signed)
 
 
-def _signed(home: Home, tail: Tail) -> tuple[NoteSigner, LedgerTree] | None:
-    """The ledger key (made when missing: docs/runbook.md#ledger-key) and the tree at the
-    ledger's size. Raises LedgerKeyError for a key that cannot be used."""
+def _ledger_signer(home: Home) -> NoteSigner | None:
+    """The ledger key (made when missing: docs/runbook.md#ledger-key). Raises
+    LedgerKeyError for a key that cannot be used; None when the genesis record cannot
+    be read (the ledger has no origin to sign for)."""
     try:
         origin = read_ledger_origin(home.audit_log)
     except BadRecord:
@@ -179,7 +204,7 @@ def _signed(home: Home, tail: Tail) -> tuple[NoteSigner, LedgerTree] | None:
             home.ledger_key,
             home.ledger_vkey,
         )
-    return load_ledger_signer(home, origin), open_tree(home, tail.next_seq)
+    return load_ledger_signer(home, origin)
 
 
 MCP_EXTRA_MISSING: Final = (

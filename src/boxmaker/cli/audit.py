@@ -16,13 +16,19 @@ from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.core.catalogue import INTERNAL_TOOLS
 from boxmaker.core.vocabulary import Decision, Record, holds
 from boxmaker.formats.printable import printable
+from boxmaker.home.paths import Home
+from boxmaker.home.regular_file import read_regular_file
+from boxmaker.ledger.fast_start import SinceCheckpoint, verify_since_checkpoint
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
 from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord, iter_lines
 from boxmaker.ledger.records import Body, Connection, Policy, body_fields, call_of, parse_head
+from boxmaker.ledger.signed_note import NoteError, NoteVerifier, parse_vkey
 from boxmaker.ledger.verify import verify_file
 
 audit_app = App(name="audit", help="The hash-chained audit ledger.")
 audit_app.command(export)
+
+MAX_VKEY_FILE = 1024
 
 # Fields shown after the common ones, in this order, when a record has them.
 SHOWN_FIELDS = (
@@ -64,8 +70,11 @@ SHOWN_FIELDS = (
 
 
 @audit_app.command
-def verify(*, expect_head: str | None = None, common: Common = DEFAULT) -> Exit:
-    """Check the whole ledger: each line, the seq, the hash chain, the order per call.
+def verify(
+    *, expect_head: str | None = None, since_checkpoint: bool = False, common: Common = DEFAULT
+) -> Exit:
+    """Check the whole ledger: each line, the seq, the hash chain, the order per call,
+    the tree (each checkpoint's root, note and signature, and the tiles).
 
     Prints one line per problem, then the records, the calls by state and the head.
     Exit 0 when sound, 1 when a problem is found, 2 on a usage or I/O error.
@@ -75,17 +84,39 @@ def verify(*, expect_head: str | None = None, common: Common = DEFAULT) -> Exit:
     expect_head
         A head noted earlier (SEQ:HASH): the ledger must still contain it, which
         detects the removal of the newest records (docs/threat-model.md).
+    since_checkpoint
+        Only the records after the newest checkpoint, as brokerd's start checks them
+        (its signature and its root against the tiles first); the full check when
+        that checkpoint cannot be used, saying why.
     """
     if expect_head is not None:
+        if since_checkpoint:
+            return fail(
+                "--expect-head checks the whole ledger: not with --since-checkpoint", Exit.USAGE
+            )
         try:
             parse_head(expect_head)
         except ValueError as exc:
             return fail(str(exc), Exit.USAGE)
-    path = common.resolve().audit_log
+    home = common.resolve()
+    path = home.audit_log
     try:
-        report = verify_file(path, expect_head)
+        verifier = _ledger_verifier(home)
+    except (OSError, NoteError) as exc:
+        return fail(f"{home.ledger_vkey}: {exc}; see docs/runbook.md#ledger-key", Exit.USAGE)
+    started: str | None = None
+    try:
+        found = verify_since_checkpoint(path, verifier) if since_checkpoint else None
+        if isinstance(found, SinceCheckpoint):
+            report = found.report
+            started = f"from checkpoint seq {found.checkpoint_seq}"
+        else:
+            if found is not None:
+                started = f"in full: the checkpoint cannot be used: {found}"
+            report = verify_file(path, expect_head, verifier=verifier)
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    signatures = "checked" if verifier is not None else f"not checked: no key ({home.ledger_vkey})"
     if common.json:
         print_json(
             {
@@ -96,20 +127,40 @@ def verify(*, expect_head: str | None = None, common: Common = DEFAULT) -> Exit:
                 "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
                 "problems_left_out": report.problems_left_out,
                 "calls": attrs.asdict(report.calls),
+                "checkpoints": report.checkpoints,
+                "signatures": signatures,
+                "tiles_checked": report.tiles_checked,
+                "verified": started or "in full",
+                "resumed_from": report.resumed_from,
             }
         )
     else:
+        if started is not None:
+            print(printable(f"verified {started}"))
         for problem in report.problems:
             print(printable(str(problem)))
         if report.problems_left_out:
             print(f"... and {report.problems_left_out} more problem(s)")
         states = ", ".join(f"{name} {n}" for name, n in attrs.asdict(report.calls).items())
-        print(f"records: {report.records}")
+        after = "" if report.resumed_from is None else f" (from seq {report.resumed_from})"
+        print(f"records: {report.records}{after}")
         print(f"calls: {report.calls.total} ({states})")
+        print(f"checkpoints: {report.checkpoints}, signatures {signatures}")
+        if report.resumed_from is None:
+            print(f"tree tiles compared: {report.tiles_checked}")
         print(f"head: {report.head}")
         verdict = "sound" if report.sound else f"{len(report.problems)} problem(s) found"
         print(f"ledger: {verdict}")
     return Exit.DONE if report.sound else Exit.FAILED
+
+
+def _ledger_verifier(home: Home) -> NoteVerifier | None:
+    """The ledger key's verifier from ``keys/ledger.vkey``; None when there is none."""
+    try:
+        text = read_regular_file(home.ledger_vkey, limit=MAX_VKEY_FILE)
+    except FileNotFoundError:
+        return None
+    return parse_vkey(text.decode("utf-8", errors="replace").strip())
 
 
 Read = Record[Body] | NotARecord

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import ipaddress
 import secrets
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import attrs
 import cattrs
@@ -46,7 +47,7 @@ from boxmaker.core.vocabulary import (
     VerdictCode,
     record_time,
 )
-from boxmaker.formats.convert import converter
+from boxmaker.formats.convert import CALL_ID, SESSION_ID, converter
 
 __all__ = [
     "BODY_TYPES",
@@ -76,6 +77,7 @@ __all__ = [
     "VerdictCode",
     "body_fields",
     "call_of",
+    "connection_problem",
     "decode_fields",
     "decode_line",
     "encode_line",
@@ -464,3 +466,44 @@ def parse_head(text: str) -> tuple[int, str]:
     ):
         raise ValueError(f"a head is SEQ:SHA256 (64 lowercase hex), not {text!r}")
     return int(seq_text), digest
+
+
+_CONNECTION_ENDS: Final = frozenset(end.value for end in ConnectionEnd)
+_CONNECTION_COUNTS: Final = ("port", "bytes_up", "bytes_down", "duration_ms")
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def connection_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a ``connection`` record's fields (raises KeyError for a
+    missing one), or None.
+
+    >>> print(connection_problem({"call": "c-1", "via": "c-0000000000000001"}))
+    with call id 'c-1'
+    """
+    for name in ("call", "via"):
+        if type(rec[name]) is not str or not CALL_ID.fullmatch(rec[name]):
+            return f"with {name} id {rec[name]!r}"
+    if type(rec["session"]) is not str or not SESSION_ID.fullmatch(rec["session"]):
+        return f"with session id {rec['session']!r}"
+    if type(rec["host"]) is not str or not rec["host"]:
+        return f"with host {rec['host']!r}"
+    for name in _CONNECTION_COUNTS:
+        if type(rec[name]) is not int or rec[name] < 0:
+            return f"with {name} {rec[name]!r}"
+    if not 1 <= rec["port"] <= 65535:
+        return f"with port {rec['port']!r}"
+    address = rec["address"]
+    if type(address) is not str or not _is_address(address):
+        return f"with address {address!r}, not an IP address"
+    if rec["server_name"] is not None and type(rec["server_name"]) is not str:
+        return f"with server_name {rec['server_name']!r}"
+    if rec["ended"] not in _CONNECTION_ENDS:
+        return f"with ended {rec['ended']!r}"
+    return None

@@ -19,6 +19,13 @@ session id, a port from 1, counts from 0, an IP address, a known ``ended``) and 
 while its ``connect`` call runs: after the decision (or approval) that let it run and
 before its result.
 
+The tree (docs/protocol.md, "Verifying"): the RFC 6962 tree over the lines is computed
+in the same loop, and each ``checkpoint`` record is checked against it (its root, its
+signed note, the calls then open: :mod:`boxmaker.ledger.verify_tree`); with a
+:class:`~boxmaker.ledger.verify_tree.TileCheck`, the tiles under ``ledger/tree/`` are
+compared with the lines. With a :class:`ResumePoint` the lines are those after a
+checkpoint (:mod:`boxmaker.ledger.fast_start`).
+
 Where a problem is reported (its ``seq``): the position the line holds in the chain,
 i.e. the seq the line should have. After a wrong ``seq`` the count follows the line's
 own number, so one gap or swap is one problem and not a cascade. A broken ``prev`` link
@@ -72,26 +79,31 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import itertools
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 import orjson
 
-from boxmaker.formats.convert import CALL_ID, SESSION_ID
+from boxmaker.ledger.checkpoint import ledger_origin
+from boxmaker.ledger.merkle import Frontier, Hash
 from boxmaker.ledger.policies import RUNBOOK_KEPT, is_sha256, kept_problem, policies_dir
 from boxmaker.ledger.reader import READ_BUFFER
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     BadRecord,
-    ConnectionEnd,
+    CallPhase,
+    connection_problem,
     format_head,
     line_fields,
     parse_head,
 )
+from boxmaker.ledger.signed_note import NoteVerifier
+from boxmaker.ledger.tiles import TILE_WIDTH, TileProblem, TileStore
+from boxmaker.ledger.tree import TREE_DIR
+from boxmaker.ledger.verify_tree import TileCheck, checkpoint_problems
 
 MAX_PROBLEMS = 1000
 
@@ -99,6 +111,13 @@ MAX_PROBLEMS = 1000
 _ASKED = 0
 _RUNNING = 1  # a run verdict: an approval would be out of order
 _APPROVED = 2  # an approval let it run: a second approval would be out of order
+_LEFT_OPEN = 3  # resumed from a checkpoint: an earlier boot left it open, phase not kept
+_PHASE_NAMES: Final = {
+    _ASKED: CallPhase.ASKED,
+    _RUNNING: CallPhase.RUNNING,
+    _APPROVED: CallPhase.APPROVED,
+}
+_PHASE_OF: Final = {name: phase for phase, name in _PHASE_NAMES.items()}
 
 _NOT_JSON = object()
 
@@ -143,19 +162,60 @@ class Report:
     """Each ``policy`` record's seq and the sha256 of the grants it names (the records
     of a file that could not be read name none): :func:`verify_file` checks the kept
     versions."""
+    checkpoints: int = 0
+    """The ``checkpoint`` records checked (root, note, open calls)."""
+    signatures_checked: bool = False
+    """Whether their notes' signatures were checked (a ledger key was given)."""
+    tiles_checked: int = 0
+    """The tree's tiles compared with the lines (:func:`verify_file`)."""
+    tiles_sound: bool | None = None
+    """Whether every tile compared held what the lines give (None: none compared)."""
+    resumed_from: int | None = None
+    """The seq of the first line checked when resumed (:class:`ResumePoint`), else None."""
 
     @property
     def sound(self) -> bool:
         return not self.problems
 
 
-def verify_file(path: Path, expect_head: str | None = None) -> Report:
-    """Verify the ledger at ``path``, and the kept grants versions its ``policy``
-    records name (:func:`check_kept`). I/O errors on the ledger propagate (the CLI's
-    exit 2)."""
+@attrs.frozen
+class ResumePoint:
+    """What a verification of the lines from ``next_seq`` on needs of the lines before
+    them, as a verified checkpoint record gives it (boxmaker.ledger.fast_start): the
+    previous line's hash, the tree over the lines before (its leaves ``0..next_seq-1``),
+    the calls then open (the newest boot's with their phases, and those earlier boots
+    left open), the newest boot and whether it had stopped, and the ledger's origin."""
+
+    next_seq: int
+    prev_hash: str
+    tree: Frontier
+    open_calls: dict[str, CallPhase]
+    unfinished: frozenset[str]
+    newest_boot: str | None
+    boot_stopped: bool
+    origin: str
+
+
+def verify_file(
+    path: Path, expect_head: str | None = None, *, verifier: NoteVerifier | None = None
+) -> Report:
+    """Verify the ledger at ``path``, the kept grants versions its ``policy`` records
+    name (:func:`check_kept`) and the tree's tiles beside it (``ledger/tree/``, when
+    there); with ``verifier`` (the ledger key's), each checkpoint's signature. I/O
+    errors on the ledger propagate (the CLI's exit 2)."""
+    tiles = None
+    unreadable = None
+    if (path.parent / TREE_DIR / "tile").is_dir():
+        try:
+            tiles = TileCheck(TileStore(path.parent / TREE_DIR))
+        except (TileProblem, OSError) as exc:
+            unreadable = Problem(0, f"the tree's tiles cannot be read: {exc}")
     # The file object itself, not iter_lines: a generator would cost a resume per line.
     with path.open("rb", buffering=READ_BUFFER) as file:
-        report = verify_lines(file, expect_head)
+        report = verify_lines(file, expect_head, verifier=verifier, tiles=tiles)
+    if unreadable is not None:
+        problems = (unreadable, *report.problems)
+        report = attrs.evolve(report, problems=problems, tiles_sound=False)
     return check_kept(report, policies_dir(path))
 
 
@@ -188,8 +248,13 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
     expect_head: str | None = None,
     *,
     max_problems: int = MAX_PROBLEMS,
+    verifier: NoteVerifier | None = None,
+    resume: ResumePoint | None = None,
+    tiles: TileCheck | None = None,
 ) -> Report:
-    """Check a ledger given as its lines; see the module docstring.
+    """Check a ledger given as its lines; see the module docstring. With ``resume``,
+    the lines are those from :attr:`ResumePoint.next_seq` on. ``verifier`` checks each
+    checkpoint note's signature; ``tiles`` compares the tree's tiles with the lines.
 
     >>> from boxmaker.ledger.records import encode_line, Genesis, line_hash
     >>> first = encode_line(0, "2026-01-02T03:04:05.678Z", GENESIS_PREV, Genesis("l-1"))
@@ -228,7 +293,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
     # each boot, so no tuple is built per call). Finished calls are forgotten.
     open_calls: dict[str, int] = {}
     policies: list[tuple[int, str]] = []
-    boot_tag = 0
+    boot_tag = 4
     complete = denied = withdrawn = 0
     approval_ends = dict.fromkeys(("denied", "refused", "expired", "withdrawn"), 0)
     newest_boot: object = None
@@ -237,18 +302,56 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
     records = 0
     prev_hash = GENESIS_PREV
     digest = ""
+    origin: str | None = None
+    genesis_at = 1  # the record count a genesis may have
+    checkpoints = 0
+    # The tree (RFC 6962) inline: the frontier's edge and size, a leaf added a line
+    # later so that at a checkpoint it covers exactly the lines before it.
+    edge: list[Hash] = []
+    tree_size = 0
+    held = None
+    tile_leaves: list[Hash] = []
+    if resume is not None:
+        seq = resume.next_seq - 1
+        prev_hash = digest = resume.prev_hash
+        edge = list(resume.tree.edge)
+        tree_size = resume.tree.size
+        newest_boot = resume.newest_boot
+        boot_stopped = resume.boot_stopped
+        origin = resume.origin
+        genesis_at = 0
+        open_calls = {
+            call: _PHASE_OF[phase] + boot_tag for call, phase in resume.open_calls.items()
+        }
+        open_calls.update(dict.fromkeys(resume.unfinished, _LEFT_OPEN))
+        if want_seq >= 0 and want_seq < resume.next_seq:
+            raise ValueError(f"the expected head's seq {want_seq} is before the resumed lines")
+        if tiles is not None:
+            raise ValueError("the tiles are checked in a full verification only")
 
     lines = iter(lines)
     first = next(lines, None)
     if first is None:
-        return Report(problems=(), records=0, head=None, calls=CallCounts())
+        return Report(
+            problems=(),
+            records=0,
+            head=None if resume is None else format_head(seq, prev_hash),
+            calls=_open_counts(open_calls, boot_tag, boot_stopped, CallCounts()),
+            open_calls=frozenset(open_calls),
+            resumed_from=None if resume is None else resume.next_seq,
+        )
     # Checked here, once, rather than by a test on every line of the loop.
-    try:
-        first_kind = line_fields(first).get("kind")
-    except BadRecord:
-        first_kind = None
-    if first_kind != "genesis":
-        problem(0, f"the first record is {first_kind!r}, not genesis")
+    if resume is None:
+        try:
+            first_rec = line_fields(first)
+        except BadRecord:
+            first_rec = {}
+        first_kind = first_rec.get("kind")
+        if first_kind != "genesis":
+            problem(0, f"the first record is {first_kind!r}, not genesis")
+        else:
+            with contextlib.suppress(TypeError, ValueError):
+                origin = ledger_origin(first_rec["ledger"])
 
     for records, raw in enumerate(itertools.chain((first,), lines), 1):
         seq += 1
@@ -256,6 +359,20 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         # the loop, which keeps a test off this path.
         line = raw[:-1]
         digest = sha256(line).hexdigest()
+        if held is not None:
+            leaf = sha256(b"\x00" + held).digest()
+            tile_leaves.append(leaf)
+            if len(tile_leaves) == TILE_WIDTH:
+                if tiles is not None:
+                    tiles.add(tile_leaves)
+                tile_leaves = []
+            carry = tree_size
+            while carry & 1:
+                leaf = sha256(b"\x01" + edge.pop() + leaf).digest()
+                carry >>= 1
+            edge.append(leaf)
+            tree_size += 1
+        held = line
         try:
             rec = loads(line)
         except decode_error:
@@ -381,7 +498,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                 if rec["boot"] == newest_boot:
                     boot_stopped = True
             elif kind == "genesis":
-                if records != 1:
+                if records != genesis_at:
                     problem(seq, "a genesis record after the first")
             elif kind == "policy":
                 sha = rec["sha256"]
@@ -406,8 +523,25 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
                     # Written when an opened tunnel closes, before its connect's result.
                     problem(seq, f"connection for call {call} that is not running")
             elif kind == "checkpoint":
+                checkpoints += 1
                 if rec["size"] != seq:
                     problem(seq, f"checkpoint record of size {rec['size']!r}, not its seq")
+                # The writer's boot's calls, with their phases, until its stop.
+                ours = rec["boot"] == newest_boot and not boot_stopped
+                found_open = {
+                    call: _PHASE_NAMES[state & 3]
+                    for call, state in open_calls.items()
+                    if ours and state & ~3 == boot_tag
+                }
+                for what in checkpoint_problems(
+                    rec,
+                    Frontier(edge=list(edge), size=tree_size),
+                    origin,
+                    verifier,
+                    found_open,
+                    frozenset(open_calls.keys() - found_open.keys()),
+                ):
+                    problem(seq, what)
             elif kind != "repair":
                 problem(seq, f"unknown kind {kind!r}")
         except KeyError as missing:
@@ -421,9 +555,43 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         # A write cut short (docs/runbook.md#ledger-torn). The head is the hash of all of its bytes.
         problem(seq, "torn last line (no newline)")
         digest = sha256(raw).hexdigest()
+    elif tiles is not None:
+        tile_leaves.append(sha256(b"\x00" + line).digest())
+        tree_size += 1
+    if tiles is not None:
+        tiles.finish(tile_leaves, tree_size)
+        for what in tiles.problems:
+            problem(0, what)
     if want_seq >= 0 and not head_found:
         problem(want_seq, f"the expected head {expect_head} is not in the ledger (truncated?)")
 
+    ended = CallCounts(
+        complete=complete,
+        denied=denied + approval_ends["denied"],
+        refused=approval_ends["refused"],
+        expired=approval_ends["expired"],
+        withdrawn=withdrawn + approval_ends["withdrawn"],
+    )
+    return Report(
+        problems=tuple(sorted(problems, key=lambda found: found.seq)),
+        records=records,
+        head=format_head(seq, digest) if records else None,
+        calls=_open_counts(open_calls, boot_tag, boot_stopped, ended),
+        problems_left_out=left_out,
+        open_calls=frozenset(open_calls),
+        policies=tuple(policies),
+        checkpoints=checkpoints,
+        signatures_checked=verifier is not None,
+        tiles_checked=0 if tiles is None else tiles.tiles,
+        tiles_sound=None if tiles is None else not tiles.problems,
+        resumed_from=None if resume is None else resume.next_seq,
+    )
+
+
+def _open_counts(
+    open_calls: dict[str, int], boot_tag: int, boot_stopped: bool, ended: CallCounts
+) -> CallCounts:
+    """``ended`` with the open calls counted: pending, running, or unfinished."""
     pending = running = unfinished = 0
     for state in open_calls.values():
         if boot_stopped or state & ~3 != boot_tag:
@@ -432,65 +600,7 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
             pending += 1
         else:
             running += 1
-    return Report(
-        problems=tuple(sorted(problems, key=lambda found: found.seq)),
-        records=records,
-        head=format_head(seq, digest) if records else None,
-        calls=CallCounts(
-            complete=complete,
-            denied=denied + approval_ends["denied"],
-            refused=approval_ends["refused"],
-            expired=approval_ends["expired"],
-            withdrawn=withdrawn + approval_ends["withdrawn"],
-            pending=pending,
-            running=running,
-            unfinished=unfinished,
-        ),
-        problems_left_out=left_out,
-        open_calls=frozenset(open_calls),
-        policies=tuple(policies),
-    )
-
-
-_CONNECTION_ENDS: Final = frozenset(end.value for end in ConnectionEnd)
-_CONNECTION_COUNTS: Final = ("port", "bytes_up", "bytes_down", "duration_ms")
-
-
-def _is_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def connection_problem(rec: dict[str, Any]) -> str | None:
-    """What is wrong with a ``connection`` record's fields (raises KeyError for a
-    missing one), or None.
-
-    >>> print(connection_problem({"call": "c-1", "via": "c-0000000000000001"}))
-    with call id 'c-1'
-    """
-    for name in ("call", "via"):
-        if type(rec[name]) is not str or not CALL_ID.fullmatch(rec[name]):
-            return f"with {name} id {rec[name]!r}"
-    if type(rec["session"]) is not str or not SESSION_ID.fullmatch(rec["session"]):
-        return f"with session id {rec['session']!r}"
-    if type(rec["host"]) is not str or not rec["host"]:
-        return f"with host {rec['host']!r}"
-    for name in _CONNECTION_COUNTS:
-        if type(rec[name]) is not int or rec[name] < 0:
-            return f"with {name} {rec[name]!r}"
-    if not 1 <= rec["port"] <= 65535:
-        return f"with port {rec['port']!r}"
-    address = rec["address"]
-    if type(address) is not str or not _is_address(address):
-        return f"with address {address!r}, not an IP address"
-    if rec["server_name"] is not None and type(rec["server_name"]) is not str:
-        return f"with server_name {rec['server_name']!r}"
-    if rec["ended"] not in _CONNECTION_ENDS:
-        return f"with ended {rec['ended']!r}"
-    return None
+    return attrs.evolve(ended, pending=pending, running=running, unfinished=unfinished)
 
 
 def _shape_problem(rec: object) -> str:
@@ -504,6 +614,8 @@ def _out_of_order(kind: str, call: str, state: int | None) -> str:
     if state is None:
         return f"{kind} for call {call} with no open decision (none, or the call had ended)"
     phase = state & 3
+    if phase == _LEFT_OPEN:
+        return f"{kind} for call {call}, which an earlier boot left open"
     if phase == _ASKED:
         return f"{kind} for call {call} before its approval"
     if phase == _RUNNING:
