@@ -23,6 +23,7 @@ from boxmaker.cli.owner import approvals, approve, refuse, status
 from boxmaker.cli.runbook import runbook
 from boxmaker.cli.sessions import sessions
 from boxmaker.cli.why import why
+from boxmaker.cli.witness import witness_app
 from boxmaker.formats.printable import PrintableStream
 
 app = App(
@@ -35,6 +36,7 @@ app.command(init)
 app.command(grants_app)
 app.command(audit_app)
 app.command(mcp_app)
+app.command(witness_app)
 for command in (demo, up, down, restart, reload, logs, chat, approvals, approve, refuse, why):
     app.command(command)
 app.command(status)
