@@ -109,9 +109,9 @@ def cosignature_path(tree_dir: Path, name: str) -> Path:
 
 
 def read_cosigned(path: Path, verifier: NoteVerifier, origin: str | None = None) -> int | None:
-    """The size of the checkpoint in a kept cosignature file, if the witness's own
-    cosignature on it verifies (and its origin is ``origin`` when given); else None.
-    Blocking."""
+    """The size of the checkpoint in a signed note file signed by ``verifier`` (a kept
+    cosignature, or the newest checkpoint with the ledger's key), with origin
+    ``origin`` when given; else None. Blocking."""
     try:
         data = read_regular_file(path, limit=MAX_COSIGNATURE_FILE)
         text = open_note(data, [verifier]).text
@@ -314,3 +314,37 @@ async def _client_for(given: httpx.AsyncClient | None) -> AsyncIterator[httpx.As
     # time limits are the caller's (trio.fail_after per request).
     async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None)) as client:
         yield client
+
+
+NEWEST_CHECKPOINT: Final = "checkpoint"
+"""The newest signed checkpoint, beside the tiles (written by the ledger's writer)."""
+
+
+@attrs.frozen
+class WitnessView:
+    """What ``bxctl status`` shows of a witness: the size it last cosigned (None:
+    never) and the records the newest checkpoint holds beyond it (None: unknown)."""
+
+    name: str
+    cosigned_size: int | None
+    lag: int | None
+    lagging: bool
+
+
+def witness_views(
+    tree_dir: Path, witnesses: Sequence[WitnessConfig], ledger: NoteVerifier | None, max_lag: int
+) -> list[WitnessView]:
+    """Each witness's state from the files under ``tree_dir``: its kept cosignature and
+    the newest checkpoint (checked with the ledger's key when one is given). Blocking."""
+    newest = None
+    if ledger is not None:
+        newest = read_cosigned(tree_dir / NEWEST_CHECKPOINT, ledger, ledger.name)
+    views = []
+    for config in witnesses:
+        verifier = parse_vkey(config.vkey)
+        origin = ledger.name if ledger is not None else None
+        cosigned = read_cosigned(cosignature_path(tree_dir, config.name), verifier, origin)
+        lag = None if cosigned is None or newest is None else max(0, newest - cosigned)
+        lagging = cosigned is None or (lag is not None and lag > max_lag)
+        views.append(WitnessView(config.name, cosigned, lag, lagging))
+    return views
