@@ -801,7 +801,13 @@ async def test_catalogue_is_answered_and_not_recorded(
     assert frames[0]["final"] is True
     names = [tool["function"]["name"] for tool in frames[0]["tools"]]
     assert names == ["read_file", "list_dir", "write_file", "shell", "http_get"]
-    assert [r["kind"] for r in records(home)] == ["genesis", "start", "policy", "stop"]
+    assert [r["kind"] for r in records(home)] == [
+        "genesis",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -826,7 +832,13 @@ async def test_malformed_frames_are_bad_frame_and_the_broker_keeps_serving(
         assert frames[0]["detail"] == detail
     assert (await call(home, {"kind": "catalogue", "v": 1}))[0]["kind"] == "catalogue"
     await brokerd.stop()
-    assert [r["kind"] for r in records(home)] == ["genesis", "start", "policy", "stop"]
+    assert [r["kind"] for r in records(home)] == [
+        "genesis",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+    ]
 
 
 async def test_an_oversized_frame_is_bad_frame(
@@ -861,7 +873,13 @@ async def test_a_connection_that_sends_nothing_is_closed_after_5_s(
     assert trio.current_time() - opened == pytest.approx(5.0)
     await client.aclose()
     await brokerd.stop()
-    assert [r["kind"] for r in records(home)] == ["genesis", "start", "policy", "stop"]
+    assert [r["kind"] for r in records(home)] == [
+        "genesis",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -886,7 +904,13 @@ async def test_forbidden_kinds_are_answered_and_not_recorded(
             "detail": f"kind {frame['kind']!r} is not accepted here",
         }
     ]
-    assert [r["kind"] for r in records(home)] == ["genesis", "start", "policy", "stop"]
+    assert [r["kind"] for r in records(home)] == [
+        "genesis",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+    ]
 
 
 async def test_a_reused_call_id_is_refused_and_not_recorded(
@@ -913,4 +937,10 @@ async def test_a_peer_other_than_the_owner_is_refused(
     assert frames[0]["kind"] == "error"
     assert frames[0]["code"] == "peer_refused"
     assert any("broker.sock: refused a peer" in r.getMessage() for r in caplog.records)
-    assert [r["kind"] for r in records(home)] == ["genesis", "start", "policy", "stop"]
+    assert [r["kind"] for r in records(home)] == [
+        "genesis",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+    ]

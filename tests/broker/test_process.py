@@ -43,7 +43,7 @@ def test_sigterm_withdraws_the_pending_call_records_stop_and_exits_0(
         "broker_stopping",
         "broker",
     )
-    assert records(home)[-1]["kind"] == "stop"
+    assert [r["kind"] for r in records(home)[-2:]] == ["stop", "checkpoint"]
     assert verify_file(home.audit_log).sound
     assert not home.broker_sock.exists()
 
@@ -145,7 +145,7 @@ def test_a_torn_ledger_refuses_to_start_and_repair_starts(
     repaired.process.send_signal(signal.SIGTERM)
     assert repaired.wait() == 0
     kinds = [r["kind"] for r in records(home)]
-    assert kinds[-4:] == ["start", "repair", "policy", "stop"]
+    assert kinds[-5:] == ["start", "repair", "policy", "stop", "checkpoint"]
     assert verify_file(home.audit_log).sound
 
 

@@ -67,6 +67,7 @@ async def test_start_and_stop_records_modes_and_socket_cleanup(
         ("start", broker.boot, __version__),
         ("policy", broker.boot, None),
         ("stop", broker.boot, None),
+        ("checkpoint", broker.boot, None),
     ]
     assert not home.broker_sock.exists()
     assert not home.admin_sock.exists()
@@ -81,7 +82,17 @@ async def test_a_second_boot_continues_the_chain(
         pass
     assert first.boot != second.boot
     kinds = [r["kind"] for r in records(home)]
-    assert kinds == ["genesis", "start", "policy", "stop", "start", "policy", "stop"]
+    assert kinds == [
+        "genesis",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+    ]
 
 
 async def test_a_stale_socket_is_replaced(
@@ -135,11 +146,22 @@ async def test_a_torn_ledger_refuses_to_start_and_repair_starts(
     async with running(home, repair_torn=True, to_thread=inline) as broker:
         pass
     kinds = [r["kind"] for r in records(home)]
-    assert kinds == ["genesis", "start", "policy", "stop", "start", "repair", "policy", "stop"]
-    repaired = records(home)[5]
+    assert kinds == [
+        "genesis",
+        "start",
+        "policy",
+        "stop",
+        "checkpoint",
+        "start",
+        "repair",
+        "policy",
+        "stop",
+        "checkpoint",
+    ]
+    repaired = records(home)[6]
     assert repaired["sha256"] == hashlib.sha256(torn).hexdigest()
     assert (home.ledger_dir / repaired["file"]).read_bytes() == torn
-    assert records(home)[4]["boot"] == broker.boot
+    assert records(home)[5]["boot"] == broker.boot
 
 
 async def test_stop_withdraws_pending_calls_and_records_stop(
@@ -176,7 +198,7 @@ async def test_stop_withdraws_pending_calls_and_records_stop(
         "broker_stopping",
         "broker",
     )
-    assert records(home)[-1]["kind"] == "stop"
+    assert [r["kind"] for r in records(home)[-2:]] == ["stop", "checkpoint"]
 
 
 async def test_stop_gives_a_running_call_5_s_then_cancels_it(

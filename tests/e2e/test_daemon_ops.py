@@ -142,7 +142,7 @@ def test_a_daemon_that_fails_to_start_rolls_back_what_up_started() -> None:
         assert not alive(brokerd)
         assert _run_dir_is_empty(home)
         kinds = [orjson.loads(line)["kind"] for line in home.audit_log.read_bytes().splitlines()]
-        assert kinds[-3:] == ["start", "policy", "stop"]  # brokerd stopped cleanly
+        assert kinds[-4:] == ["start", "policy", "stop", "checkpoint"]  # brokerd stopped cleanly
 
 
 def test_a_failed_restart_leaves_running_what_it_did_not_start() -> None:

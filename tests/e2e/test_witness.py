@@ -20,12 +20,16 @@ import httpx
 import orjson
 import pytest
 import trio
-from tests.harness.process import START_S
+from tests.harness.cli import bxctl
+from tests.harness.homes import write_config
+from tests.harness.process import START_S, Daemon, start, wait_for
 from tests.harness.witness import ORIGIN, MemoryLog, WitnessProcess
 
 from boxmaker.broker.witnesses import Backoff, WitnessSender, cosignature_path, read_cosigned
 from boxmaker.home.config import WitnessConfig
+from boxmaker.home.paths import Home
 from boxmaker.ledger.signed_note import open_note, parse_vkey, verify_cosignature
+from boxmaker.ledger.tree import tree_dir
 from boxmaker.ledger.witness_protocol import AddCheckpoint, format_add_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -269,3 +273,29 @@ def _witness_init(key: Path) -> str:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def test_brokerd_gets_its_checkpoints_cosigned(
+    tmp_path: Path, home: Home, daemons: list[Daemon], witnesses: list[WitnessProcess]
+) -> None:
+    bxctl(home, "init", check=False)
+    vkey = home.ledger_vkey.read_text().strip()
+    origin = vkey.split("+", 1)[0]
+    directory = tmp_path / "w"
+    directory.mkdir()
+    witness = WitnessProcess(directory, f"{origin}={vkey}")
+    witnesses.append(witness.wait_ready())
+    config = home.config_toml.read_text()
+    table = f'[[witness]]\nname = "w1"\nvkey = "{witness.vkey}"\nurl = "{witness.url}"\n'
+    write_config(home, config + "\n[ledger]\ncheckpoint_every = 1\n" + table)
+    start(daemons, home)
+    kept = cosignature_path(tree_dir(home), "w1")
+    wait_for(kept.exists, "brokerd's first cosignature")
+    opened = open_note(kept.read_bytes(), [parse_vkey(vkey), parse_vkey(witness.vkey)])
+    assert opened.verified_names == (origin, "witness.test/w1")
+    size = int(opened.text.split("\n")[1])
+    assert f"cosigned {origin}: size {size} (old 0)" in witness.stderr()
+    status = bxctl(home, "status", "--json", check=False)
+    shown = orjson.loads(status.stdout)["witnesses"]
+    assert shown[0]["name"] == "w1"
+    assert shown[0]["cosigned_size"] >= size

@@ -106,4 +106,4 @@ def test_broker_sock_refuses_another_uid_that_reaches_the_socket(
     assert daemon.wait() == 0
     assert f"broker.sock: refused a peer with uid {OTHER}" in daemon.stderr()
     kinds = [record["kind"] for record in records(home)]
-    assert kinds == ["genesis", "start", "policy", "stop"]
+    assert kinds == ["genesis", "start", "policy", "stop", "checkpoint"]

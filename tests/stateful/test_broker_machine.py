@@ -655,7 +655,7 @@ class BrokerMachine(RuleBasedStateMachine):
             assert report.sound, [str(problem) for problem in report.problems]
             lines = self.home.audit_log.read_bytes().splitlines()
             records = [orjson.loads(line) for line in lines]
-            assert records[-1]["kind"] == "stop"
+            assert [record["kind"] for record in records[-2:]] == ["stop", "checkpoint"]
             for model in waiting:
                 final = model.conn.final
                 assert final is not None

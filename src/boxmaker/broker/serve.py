@@ -10,7 +10,11 @@ the real daemon with ``await nursery.start(serve_broker, home)``.
 
 Start: load config.toml (exit 2 on a problem), make the home private and ``run/`` 0700,
 open the ledger (a torn tail refuses to start, exit 1; ``--repair`` moves it aside),
-bind the sockets, append ``start``.
+load the ledger key (made when missing, as ``bxctl init`` does; one that cannot be used
+refuses to start, exit 1: docs/runbook.md#ledger-key) and the ledger's tree, bind the
+sockets, append ``start``. The ledger writer appends a signed checkpoint every
+``[ledger] checkpoint_every`` records or ``checkpoint_seconds``, and one last after
+``stop`` (docs/protocol.md, "Checkpoints").
 
 Clean stop (SIGINT/SIGTERM, docs/protocol.md): stop accepting; answer every pending entry
 withdrawn (``broker_stopping``); cancel idle admin connections; give running calls up
@@ -54,12 +58,23 @@ from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
 from boxmaker.broker.tools.host import REAL_HOST, Host
+from boxmaker.broker.witnesses import WitnessSender
 from boxmaker.home import state_files
 from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
 from boxmaker.home.paths import Home, HomeError, resolve_home
+from boxmaker.ledger.checkpointer import Checkpointer, CheckpointHook
+from boxmaker.ledger.ledger_key import (
+    LedgerKeyError,
+    create_ledger_key,
+    load_ledger_signer,
+    read_ledger_origin,
+)
+from boxmaker.ledger.open_calls import OpenCalls
 from boxmaker.ledger.policies import policies_dir
-from boxmaker.ledger.records import Repair, Start, Stop, new_boot_id
+from boxmaker.ledger.records import BadRecord, Repair, Start, Stop, new_boot_id
+from boxmaker.ledger.signed_note import NoteSigner
+from boxmaker.ledger.tree import LedgerTree, open_tree, tree_dir
 from boxmaker.ledger.verify import verify_file
 from boxmaker.ledger.writer import (
     LedgerFile,
@@ -84,7 +99,7 @@ GRANTS_POLL_S: Final = 2.0
 LedgerOpener = Callable[[Path], LedgerFile]
 
 CONFIG_CONCERN: Final = frozenset(
-    {"workspace", "broker", "labels", "runner", "notify", "egress", "mcp_servers"}
+    {"workspace", "broker", "labels", "runner", "notify", "egress", "ledger", "mcp_servers"}
 )
 """The parts of config.toml brokerd reads."""
 LIVE_KEYS: Final = frozenset({"broker.pending_timeout", "labels", "runner", "egress"})
@@ -105,6 +120,11 @@ class _Prepared:
     file: LedgerFile
     repaired: Repair | None
     open_calls: frozenset[str]
+    end: int
+    """The ledger file's size when opened: where the next record's line starts."""
+    signed: tuple[NoteSigner, LedgerTree] | None
+    """The ledger key and the tree, for checkpoints (None: the genesis record could not
+    be read, so the ledger has no origin to sign for)."""
 
 
 def _prepare(
@@ -139,7 +159,28 @@ def _prepare(
             len(report.problems) + report.problems_left_out,
             report.problems[0],
         )
-    return _Prepared(config, guard, tail, open_file(home.audit_log), repaired, report.open_calls)
+    file = open_file(home.audit_log)
+    end = home.audit_log.stat().st_size
+    return _Prepared(
+        config, guard, tail, file, repaired, report.open_calls, end, _signed(home, tail)
+    )
+
+
+def _signed(home: Home, tail: Tail) -> tuple[NoteSigner, LedgerTree] | None:
+    """The ledger key (made when missing: docs/runbook.md#ledger-key) and the tree at the
+    ledger's size. Raises LedgerKeyError for a key that cannot be used."""
+    try:
+        origin = read_ledger_origin(home.audit_log)
+    except BadRecord:
+        log.exception("no checkpoints this boot: the ledger's origin is unknown")
+        return None
+    if create_ledger_key(home, origin):
+        log.warning(
+            "made a new ledger key %s (there was none); its public key: %s",
+            home.ledger_key,
+            home.ledger_vkey,
+        )
+    return load_ledger_signer(home, origin), open_tree(home, tail.next_seq)
 
 
 MCP_EXTRA_MISSING: Final = (
@@ -186,6 +227,7 @@ async def serve_broker(
     cgroups: Callable[[str], CgroupTree | NoCgroups] = find_cgroups,
     gateway: McpGateway | None = None,
     host: Host = REAL_HOST,
+    on_checkpoint: CheckpointHook | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -202,13 +244,24 @@ async def serve_broker(
     and ``cgroups`` (what bounds each sandbox, made for the boot: cgroups.py).
     ``gateway`` is the MCP servers' port (broker/mcp_port.py; default: none).
     ``host`` is what the egress proxy asks of the machine (a test's resolver).
+    ``on_checkpoint(note, size)`` is called after each checkpoint is stored.
     """
     prepared = await to_thread(
         functools.partial(
             _prepare, home, repair_torn=repair_torn, open_file=open_file, to_thread=to_thread
         )
     )
-    writer = LedgerWriter(prepared.file, prepared.tail, to_thread=to_thread)
+    boot = new_boot_id()
+    witnesses = _witness_sender(home, prepared)
+    if witnesses is not None:
+        on_checkpoint = _both(on_checkpoint, witnesses.checkpointed)
+    writer = LedgerWriter(
+        prepared.file,
+        prepared.tail,
+        to_thread=to_thread,
+        checkpointer=_checkpointer(home, prepared, boot, to_thread, on_checkpoint),
+        end=prepared.end,
+    )
     listeners: list[UnixListener] = []
     try:
         for path in (home.broker_sock, home.admin_sock):
@@ -219,7 +272,6 @@ async def serve_broker(
             listener.remove_path()
         await writer.aclose()
         raise
-    boot = new_boot_id()
     bounds = SandboxBounds(await to_thread(cgroups, boot))
     # Once per start: what bounds the shell's sandbox (bxctl status shows it too).
     log.log(
@@ -256,6 +308,8 @@ async def serve_broker(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(writer.run)
+            if witnesses is not None:
+                await nursery.start(witnesses.run)
             if not await broker.record(Start(boot=broker.boot, version=broker.version)):
                 log.error("the start record could not be written; every call will be denied")
             if prepared.repaired is not None:
@@ -283,6 +337,57 @@ async def serve_broker(
             listener.remove_path()
     if broker.guard.refusal is not None:
         raise ConfigError([f"{home.config_toml.name}: workspace: {broker.guard.refusal}"])
+
+
+def _witness_sender(home: Home, prepared: _Prepared) -> WitnessSender | None:
+    """The ``[[witness]]`` tables' sender (broker/witnesses.py), when there are some and
+    checkpoints are signed this boot."""
+    config = prepared.config
+    if not config.witness or prepared.signed is None:
+        return None
+    signer, _ = prepared.signed
+    return WitnessSender(
+        config.witness,
+        tree_dir(home),
+        signer.verifier,
+        max_lag=config.ledger.witness_max_lag,
+    )
+
+
+def _both(first: CheckpointHook | None, second: CheckpointHook) -> CheckpointHook:
+    if first is None:
+        return second
+
+    def hook(note: bytes, size: int) -> None:
+        try:
+            first(note, size)
+        finally:
+            second(note, size)
+
+    return hook
+
+
+def _checkpointer(
+    home: Home,
+    prepared: _Prepared,
+    boot: str,
+    to_thread: ToThread,
+    on_checkpoint: CheckpointHook | None,
+) -> Checkpointer | None:
+    if prepared.signed is None:
+        return None
+    signer, tree = prepared.signed
+    return Checkpointer(
+        tree,
+        signer,
+        boot=boot,
+        open_calls=OpenCalls(boot, unfinished=prepared.open_calls),
+        directory=tree_dir(home),
+        every=prepared.config.ledger.checkpoint_every,
+        seconds=prepared.config.ledger.checkpoint_seconds,
+        on_checkpoint=on_checkpoint,
+        to_thread=to_thread,
+    )
 
 
 async def _serve_connections(
@@ -391,8 +496,8 @@ def serve(
 ) -> int:
     """Serve broker.sock and admin.sock until SIGINT/SIGTERM (exit 0).
 
-    Exit 2: config.toml has a problem. Exit 1: the ledger is torn, the home or a socket
-    path cannot be used, or brokerd failed.
+    Exit 2: config.toml has a problem. Exit 1: the ledger is torn, the ledger key, the
+    home or a socket path cannot be used, or brokerd failed.
     """
     # run_broker is no option (parse=False): a test passes its own through
     # app.parse_args to see what the command runs.
@@ -401,7 +506,7 @@ def serve(
     return run_daemon(
         "brokerd",
         functools.partial(run_broker, resolve_home(home), repair_torn=repair, handle_signals=True),
-        failures=(LedgerTorn, HomeError, ListenerError),
+        failures=(LedgerTorn, LedgerKeyError, HomeError, ListenerError),
     )
 
 

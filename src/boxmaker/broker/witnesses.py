@@ -39,6 +39,7 @@ from boxmaker.ledger.signed_note import (
     verify_cosignature,
 )
 from boxmaker.ledger.tiles import TileProblem, TileStore
+from boxmaker.ledger.tree import CHECKPOINT_FILE
 from boxmaker.ledger.witness_protocol import (
     ADD_CHECKPOINT_PATH,
     SIZE_CONTENT_TYPE,
@@ -123,6 +124,17 @@ def read_cosigned(path: Path, verifier: NoteVerifier, origin: str | None = None)
     return checkpoint.size
 
 
+def _read_newest(tree_dir: Path) -> tuple[bytes, int] | None:
+    """The newest checkpoint's note beside the tiles and its size, unchecked (the hook
+    checks it), or None."""
+    try:
+        note = read_regular_file(tree_dir / CHECKPOINT_FILE, limit=MAX_COSIGNATURE_FILE)
+        size = int(note.split(b"\n", 2)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return note, size
+
+
 def _proof(tree_dir: Path, size: int, old: int) -> tuple[Hash, ...]:
     if old in (0, size):
         return ()
@@ -188,6 +200,10 @@ class WitnessSender:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load what each witness cosigned before, then serve them until cancelled."""
         origin = self.ledger_verifier.name
+        newest = await trio.to_thread.run_sync(_read_newest, self.tree_dir)
+        if newest is not None and self._latest is None:
+            # The checkpoint of the last stop, sent now rather than at the next one.
+            self.checkpointed(*newest)
         for link in self.links:
             path = cosignature_path(self.tree_dir, link.config.name)
             link.cosigned_size = await trio.to_thread.run_sync(
@@ -316,10 +332,6 @@ async def _client_for(given: httpx.AsyncClient | None) -> AsyncIterator[httpx.As
         yield client
 
 
-NEWEST_CHECKPOINT: Final = "checkpoint"
-"""The newest signed checkpoint, beside the tiles (written by the ledger's writer)."""
-
-
 @attrs.frozen
 class WitnessView:
     """What ``bxctl status`` shows of a witness: the size it last cosigned (None:
@@ -338,7 +350,7 @@ def witness_views(
     the newest checkpoint (checked with the ledger's key when one is given). Blocking."""
     newest = None
     if ledger is not None:
-        newest = read_cosigned(tree_dir / NEWEST_CHECKPOINT, ledger, ledger.name)
+        newest = read_cosigned(tree_dir / CHECKPOINT_FILE, ledger, ledger.name)
     views = []
     for config in witnesses:
         verifier = parse_vkey(config.vkey)

@@ -34,6 +34,7 @@ from boxmaker.home.config import ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
 from boxmaker.home.regular_file import read_regular_file
 from boxmaker.ledger.signed_note import NoteError, NoteVerifier, parse_vkey
+from boxmaker.ledger.tree import tree_dir
 from boxmaker.wire import (
     AdminAnswer,
     AdminRequest,
@@ -429,8 +430,7 @@ def _witness_views(home: Home) -> list[WitnessView]:
         )
     except (OSError, UnicodeDecodeError, NoteError):
         ledger = None
-    tree = home.ledger_dir / "tree"
-    return witness_views(tree, config.witness, ledger, config.ledger.witness_max_lag)
+    return witness_views(tree_dir(home), config.witness, ledger, config.ledger.witness_max_lag)
 
 
 def _witness_line(view: WitnessView) -> str:

@@ -158,6 +158,25 @@ class EgressConfig:
     """A tunnel with no byte either way for this long is closed (ended ``idle``)."""
 
 
+@attrs.frozen(kw_only=True)
+class LedgerConfig:
+    """``[ledger]``: how often brokerd signs a checkpoint of the ledger's tree
+    (docs/protocol.md, "Checkpoints"), and what a lagging witness does
+    (docs/protocol.md, "Witnesses"); read at start."""
+
+    checkpoint_every: int = attrs.field(default=1000, validator=_at_least(1))
+    """Records written since the last checkpoint that make the next one."""
+    checkpoint_seconds: float = attrs.field(default=60.0, validator=_positive)
+    """Seconds after a record not yet in a checkpoint that make one (a quiet ledger
+    makes none)."""
+    witness_lag: Literal["warn"] = "warn"
+    """What a lagging witness does: ``warn`` (brokerd logs it, ``bxctl status`` shows
+    it). Stopping risky calls is not built (docs/decisions.md, "Witnesses")."""
+    witness_max_lag: int = attrs.field(default=5000, validator=_at_least(1))
+    """Records a witness may be behind the newest checkpoint before it counts as
+    lagging."""
+
+
 def _argv(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     if any(not part or "\0" in part for part in value):
         raise InvalidField(attribute.name, "expected a list of non-empty strings (argv)")
@@ -219,18 +238,6 @@ class WitnessConfig:
     url: str = attrs.field(validator=_witness_url)
     timeout: float = attrs.field(default=10.0, validator=_positive)
     """Seconds one add-checkpoint request may take, connecting included."""
-
-
-@attrs.frozen(kw_only=True)
-class LedgerConfig:
-    """``[ledger]``: the ledger's checkpoints and their witnesses."""
-
-    witness_lag: Literal["warn"] = "warn"
-    """What a lagging witness does: ``warn`` (brokerd logs it, ``bxctl status`` shows
-    it). Stopping risky calls is not built (docs/decisions.md, "Witnesses")."""
-    witness_max_lag: int = attrs.field(default=5000, validator=_at_least(1))
-    """Records a witness may be behind the newest checkpoint before it counts as
-    lagging."""
 
 
 def _unique_witnesses(

@@ -13,7 +13,10 @@ Three layers:
   ``(body, reply channel)``; the task takes every record waiting, writes them, fsyncs
   once, and only then answers. Any failed write or fsync stops it for good in this
   process (docs/runbook.md#audit-unavailable): :attr:`LedgerWriter.usable` turns False
-  and every append raises :class:`LedgerStopped`.
+  and every append raises :class:`LedgerStopped`. With a
+  :class:`~boxmaker.ledger.checkpointer.Checkpointer`, each durable batch goes into the
+  Merkle tree, and the task appends a signed checkpoint record when one is due and at
+  its clean close (docs/protocol.md, "Checkpoints").
 
 A write that fails half-way may leave a partial line in the file; the writer stops, and
 the next start finds the torn tail (docs/runbook.md#ledger-torn) instead of continuing a
@@ -29,7 +32,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import trio
@@ -52,6 +55,9 @@ from boxmaker.ledger.records import (
 )
 from boxmaker.runtime.oneshot import OneShot
 from boxmaker.runtime.threads import WORKER_THREAD, ToThread
+
+if TYPE_CHECKING:
+    from boxmaker.ledger.checkpointer import Checkpointer
 
 log = logging.getLogger("boxmaker.ledger")
 
@@ -279,7 +285,22 @@ class LedgerWriter:
         *,
         clock: Callable[[], dt.datetime] = utc_now,
         to_thread: ToThread = WORKER_THREAD,
+        checkpointer: Checkpointer | None = None,
+        end: int | None = None,
     ) -> None:
+        """``end`` is the file's size at open (the byte offset of record
+        ``tail.next_seq``), needed with a ``checkpointer``, whose tree must hold
+        ``tail.next_seq`` leaves."""
+        if checkpointer is not None:
+            if end is None:
+                raise ValueError("a checkpointer needs the ledger file's size at open")
+            if checkpointer.tree.size != tail.next_seq:
+                raise ValueError(
+                    f"a tree of {checkpointer.tree.size} leaves for a ledger whose "
+                    f"next seq is {tail.next_seq}"
+                )
+        self._checkpointer = checkpointer
+        self._end = end or 0
         self._file = file
         self._to_thread = to_thread
         self._next_seq = tail.next_seq
@@ -345,9 +366,9 @@ class LedgerWriter:
         self._started = True
         try:
             task_status.started()
-            async for first in self._receive:
-                batch = [first]
-                while len(batch) < MAX_BATCH:
+            while (first := await self._next_request()) is not None:
+                batch = [first] if isinstance(first, tuple) else []
+                while batch and len(batch) < MAX_BATCH:
                     try:
                         batch.append(self._receive.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
@@ -355,12 +376,46 @@ class LedgerWriter:
                 # Shielded: a write already handed to a thread completes anyway, so
                 # its callers are answered and seq/prev follow what is on disk.
                 with trio.CancelScope(shield=True):
-                    await self._commit(batch)
+                    if batch:
+                        await self._commit(batch)
+                    if self._checkpointer is not None and self._checkpointer.due():
+                        await self._checkpoint()
+            # The clean close: everything sent is written; the last checkpoint covers it.
+            if self._checkpointer is not None and self._checkpointer.uncovered:
+                with trio.CancelScope(shield=True):
+                    await self._checkpoint()
         finally:
             self._closing = True
             self._abandon_waiting()
             self._file.close()
             self._done.set()
+
+    async def _next_request(self) -> _Request | bool | None:
+        """The next request; True when a checkpoint's time came first; None once
+        :meth:`aclose` closed the channel and every request was taken."""
+        deadline = math.inf if self._checkpointer is None else self._checkpointer.deadline
+        with trio.move_on_at(deadline):
+            try:
+                return await self._receive.receive()
+            except trio.EndOfChannel:
+                return None
+        return True
+
+    async def _checkpoint(self) -> None:
+        """Append a signed checkpoint of every line so far (the checkpointer's steps:
+        ledger/checkpointer.py). A skipped one leaves the ledger as it was."""
+        checkpointer = self._checkpointer
+        if checkpointer is None or self._failure is not None:
+            return
+        record = await checkpointer.prepare(self._next_seq)
+        if record is None:
+            return
+        offset = self._end
+        slot = OneShot[_Reply]()
+        await self._commit([(record, slot)])
+        appended = slot.peek()
+        if isinstance(appended, Appended):
+            await checkpointer.stored(record, appended.line, offset)
 
     async def aclose(self) -> None:
         """Stop taking records, write those already sent, close the file."""
@@ -380,6 +435,7 @@ class LedgerWriter:
         at = format_utc(self._clock())
         seq, prev = self._next_seq, self._prev
         accepted: list[tuple[OneShot[_Reply], Appended]] = []
+        bodies: list[Body] = []
         for body, reply in batch:
             try:
                 line = encode_line(seq, at, prev, body)
@@ -390,6 +446,7 @@ class LedgerWriter:
                 continue
             prev = line_hash(line)
             accepted.append((reply, Appended(seq=seq, head=format_head(seq, prev), line=line)))
+            bodies.append(body)
             seq += 1
         if not accepted:
             return
@@ -406,6 +463,9 @@ class LedgerWriter:
                 self._answer(reply, self._stopped())
             return
         self._next_seq, self._prev = seq, prev
+        self._end += len(data)
+        if self._checkpointer is not None:
+            self._checkpointer.written(bodies, [appended.line for _, appended in accepted])
         for reply, appended in accepted:
             self._answer(reply, appended)
 
