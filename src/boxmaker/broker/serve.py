@@ -59,6 +59,7 @@ from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
 from boxmaker.broker.tools.host import REAL_HOST, Host
+from boxmaker.broker.witnesses import WitnessSender
 from boxmaker.home import state_files
 from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
@@ -276,6 +277,9 @@ async def serve_broker(
         )
     )
     boot = new_boot_id()
+    witnesses = _witness_sender(home, prepared)
+    if witnesses is not None:
+        on_checkpoint = _both(on_checkpoint, witnesses.checkpointed)
     writer = LedgerWriter(
         prepared.file,
         prepared.tail,
@@ -329,6 +333,8 @@ async def serve_broker(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(writer.run)
+            if witnesses is not None:
+                await nursery.start(witnesses.run)
             if not await broker.record(Start(boot=broker.boot, version=broker.version)):
                 log.error("the start record could not be written; every call will be denied")
             if prepared.repaired is not None:
@@ -356,6 +362,34 @@ async def serve_broker(
             listener.remove_path()
     if broker.guard.refusal is not None:
         raise ConfigError([f"{home.config_toml.name}: workspace: {broker.guard.refusal}"])
+
+
+def _witness_sender(home: Home, prepared: _Prepared) -> WitnessSender | None:
+    """The ``[[witness]]`` tables' sender (broker/witnesses.py), when there are some and
+    checkpoints are signed this boot."""
+    config = prepared.config
+    if not config.witness or prepared.signed is None:
+        return None
+    signer, _ = prepared.signed
+    return WitnessSender(
+        config.witness,
+        tree_dir(home),
+        signer.verifier,
+        max_lag=config.ledger.witness_max_lag,
+    )
+
+
+def _both(first: CheckpointHook | None, second: CheckpointHook) -> CheckpointHook:
+    if first is None:
+        return second
+
+    def hook(note: bytes, size: int) -> None:
+        try:
+            first(note, size)
+        finally:
+            second(note, size)
+
+    return hook
 
 
 def _checkpointer(

@@ -24,6 +24,7 @@ from boxmaker.cli.owner import approvals, approve, refuse, status
 from boxmaker.cli.runbook import runbook
 from boxmaker.cli.sessions import sessions
 from boxmaker.cli.why import why
+from boxmaker.cli.witness import witness_app
 from boxmaker.formats.printable import PrintableStream
 
 app = App(
@@ -40,6 +41,7 @@ audit_app.command(prove)
 audit_app.command(check_proof_command, name="check-proof")
 audit_app.command(consistency)
 app.command(mcp_app)
+app.command(witness_app)
 for command in (demo, up, down, restart, reload, logs, chat, approvals, approve, refuse, why):
     app.command(command)
 app.command(status)

@@ -11,6 +11,7 @@ import orjson
 import trio
 from cyclopts import Parameter
 
+from boxmaker.broker.witnesses import RUNBOOK_WITNESS, WitnessView, witness_views
 from boxmaker.cli.admin_client import (
     REPLY_TIMEOUT,
     DaemonUnreachable,
@@ -31,6 +32,9 @@ from boxmaker.formats.convert import APPROVAL_ID, converter
 from boxmaker.formats.printable import printable
 from boxmaker.home.config import ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
+from boxmaker.home.regular_file import read_regular_file
+from boxmaker.ledger.signed_note import NoteError, NoteVerifier, parse_vkey
+from boxmaker.ledger.tree import tree_dir
 from boxmaker.wire import (
     AdminAnswer,
     AdminRequest,
@@ -390,11 +394,15 @@ async def status(*, common: Common = DEFAULT) -> Exit:
         usable = answer.ledger_usable and answer.grants_valid
         # A broker that cannot record or decide is up but failing: the exit code says so.
         code = Exit.DONE if usable and not down and model_down is None else Exit.FAILED
+    witnesses = await trio.to_thread.run_sync(_witness_views, home)
     if common.json:
         problems = {"problem": problem, "model_problem": model_down}
-        print_json({**data, "daemons": running, "down": down, **problems})
+        shown = [attrs.asdict(view) for view in witnesses]
+        print_json({**data, "daemons": running, "down": down, **problems, "witnesses": shown})
         return code
     print(_daemons_line(running))
+    for view in witnesses:
+        print(printable(f"{'witness':14} {_witness_line(view)}"))
     if problem is not None:
         return fail(problem, code)
     data["uptime_s"] = round(data["uptime_s"], 1)
@@ -405,6 +413,38 @@ async def status(*, common: Common = DEFAULT) -> Exit:
     if down:
         return fail(f"down: {', '.join(down)}; `bxctl up` starts what is missing", code)
     return code
+
+
+def _witness_views(home: Home) -> list[WitnessView]:
+    """Each ``[[witness]]``'s lag, from the files (brokerd need not run); none when
+    config.toml cannot be read."""
+    try:
+        config = load_config(home)
+    except (ConfigError, HomeError):
+        return []
+    if not config.witness:
+        return []
+    try:
+        ledger: NoteVerifier | None = parse_vkey(
+            read_regular_file(home.ledger_vkey, limit=4096).decode().strip()
+        )
+    except (OSError, UnicodeDecodeError, NoteError):
+        ledger = None
+    return witness_views(tree_dir(home), config.witness, ledger, config.ledger.witness_max_lag)
+
+
+def _witness_line(view: WitnessView) -> str:
+    """``w1: cosigned size 4000, 1000 records behind (lagging)`` or ``w1: never
+    cosigned (lagging)``: the lag counts records up to the newest checkpoint."""
+    if view.cosigned_size is None:
+        text = f"{view.name}: never cosigned"
+    elif view.lag is None:
+        text = f"{view.name}: cosigned size {view.cosigned_size}"
+    else:
+        text = f"{view.name}: cosigned size {view.cosigned_size}, {view.lag} records behind"
+    if view.lagging:
+        text += f" (lagging; see {RUNBOOK_WITNESS})"
+    return text
 
 
 def _daemons_line(running: dict[str, bool]) -> str:

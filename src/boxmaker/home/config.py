@@ -8,6 +8,7 @@ file and the key.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -19,6 +20,7 @@ from boxmaker.formats.convert import InvalidField, converter, format_path, probl
 from boxmaker.home.mcp_config import RUNBOOK_MCP_SERVERS, McpServerConfig, check_server_paths
 from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import NotRegularFile, read_regular_file
+from boxmaker.ledger.signed_note import NoteError, SignatureType, parse_vkey
 
 
 class ConfigError(Exception):
@@ -159,13 +161,20 @@ class EgressConfig:
 @attrs.frozen(kw_only=True)
 class LedgerConfig:
     """``[ledger]``: how often brokerd signs a checkpoint of the ledger's tree
-    (docs/protocol.md, "Checkpoints"); read at start."""
+    (docs/protocol.md, "Checkpoints"), and what a lagging witness does
+    (docs/protocol.md, "Witnesses"); read at start."""
 
     checkpoint_every: int = attrs.field(default=1000, validator=_at_least(1))
     """Records written since the last checkpoint that make the next one."""
     checkpoint_seconds: float = attrs.field(default=60.0, validator=_positive)
     """Seconds after a record not yet in a checkpoint that make one (a quiet ledger
     makes none)."""
+    witness_lag: Literal["warn"] = "warn"
+    """What a lagging witness does: ``warn`` (brokerd logs it, ``bxctl status`` shows
+    it). Stopping risky calls is not built (docs/decisions.md, "Witnesses")."""
+    witness_max_lag: int = attrs.field(default=5000, validator=_at_least(1))
+    """Records a witness may be behind the newest checkpoint before it counts as
+    lagging."""
 
 
 def _argv(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
@@ -187,6 +196,59 @@ class NotifyConfig:
     """Seconds the command may take; then it (its whole process group) is killed."""
 
 
+WITNESS_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+RUNBOOK_WITNESS: Final = "docs/runbook.md#witness"
+
+
+def _witness_name(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not WITNESS_NAME.fullmatch(value):
+        raise InvalidField(
+            attribute.name, "expected 1 to 64 letters, digits, '.', '_' or '-' (a file name)"
+        )
+
+
+def _witness_vkey(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    try:
+        verifier = parse_vkey(value)
+    except NoteError as exc:
+        raise InvalidField(attribute.name, f"{exc}; see {RUNBOOK_WITNESS}") from None
+    if verifier.signature_type is not SignatureType.COSIGNATURE_V1:
+        raise InvalidField(
+            attribute.name,
+            "expected a cosignature (0x04) vkey, as `bxctl witness init` prints; "
+            f"see {RUNBOOK_WITNESS}",
+        )
+
+
+def _witness_url(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    scheme, sep, rest = value.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or rest.startswith("/"):
+        raise InvalidField(attribute.name, "expected an http:// or https:// URL")
+
+
+@attrs.frozen(kw_only=True)
+class WitnessConfig:
+    """``[[witness]]``: a C2SP tlog-witness brokerd sends each checkpoint to
+    (docs/protocol.md, "Witnesses"). ``name`` is the file its cosignatures are kept
+    in (``ledger/tree/cosignatures/<name>``); ``vkey`` its public key; ``url`` its
+    submission prefix (``/add-checkpoint`` is added)."""
+
+    name: str = attrs.field(validator=_witness_name)
+    vkey: str = attrs.field(validator=_witness_vkey)
+    url: str = attrs.field(validator=_witness_url)
+    timeout: float = attrs.field(default=10.0, validator=_positive)
+    """Seconds one add-checkpoint request may take, connecting included."""
+
+
+def _unique_witnesses(
+    _: Any, attribute: attrs.Attribute[Any], value: tuple[WitnessConfig, ...]
+) -> None:
+    names = [witness.name for witness in value]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InvalidField(attribute.name, f"two [[witness]] tables named {', '.join(repeated)}")
+
+
 @attrs.frozen(kw_only=True)
 class Config:
     """config.toml (docs/runbook.md#config). ``workspace`` is absolute: a relative one in
@@ -202,6 +264,8 @@ class Config:
     notify: NotifyConfig = attrs.Factory(NotifyConfig)
     egress: EgressConfig = attrs.Factory(EgressConfig)
     ledger: LedgerConfig = attrs.Factory(LedgerConfig)
+    witness: tuple[WitnessConfig, ...] = attrs.field(default=(), validator=_unique_witnesses)
+    """``[[witness]]``: the witnesses of the ledger's checkpoints (broker/witnesses.py)."""
     mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
     """``[mcp_servers.NAME]``: the MCP servers whose tools go through brokerd
     (home/mcp_config.py)."""
@@ -248,6 +312,9 @@ def _describe(file: Path, path: tuple[str | int, ...], message: str) -> str:
     if len(path) >= 3 and path[0] == "mcp_servers":
         where = f"[mcp_servers.{path[1]}] {format_path(path[2:])}"
         return f"{file.name}: {where}: {message}; see {RUNBOOK_MCP_SERVERS}"
+    if len(path) >= 3 and path[0] == "witness" and isinstance(path[1], int):
+        where = f"[[witness]] number {path[1] + 1}: {format_path(path[2:])}"
+        return f"{file.name}: {where}: {message}"
     if len(path) >= 2 and isinstance(path[0], str):
         where = f"[{path[0]}] {format_path(path[1:])}"
     elif path:

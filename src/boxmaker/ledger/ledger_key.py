@@ -55,8 +55,16 @@ class LedgerKeyError(Exception):
     """The ledger key cannot be used; :attr:`reason` says why, the message names the
     file and docs/runbook.md#ledger-key."""
 
-    def __init__(self, reason: LedgerKeyProblem, path: Path, detail: str) -> None:
-        super().__init__(f"{path}: the ledger key {detail}; see {RUNBOOK_LEDGER_KEY}")
+    def __init__(
+        self,
+        reason: LedgerKeyProblem,
+        path: Path,
+        detail: str,
+        *,
+        what: str = "the ledger key",
+        anchor: str = RUNBOOK_LEDGER_KEY,
+    ) -> None:
+        super().__init__(f"{path}: {what} {detail}; see {anchor}")
         self.reason = reason
         self.path = path
 
@@ -101,7 +109,7 @@ def create_ledger_key(home: Home, origin: str) -> bool:
     :class:`~boxmaker.home.paths.HomeError` for a ``keys/`` that is not ours, OSError.
     """
     home.ensure_keys_dir()
-    created = _write_new(home.ledger_key, _key_bytes(Ed25519PrivateKey.generate()))
+    created = create_private_key(home.ledger_key)
     signer = load_ledger_signer(home, origin)
     vkey = (signer.vkey + "\n").encode()
     # The vkey is public and derived from the key: rewritten when it differs (a new
@@ -132,48 +140,68 @@ def _check_keys_dir(home: Home) -> None:
 
 
 def _check_private(key_path: Path, info: os.stat_result, what: str, mode: int) -> None:
+    problem = _private_problem(info, what, mode)
+    if problem is not None:
+        raise LedgerKeyError(problem[0], key_path, problem[1])
+
+
+def _private_problem(
+    info: os.stat_result, what: str, mode: int
+) -> tuple[LedgerKeyProblem, str] | None:
     if info.st_uid != os.getuid():
-        raise LedgerKeyError(
+        return (
             LedgerKeyProblem.NOT_OURS,
-            key_path,
             f"is not usable: its {what} is owned by uid {info.st_uid}, "
             f"not by you (uid {os.getuid()})",
         )
-    loose = stat.S_IMODE(info.st_mode) & 0o077
-    if loose:
-        raise LedgerKeyError(
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        return (
             LedgerKeyProblem.LOOSE_MODE,
-            key_path,
             f"is not usable: its {what} has mode {stat.S_IMODE(info.st_mode):04o}, "
             f"open to others; it must be {mode:04o}",
         )
+    return None
 
 
 def load_ledger_signer(home: Home, origin: str) -> NoteSigner:
     """The ledger key, as the signer named ``origin``. Refused (:class:`LedgerKeyError`)
     when it is missing, not a regular file (a symlink is not followed), not ours, open
     to group or others (the file or ``keys/``), or not a PKCS#8 PEM Ed25519 key."""
-    path = home.ledger_key
     _check_keys_dir(home)
+    return NoteSigner(origin, load_private_key(home.ledger_key))
+
+
+def create_private_key(path: Path) -> bool:
+    """Make a new Ed25519 key at ``path`` (PKCS#8 PEM, 0600) if nothing is there; an
+    existing file is never replaced. True when a key was made."""
+    return _write_new(path, _key_bytes(Ed25519PrivateKey.generate()))
+
+
+def load_private_key(
+    path: Path, *, what: str = "the ledger key", anchor: str = RUNBOOK_LEDGER_KEY
+) -> Ed25519PrivateKey:
+    """The Ed25519 key at ``path``, refused (:class:`LedgerKeyError`, naming ``what``
+    and ``anchor``) when it is missing, not a regular file (a symlink is not followed),
+    not ours, open to group or others, or not a PKCS#8 PEM Ed25519 key."""
+
+    def refused(reason: LedgerKeyProblem, detail: str) -> LedgerKeyError:
+        return LedgerKeyError(reason, path, detail, what=what, anchor=anchor)
+
     try:
         fd = open_regular_file(path)
     except FileNotFoundError:
-        raise LedgerKeyError(LedgerKeyProblem.MISSING, path, "is missing") from None
+        raise refused(LedgerKeyProblem.MISSING, "is missing") from None
     except NotRegularFile as exc:
-        raise LedgerKeyError(
-            LedgerKeyProblem.NOT_A_FILE, path, f"is not usable: {exc.strerror}"
-        ) from None
+        raise refused(LedgerKeyProblem.NOT_A_FILE, f"is not usable: {exc.strerror}") from None
     except OSError as exc:
-        raise LedgerKeyError(
-            LedgerKeyProblem.UNREADABLE, path, f"cannot be opened ({exc.strerror})"
-        ) from None
+        raise refused(LedgerKeyProblem.UNREADABLE, f"cannot be opened ({exc.strerror})") from None
     try:
-        _check_private(path, os.fstat(fd), "file", KEY_MODE)
+        problem = _private_problem(os.fstat(fd), "file", KEY_MODE)
+        if problem is not None:
+            raise refused(*problem)
         data = os.read(fd, MAX_KEY_FILE + 1)
     except OSError as exc:
-        raise LedgerKeyError(
-            LedgerKeyProblem.UNREADABLE, path, f"cannot be read ({exc.strerror})"
-        ) from None
+        raise refused(LedgerKeyProblem.UNREADABLE, f"cannot be read ({exc.strerror})") from None
     finally:
         os.close(fd)
     try:
@@ -181,10 +209,8 @@ def load_ledger_signer(home: Home, origin: str) -> NoteSigner:
     except (ValueError, TypeError):
         key = None
     if not isinstance(key, Ed25519PrivateKey):
-        raise LedgerKeyError(
-            LedgerKeyProblem.UNREADABLE, path, "is not an unencrypted PKCS#8 PEM Ed25519 key"
-        )
-    return NoteSigner(origin, key)
+        raise refused(LedgerKeyProblem.UNREADABLE, "is not an unencrypted PKCS#8 PEM Ed25519 key")
+    return key
 
 
 def read_ledger_origin(audit_log: Path) -> str:

@@ -105,7 +105,7 @@ def unix_socket_of(url: str) -> str | None:
 
 
 class BodyTooLarge(Exception):
-    """The request body is over :data:`MAX_BODY`."""
+    """The request body is over its limit (:data:`MAX_BODY` here)."""
 
 
 @attrs.define
@@ -205,7 +205,7 @@ class InferProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -250,7 +250,7 @@ class InferProxy:
 
     async def _chat(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            raw = await _read_body(scope, receive)
+            raw = await read_body(scope, receive)
         except BodyTooLarge:
             message = f"the request body is over {MAX_BODY} bytes"
             await self._reply(exchange, send, 413, _error_body("request_too_large", message))
@@ -441,10 +441,10 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     scope.cancel()
 
 
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int = MAX_BODY) -> bytes:
     """The whole request body; :class:`BodyTooLarge` as soon as it is known to be over
-    :data:`MAX_BODY` (its Content-Length, or what has come)."""
-    if _declared_length(scope) > MAX_BODY:
+    ``limit`` (its Content-Length, or what has come)."""
+    if _declared_length(scope) > limit:
         raise BodyTooLarge
     body = bytearray()
     while True:
@@ -452,7 +452,7 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
         if message["type"] == "http.disconnect":
             break
         body += message.get("body", b"")
-        if len(body) > MAX_BODY:
+        if len(body) > limit:
             raise BodyTooLarge
         if not message.get("more_body", False):
             break
@@ -485,7 +485,8 @@ def _last_usage(data: bytes, *, streamed: bool) -> object:
     return None
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def lifespan(receive: Receive, send: Send) -> None:
+    """ASGI's lifespan protocol, for an app with nothing to start or stop."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
