@@ -30,6 +30,9 @@ def setup_logging(name: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(PrintableFormatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    # httpx logs every request at INFO: a line per model turn or witness checkpoint
+    # says nothing the daemon's own lines do not, and would drown them.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def run_daemon(
