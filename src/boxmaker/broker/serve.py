@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Annotated, Final
 
 import attrs
-import httpx
 import trio
 from cyclopts import App, Parameter
 
@@ -60,7 +59,7 @@ from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
 from boxmaker.broker.tools.host import REAL_HOST, Host
-from boxmaker.broker.witnesses import WitnessSender
+from boxmaker.broker.witnesses import WitnessClient, WitnessSender
 from boxmaker.home import state_files
 from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
@@ -254,7 +253,7 @@ async def serve_broker(
     gateway: McpGateway | None = None,
     host: Host = REAL_HOST,
     on_checkpoint: CheckpointHook | None = None,
-    witness_client: httpx.AsyncClient | None = None,
+    witness_client: WitnessClient | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -370,7 +369,7 @@ async def serve_broker(
 
 
 def _witness_sender(
-    home: Home, prepared: _Prepared, client: httpx.AsyncClient | None
+    home: Home, prepared: _Prepared, client: WitnessClient | None
 ) -> WitnessSender | None:
     """The ``[[witness]]`` tables' sender (broker/witnesses.py), when there are some and
     checkpoints are signed this boot."""

@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeAlias
 
 import attrs
 import httpx
@@ -62,6 +62,8 @@ MAX_CONFLICTS: Final = 3
 """409s answered in a row before the round counts as failed: one is the normal way to
 learn a witness's size; more mean its size moves under us."""
 MAX_COSIGNATURE_FILE: Final = 64 * 1024
+WitnessClient: TypeAlias = httpx.AsyncClient
+"""What the witnesses are reached with (serve_broker's seam for a test's transport)."""
 NO_CHECKPOINTS_DETAIL: Final = (
     "no checkpoint is signed this boot (the ledger's origin could not be read), so no "
     f"witness can cosign: risky calls are denied; see {RUNBOOK_WITNESS}"
