@@ -149,6 +149,7 @@ admin_answers = (
         sandbox_bounds=text,
         shell_ready=st.booleans(),
         shell_problem=st.none() | text,
+        witness_lagging=st.none() | text,
     )
     | st.builds(
         SessionsAnswer,

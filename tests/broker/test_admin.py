@@ -57,6 +57,7 @@ async def test_status_reports_the_boot_head_and_counts(
             if AS_ROOT
             else None
         ),
+        "witness_lagging": None,
     }
     await call(home, tool_request("read_file", {"path": "x"}))
     assert (await admin(home, {"kind": "status"}))["sessions"] == 1

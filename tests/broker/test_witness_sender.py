@@ -132,3 +132,30 @@ def test_the_hook_drops_a_note_that_is_not_the_ledgers(
     assert sender.lag(sender.links[0]) is None
     sender.links[0].cosigned_size = 2
     assert sender.lag(sender.links[0]) == 7
+
+
+def test_a_witness_lags_only_past_witness_max_lag(tmp_path: Path) -> None:
+    ledger = MemoryLog()
+    sender = WitnessSender([CONFIG], tmp_path, ledger.signer.verifier, max_lag=10, start_size=5)
+    link = sender.links[0]
+    # Never cosigned: behind by what was checkpointed since brokerd's start (size 5).
+    assert (sender.behind(link), sender.lagging()) == (0, None)
+    sender.checkpointed(ledger.note(15), 15)
+    assert (sender.behind(link), sender.lagging()) == (10, None)  # equal: not lagging
+    sender.checkpointed(ledger.note(16), 16)
+    assert sender.behind(link) == 11
+    assert sender.lagging() == (
+        "witness w1 is 11 records behind the ledger's newest checkpoint (it never "
+        "cosigned this ledger), more than witness_max_lag 10: risky calls are denied "
+        "until it cosigns; see docs/runbook.md#witness"
+    )
+    link.cosigned_size, link.last_problem = 6, "refused_422"
+    assert (sender.behind(link), sender.lagging()) == (10, None)
+    link.cosigned_size = 5
+    assert sender.lagging() == (
+        "witness w1 is 11 records behind the ledger's newest checkpoint (it last cosigned "
+        "size 5, its last answer: refused_422), more than witness_max_lag 10: risky calls "
+        "are denied until it cosigns; see docs/runbook.md#witness"
+    )
+    link.cosigned_size = 16
+    assert (sender.behind(link), sender.lagging()) == (0, None)

@@ -86,8 +86,10 @@ def test_a_ledger_key_as_a_witness_vkey_is_refused(home: Home) -> None:
         parse_config(text, home)
 
 
-def test_two_witnesses_of_one_name_and_deny_risky_are_refused(home: Home) -> None:
+def test_two_witnesses_of_one_name_and_another_lag_choice_are_refused(home: Home) -> None:
     with pytest.raises(ConfigError, match="two \\[\\[witness\\]\\] tables named w1"):
         parse_config(witness_table("w1", WITNESS) + witness_table("w1", OTHER), home)
-    with pytest.raises(ConfigError, match='witness_lag: expected "warn"'):
-        parse_config('[ledger]\nwitness_lag = "deny_risky"\n', home)
+    with pytest.raises(ConfigError, match='witness_lag: expected "warn" or "deny_risky"'):
+        parse_config('[ledger]\nwitness_lag = "stop"\n', home)
+    chosen = parse_config('[ledger]\nwitness_lag = "deny_risky"\n', home)
+    assert chosen.ledger.witness_lag == "deny_risky"

@@ -320,6 +320,7 @@ async def _status(broker: Broker) -> StatusAnswer:
         sandbox_bounds=broker.sandboxes.bounds.describe(),
         shell_ready=shell is None,
         shell_problem=shell,
+        witness_lagging=broker.witness_lagging(),
     )
 
 

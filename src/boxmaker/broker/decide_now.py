@@ -2,8 +2,8 @@
 
 :func:`decide_now` is the whole pipeline, so what bxctl predicts and what brokerd
 decides cannot drift apart: with the grants as read now, read the session's state,
-evaluate (:func:`boxmaker.core.decide.evaluate`, the decision's steps 2-6 of
-docs/protocol.md), and before an ask goes to the owner, look at what it needs on disk
+evaluate (:func:`boxmaker.core.decide.evaluate`, the decision's steps 2-7 of
+docs/architecture.md), and before an ask goes to the owner, look at what it needs on disk
 (:mod:`boxmaker.core.before_asking`: a write's directory, a shell call's sandbox). What
 it reads comes through :class:`Sources`:
 brokerd's (:class:`BrokerSources`: its state cache, its ledger writer, a worker thread
@@ -49,6 +49,11 @@ class Sources(Protocol):
         """Whether a decision can be recorded now (step 2)."""
         ...
 
+    def witness_lagging(self) -> str | None:
+        """Why risky calls are denied now (a witness lags and the owner chose
+        ``witness_lag = "deny_risky"``), or None (step 3)."""
+        ...
+
     def catalogue(self) -> ExternalCatalogue:
         """The external tools as they are now (brokerd's gateway)."""
         ...
@@ -89,6 +94,7 @@ async def decide_now(
     verdict = evaluate(
         request,
         ledger_usable=sources.ledger_usable(),
+        witness_lagging=sources.witness_lagging(),
         grants=grants,
         state=state,
         now=utc_now(),
@@ -122,6 +128,9 @@ class BrokerSources:
 
     def ledger_usable(self) -> bool:
         return self.broker.writer.usable
+
+    def witness_lagging(self) -> str | None:
+        return self.broker.witness_lagging()
 
     def catalogue(self) -> ExternalCatalogue:
         return self.broker.gateway.catalogue()

@@ -59,7 +59,7 @@ from boxmaker.broker.policy_recorder import PolicyRecorder
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.state import Broker, Executor, StateRaiser
 from boxmaker.broker.tools.host import REAL_HOST, Host
-from boxmaker.broker.witnesses import WitnessSender
+from boxmaker.broker.witnesses import WitnessClient, WitnessSender
 from boxmaker.home import state_files
 from boxmaker.home.config import Config, ConfigError, load_config, workspace_problem
 from boxmaker.home.grants_file import GrantsReader, read_grants_bytes
@@ -253,6 +253,7 @@ async def serve_broker(
     gateway: McpGateway | None = None,
     host: Host = REAL_HOST,
     on_checkpoint: CheckpointHook | None = None,
+    witness_client: WitnessClient | None = None,
     task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run brokerd on ``home`` until :meth:`Broker.request_stop` (or a signal, with
@@ -270,6 +271,8 @@ async def serve_broker(
     ``gateway`` is the MCP servers' port (broker/mcp_port.py; default: none).
     ``host`` is what the egress proxy asks of the machine (a test's resolver).
     ``on_checkpoint(note, size)`` is called after each checkpoint is stored.
+    ``witness_client`` is the HTTP client the witnesses are reached with (a test's mock
+    transport; default: one of brokerd's own).
     """
     prepared = await to_thread(
         functools.partial(
@@ -277,7 +280,7 @@ async def serve_broker(
         )
     )
     boot = new_boot_id()
-    witnesses = _witness_sender(home, prepared)
+    witnesses = _witness_sender(home, prepared, witness_client)
     if witnesses is not None:
         on_checkpoint = _both(on_checkpoint, witnesses.checkpointed)
     writer = LedgerWriter(
@@ -327,6 +330,7 @@ async def serve_broker(
         sandboxes=SandboxPool(bounds, run_dir=home.run_dir),
         gateway=gateway or EmptyGateway(),
         host=host,
+        witnesses=witnesses,
     )
     if gateway is None:
         broker.gateway = _gateway(broker, prepared, bounds)
@@ -364,7 +368,9 @@ async def serve_broker(
         raise ConfigError([f"{home.config_toml.name}: workspace: {broker.guard.refusal}"])
 
 
-def _witness_sender(home: Home, prepared: _Prepared) -> WitnessSender | None:
+def _witness_sender(
+    home: Home, prepared: _Prepared, client: WitnessClient | None
+) -> WitnessSender | None:
     """The ``[[witness]]`` tables' sender (broker/witnesses.py), when there are some and
     checkpoints are signed this boot."""
     config = prepared.config
@@ -375,7 +381,9 @@ def _witness_sender(home: Home, prepared: _Prepared) -> WitnessSender | None:
         config.witness,
         tree_dir(home),
         signer.verifier,
+        client=client,
         max_lag=config.ledger.witness_max_lag,
+        start_size=prepared.tail.next_seq,
     )
 
 

@@ -27,6 +27,7 @@ from boxmaker.broker.run_spec import RunResult, RunSpec
 from boxmaker.broker.sandbox_pool import SandboxPool
 from boxmaker.broker.session_states import SessionStates
 from boxmaker.broker.tools.host import REAL_HOST, Host
+from boxmaker.broker.witnesses import NO_CHECKPOINTS_DETAIL, WitnessSender
 from boxmaker.core.approvals import ApprovalsTable
 from boxmaker.core.labels import Label
 from boxmaker.core.state import StateUnreadable
@@ -91,6 +92,9 @@ class Broker:
     sandboxes: SandboxPool = attrs.Factory(SandboxPool)
     gateway: McpGateway = attrs.Factory(EmptyGateway)
     """The MCP servers' tools (broker/mcp_port.py): an empty one without ``[mcp_servers]``."""
+    witnesses: WitnessSender | None = None
+    """The ``[[witness]]`` sender (witnesses.py): None without witnesses, or when no
+    checkpoint is signed this boot."""
     """The shell sandbox kept set up ahead of the next call (sandbox_pool.py)."""
     states: SessionStates = attrs.field(init=False)
     """The session states read this boot (:class:`SessionStates`)."""
@@ -139,6 +143,16 @@ class Broker:
         except LedgerStopped:
             return False
         return True
+
+    def witness_lagging(self) -> str | None:
+        """Why every risky call is denied now (the decision's step 3), or None: only
+        with ``[ledger] witness_lag = "deny_risky"`` and a witness that lags. With
+        witnesses but no checkpoint signed this boot, none can cosign: they all lag."""
+        if self.config.ledger.witness_lag != "deny_risky" or not self.config.witness:
+            return None
+        if self.witnesses is None:
+            return NO_CHECKPOINTS_DETAIL
+        return self.witnesses.lagging()
 
     # -- calls and sessions -----------------------------------------------------------
 

@@ -12,6 +12,9 @@ to :attr:`Backoff.most`. A 409 names the witness's size: the request is made aga
 from it. A refusal (400/403/404/422) is logged with its reason and retried at the next
 checkpoint; a 422 means the witness holds a tree this ledger is not an extension of
 (docs/runbook.md#witness-fork).
+
+:meth:`WitnessSender.lagging` says, from this state in memory alone, whether a witness
+lags (step 3 of a decision, with ``[ledger] witness_lag = "deny_risky"``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeAlias
 
 import attrs
 import httpx
@@ -59,6 +62,12 @@ MAX_CONFLICTS: Final = 3
 """409s answered in a row before the round counts as failed: one is the normal way to
 learn a witness's size; more mean its size moves under us."""
 MAX_COSIGNATURE_FILE: Final = 64 * 1024
+WitnessClient: TypeAlias = httpx.AsyncClient
+"""What the witnesses are reached with (serve_broker's seam for a test's transport)."""
+NO_CHECKPOINTS_DETAIL: Final = (
+    "no checkpoint is signed this boot (the ledger's origin could not be read), so no "
+    f"witness can cosign: risky calls are denied; see {RUNBOOK_WITNESS}"
+)
 
 
 @attrs.frozen
@@ -156,8 +165,12 @@ class WitnessSender:
         client: httpx.AsyncClient | None = None,
         backoff: Backoff = Backoff(),
         max_lag: int = 5000,
+        start_size: int = 0,
     ) -> None:
         self.tree_dir = tree_dir
+        self.start_size = start_size
+        """The ledger's records when brokerd started: a witness that never cosigned in
+        this ledger is behind by the records checkpointed since."""
         self.ledger_verifier = ledger_verifier
         self.backoff = backoff
         self.max_lag = max_lag
@@ -196,6 +209,36 @@ class WitnessSender:
             return None
         newest = self._latest.size if self._latest is not None else link.cosigned_size
         return max(0, newest - link.cosigned_size)
+
+    def behind(self, link: WitnessLink) -> int:
+        """Records in the newest checkpoint that the witness has not cosigned: beyond
+        the size it last cosigned or, when it never cosigned in this ledger, beyond
+        :attr:`start_size`. Records after the newest checkpoint are not counted: no
+        witness can have seen them (docs/decisions.md, "Witnesses")."""
+        since = self.start_size if link.cosigned_size is None else link.cosigned_size
+        newest = self._latest.size if self._latest is not None else since
+        return max(0, newest - since)
+
+    def lagging(self) -> str | None:
+        """Why the first witness more than :attr:`max_lag` records :meth:`behind` lags,
+        in words that name it and its lag, or None when none does. No I/O: this is
+        asked at every decision."""
+        for link in self.links:
+            behind = self.behind(link)
+            if behind <= self.max_lag:
+                continue
+            if link.cosigned_size is None:
+                cosigned = "it never cosigned this ledger"
+            else:
+                cosigned = f"it last cosigned size {link.cosigned_size}"
+            problem = f", its last answer: {link.last_problem}" if link.last_problem else ""
+            return (
+                f"witness {link.config.name} is {behind} records behind the ledger's newest "
+                f"checkpoint ({cosigned}{problem}), more than witness_max_lag "
+                f"{self.max_lag}: risky calls are denied until it cosigns; see "
+                f"{RUNBOOK_WITNESS}"
+            )
+        return None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load what each witness cosigned before, then serve them until cancelled."""

@@ -332,6 +332,10 @@ class _AsRead:
     def ledger_usable(self) -> bool:
         return True
 
+    def witness_lagging(self) -> str | None:
+        # A witness's lag is brokerd's, in its memory: the grants' verdict is predicted.
+        return None
+
     def catalogue(self) -> ExternalCatalogue:
         return self.external
 

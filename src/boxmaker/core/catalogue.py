@@ -1,7 +1,7 @@
 """The tool catalogue: argument shapes, the served JSON schemas, and checking.
 
 The JSON schema served to the model by the ``catalogue`` frame is the schema that
-:func:`check_arguments` enforces (step 3 of docs/architecture.md's pipeline), then the few
+:func:`check_arguments` enforces (step 4 of docs/architecture.md's pipeline), then the few
 rules a schema cannot say:
 paths normalize inside the workspace, ``content`` is at most 1 MiB of UTF-8, a URL is
 plain http(s) with one exact host (:func:`~boxmaker.core.hosts.url_host_problem`) and a
@@ -75,6 +75,9 @@ knows them only when told ``internal=True``; the catalogue never lists them."""
 GRANT_TOOLS: Final[tuple[str, ...]] = (*TOOL_NAMES, *INTERNAL_TOOLS)
 """Every built-in tool a grant's ``tool`` may name."""
 FILE_TOOLS: Final[frozenset[str]] = frozenset({"read_file", "list_dir", "write_file"})
+READ_ONLY_TOOLS: Final[frozenset[str]] = frozenset({"read_file", "list_dir"})
+"""The built-in tools that only read the workspace: they change nothing and send nothing
+out. Every other tool, ``mcp.*`` and ``claude.*`` included, is risky (core/decide.py)."""
 
 
 @attrs.frozen
@@ -516,7 +519,7 @@ def check_arguments(
     external: ExternalCatalogue = EMPTY_CATALOGUE,
     internal: bool = False,
 ) -> CheckedArguments | ArgumentProblem:
-    """Check a request's tool and arguments (the pipeline's step 3); never raises.
+    """Check a request's tool and arguments (the pipeline's step 4); never raises.
 
     ``workspace`` (the absolute workspace root) lets an absolute path inside it through.
     ``external`` is the gateway's catalogue now: an ``mcp.*`` tool must be in it and

@@ -1,15 +1,17 @@
 """Deciding a tool request: the ordered pipeline and the pure ``decide()``.
 
-:func:`evaluate` is the decision's steps 2-6 in order (docs/protocol.md), each stopping
-at the first denial:
+:func:`evaluate` is the decision's steps 2-7 in order (docs/architecture.md), each
+stopping at the first denial:
 
 2. the ledger is usable (else ``audit_unavailable``; that denial alone is not
    recordable, ``Ruling.recordable`` is False);
-3. the tool is in the catalogue and its arguments fit (``unknown_tool``,
+3. no witness lags, for a risky call (:func:`risky`), when the owner chose
+   ``[ledger] witness_lag = "deny_risky"`` (else ``witness_lagging``);
+4. the tool is in the catalogue and its arguments fit (``unknown_tool``,
    ``bad_arguments``);
-4. grants.toml is valid (``grants_invalid``) — checked before the state, never after;
-5. the session state is readable (``state_unreadable``);
-6. :func:`decide`.
+5. grants.toml is valid (``grants_invalid``) — checked before the state, never after;
+6. the session state is readable (``state_unreadable``);
+7. :func:`decide`.
 
 Approve's re-decision is the same :func:`evaluate` on the original
 :class:`ToolRequest` with the grants and state current at approval time, mapped by
@@ -26,7 +28,12 @@ from typing import Any, TypeAlias, assert_never
 
 import attrs
 
-from boxmaker.core.catalogue import ArgumentProblem, CheckedArguments, check_arguments
+from boxmaker.core.catalogue import (
+    READ_ONLY_TOOLS,
+    ArgumentProblem,
+    CheckedArguments,
+    check_arguments,
+)
 from boxmaker.core.external_tools import EMPTY_CATALOGUE, ExternalCatalogue
 from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import Grant, GrantSet, Mode
@@ -38,7 +45,7 @@ from boxmaker.core.vocabulary import ApprovalOutcome, ToolRequest, VerdictCode
 
 @attrs.frozen
 class CheckedRequest:
-    """A tool request past step 3: a known tool, arguments that fit, paths normalized."""
+    """A tool request past step 4: a known tool, arguments that fit, paths normalized."""
 
     call: str
     session: str
@@ -155,7 +162,7 @@ def _deny(
 
 
 def _pick(request: CheckedRequest, grants: GrantSet, now: dt.datetime) -> Grant | None:
-    """Step 6's precedence: deny, then auto with ``wins_over_ask``, then ask, then auto;
+    """Step 7's precedence: deny, then auto with ``wins_over_ask``, then ask, then auto;
     file order within each (:meth:`GrantSet.in_precedence`)."""
     arguments = request.arguments
     for grant in grants.in_precedence(arguments.tool):
@@ -165,7 +172,7 @@ def _pick(request: CheckedRequest, grants: GrantSet, now: dt.datetime) -> Grant 
 
 
 def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.datetime) -> Verdict:
-    """The heart of the system (step 6): pure, total, deterministic.
+    """The heart of the system (step 7): pure, total, deterministic.
 
     ``now`` must be an aware datetime. Only the grant picked by precedence is held to
     its conditions: when it denies, no lower grant is tried.
@@ -221,10 +228,23 @@ def decide(request: CheckedRequest, grants: GrantSet, state: Label, now: dt.date
     return Run(decision, grant, request.arguments)
 
 
+def risky(tool: str) -> bool:
+    """Whether a call of ``tool`` could change something or send something out: every
+    tool but the read-only built-ins (:data:`~boxmaker.core.catalogue.READ_ONLY_TOOLS`),
+    so ``shell``, ``write_file``, ``http_get``, ``connect`` and every ``mcp.*`` and
+    ``claude.*`` tool, and any name the catalogue does not know.
+
+    >>> risky("read_file"), risky("list_dir"), risky("write_file"), risky("mcp.git.git_log")
+    (False, False, True, True)
+    """
+    return tool not in READ_ONLY_TOOLS
+
+
 def evaluate(
     request: ToolRequest,
     *,
     ledger_usable: bool,
+    witness_lagging: str | None = None,
     grants: GrantSet | GrantsProblem,
     state: Label | StateUnreadable,
     now: dt.datetime,
@@ -233,7 +253,12 @@ def evaluate(
     asked: Ruling | None = None,
     internal: bool = False,
 ) -> Verdict:
-    """Steps 2-6, in order; total (never raises for any request).
+    """Steps 2-7, in order; total (never raises for any request).
+
+    ``witness_lagging`` is why a witness lags (naming it and its lag) when the owner
+    chose ``witness_lag = "deny_risky"`` and one lags, else None: a risky call is then
+    denied ``witness_lagging`` with it as the detail, on its raw arguments, before the
+    catalogue is asked (a witness's lag does not depend on the call).
 
     ``workspace`` is the absolute workspace root (an absolute path inside it is accepted,
     docs/decisions.md); ``external`` the gateway's catalogue now. The same call with the
@@ -265,6 +290,8 @@ def evaluate(
 
     if not ledger_usable:
         return early(Reason.AUDIT_UNAVAILABLE, AUDIT_UNAVAILABLE_DETAIL, request.arguments)
+    if witness_lagging is not None and risky(request.tool):
+        return early(Reason.WITNESS_LAGGING, witness_lagging, request.arguments)
     checked = check_arguments(
         request.tool, request.arguments, workspace=workspace, external=external, internal=internal
     )

@@ -31,6 +31,8 @@ class Reason(enum.StrEnum):
     TOOL_CHANGED = "tool_changed"
     """An MCP server's tool whose definition is not the one pinned, or not the one an
     ask was decided on (an approval binds the definition)."""
+    WITNESS_LAGGING = "witness_lagging"
+    """A risky call while a witness lags and ``[ledger] witness_lag = "deny_risky"``."""
     # failures: a call that was decided to run and did not succeed (a ``failed`` answer)
     TOOL_ERROR = "tool_error"
     TIMEOUT = "timeout"
@@ -61,6 +63,9 @@ REASON_WORDS: Final[Mapping[Reason, str]] = {
     Reason.TOO_MANY_PENDING: "too many calls already waited for the owner",
     Reason.TOOL_NOT_PINNED: "the MCP tool was not pinned (accepted) by the owner",
     Reason.TOOL_CHANGED: "the MCP tool's definition changed since it was pinned or asked about",
+    Reason.WITNESS_LAGGING: (
+        "a witness was too far behind the ledger and risky calls were stopped until it cosigns"
+    ),
     Reason.TOOL_ERROR: "the tool failed",
     Reason.TIMEOUT: "it ran past its time limit",
     Reason.NOT_FOUND: "the file or directory does not exist",

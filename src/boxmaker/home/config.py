@@ -169,9 +169,10 @@ class LedgerConfig:
     checkpoint_seconds: float = attrs.field(default=60.0, validator=_positive)
     """Seconds after a record not yet in a checkpoint that make one (a quiet ledger
     makes none)."""
-    witness_lag: Literal["warn"] = "warn"
+    witness_lag: Literal["warn", "deny_risky"] = "warn"
     """What a lagging witness does: ``warn`` (brokerd logs it, ``bxctl status`` shows
-    it). Stopping risky calls is not built (docs/decisions.md, "Witnesses")."""
+    it), or ``deny_risky``: as well, every risky call is denied ``witness_lagging``
+    while it lags (docs/protocol.md, "Witnesses")."""
     witness_max_lag: int = attrs.field(default=5000, validator=_at_least(1))
     """Records a witness may be behind the newest checkpoint before it counts as
     lagging."""

@@ -199,6 +199,9 @@ class StatusAnswer:
     call is denied ``sandbox_unavailable`` (an ask before the owner is asked)."""
     shell_problem: str | None
     """Why it cannot (its runbook entry named), or None (docs/runbook.md#sandbox)."""
+    witness_lagging: str | None = None
+    """While ``[ledger] witness_lag = "deny_risky"`` and a witness lags: why every risky
+    call is denied ``witness_lagging`` (docs/runbook.md#witness); else None."""
 
 
 @attrs.frozen(kw_only=True)
