@@ -15,8 +15,9 @@ import trio
 from tests.harness.process import START_S
 from tests.harness.witness import WITNESS_NAME, MemoryLog, seeded_key
 
-from boxmaker.broker.witnesses import Backoff, WitnessSender, cosignature_path
+from boxmaker.broker.witnesses import Backoff, WitnessSender
 from boxmaker.home.config import WitnessConfig
+from boxmaker.ledger.cosignatures import cosignature_path
 from boxmaker.ledger.signed_note import NoteSigner, cosign
 from boxmaker.ledger.witness_protocol import parse_add_checkpoint
 

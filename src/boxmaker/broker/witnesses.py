@@ -33,6 +33,12 @@ from boxmaker.home.config import WitnessConfig
 from boxmaker.home.file_ops import write_atomically
 from boxmaker.home.regular_file import read_regular_file
 from boxmaker.ledger.checkpoint import CheckpointError, parse_checkpoint
+from boxmaker.ledger.cosignatures import (
+    MAX_COSIGNATURE_FILE,
+    RUNBOOK_WITNESS,
+    cosignature_path,
+    read_cosigned,
+)
 from boxmaker.ledger.merkle import Hash, ProofError, prove_tree
 from boxmaker.ledger.signed_note import (
     NoteError,
@@ -55,13 +61,10 @@ from boxmaker.ledger.witness_protocol import (
 
 log = logging.getLogger("boxmaker.brokerd.witness")
 
-COSIGNATURES: Final = "cosignatures"
-RUNBOOK_WITNESS: Final = "docs/runbook.md#witness"
 RUNBOOK_FORK: Final = "docs/runbook.md#witness-fork"
 MAX_CONFLICTS: Final = 3
 """409s answered in a row before the round counts as failed: one is the normal way to
 learn a witness's size; more mean its size moves under us."""
-MAX_COSIGNATURE_FILE: Final = 64 * 1024
 WitnessClient: TypeAlias = httpx.AsyncClient
 """What the witnesses are reached with (serve_broker's seam for a test's transport)."""
 NO_CHECKPOINTS_DETAIL: Final = (
@@ -112,25 +115,6 @@ class _Checkpoint:
     note: bytes
     text: str
     size: int
-
-
-def cosignature_path(tree_dir: Path, name: str) -> Path:
-    return tree_dir / COSIGNATURES / name
-
-
-def read_cosigned(path: Path, verifier: NoteVerifier, origin: str | None = None) -> int | None:
-    """The size of the checkpoint in a signed note file signed by ``verifier`` (a kept
-    cosignature, or the newest checkpoint with the ledger's key), with origin
-    ``origin`` when given; else None. Blocking."""
-    try:
-        data = read_regular_file(path, limit=MAX_COSIGNATURE_FILE)
-        text = open_note(data, [verifier]).text
-        checkpoint = parse_checkpoint(text)
-    except (OSError, NoteError, CheckpointError):
-        return None
-    if origin is not None and checkpoint.origin != origin:
-        return None
-    return checkpoint.size
 
 
 def _read_newest(tree_dir: Path) -> tuple[bytes, int] | None:
@@ -373,33 +357,3 @@ async def _client_for(given: httpx.AsyncClient | None) -> AsyncIterator[httpx.As
     # time limits are the caller's (trio.fail_after per request).
     async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(None)) as client:
         yield client
-
-
-@attrs.frozen
-class WitnessView:
-    """What ``bxctl status`` shows of a witness: the size it last cosigned (None:
-    never) and the records the newest checkpoint holds beyond it (None: unknown)."""
-
-    name: str
-    cosigned_size: int | None
-    lag: int | None
-    lagging: bool
-
-
-def witness_views(
-    tree_dir: Path, witnesses: Sequence[WitnessConfig], ledger: NoteVerifier | None, max_lag: int
-) -> list[WitnessView]:
-    """Each witness's state from the files under ``tree_dir``: its kept cosignature and
-    the newest checkpoint (checked with the ledger's key when one is given). Blocking."""
-    newest = None
-    if ledger is not None:
-        newest = read_cosigned(tree_dir / CHECKPOINT_FILE, ledger, ledger.name)
-    views = []
-    for config in witnesses:
-        verifier = parse_vkey(config.vkey)
-        origin = ledger.name if ledger is not None else None
-        cosigned = read_cosigned(cosignature_path(tree_dir, config.name), verifier, origin)
-        lag = None if cosigned is None or newest is None else max(0, newest - cosigned)
-        lagging = cosigned is None or (lag is not None and lag > max_lag)
-        views.append(WitnessView(config.name, cosigned, lag, lagging))
-    return views

@@ -11,7 +11,6 @@ import orjson
 import trio
 from cyclopts import Parameter
 
-from boxmaker.broker.witnesses import RUNBOOK_WITNESS, WitnessView, witness_views
 from boxmaker.cli.admin_client import (
     REPLY_TIMEOUT,
     DaemonUnreachable,
@@ -33,6 +32,7 @@ from boxmaker.formats.printable import printable
 from boxmaker.home.config import ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
 from boxmaker.home.regular_file import read_regular_file
+from boxmaker.ledger.cosignatures import RUNBOOK_WITNESS, WitnessView, witness_views
 from boxmaker.ledger.signed_note import NoteError, NoteVerifier, parse_vkey
 from boxmaker.ledger.tree import tree_dir
 from boxmaker.wire import (

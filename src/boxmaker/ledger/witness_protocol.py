@@ -20,7 +20,7 @@ per log origin, the size and root of the newest checkpoint it cosigned, and answ
 log keys; the HTTP server (``bxctl witness serve``) and brokerd's sender
 (boxmaker.broker.witnesses) are shells around this module.
 
->>> request = AddCheckpoint(0, (), b"example.com/log\\n1\\n...\\n\\n\\u2014 sig\\n")
+>>> request = AddCheckpoint(0, (), b"example.com/log\\n1\\n...\\n\\nsig\\n")
 >>> format_add_checkpoint(request)[:7]
 b'old 0\\n\\n'
 """
