@@ -103,7 +103,19 @@ from boxmaker.ledger.records import (
 from boxmaker.ledger.signed_note import NoteVerifier
 from boxmaker.ledger.tiles import TILE_WIDTH, TileProblem, TileStore
 from boxmaker.ledger.tree import TREE_DIR
+from boxmaker.ledger.verify_report import CallCounts, Problem, Report, ResumePoint
 from boxmaker.ledger.verify_tree import TileCheck, checkpoint_problems
+
+__all__ = [
+    "MAX_PROBLEMS",
+    "CallCounts",
+    "Problem",
+    "Report",
+    "ResumePoint",
+    "check_kept",
+    "verify_file",
+    "verify_lines",
+]
 
 MAX_PROBLEMS = 1000
 
@@ -120,80 +132,6 @@ _PHASE_NAMES: Final = {
 _PHASE_OF: Final = {name: phase for phase, name in _PHASE_NAMES.items()}
 
 _NOT_JSON = object()
-
-
-@attrs.frozen
-class Problem:
-    seq: int
-    what: str
-
-    def __str__(self) -> str:
-        return f"seq {self.seq}: {self.what}"
-
-
-@attrs.frozen
-class CallCounts:
-    complete: int = 0
-    denied: int = 0
-    refused: int = 0
-    expired: int = 0
-    withdrawn: int = 0
-    pending: int = 0
-    running: int = 0
-    unfinished: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(attrs.astuple(self))
-
-
-@attrs.frozen
-class Report:
-    problems: tuple[Problem, ...]
-    records: int
-    head: str | None
-    calls: CallCounts
-    problems_left_out: int = 0
-    """Problems found beyond ``max_problems``, counted but not kept."""
-    open_calls: frozenset[str] = frozenset()
-    """Calls with a decision but no end yet (pending, running or unfinished): brokerd
-    refuses these ids at start, so a reused id can never add a second decision."""
-    policies: tuple[tuple[int, str], ...] = ()
-    """Each ``policy`` record's seq and the sha256 of the grants it names (the records
-    of a file that could not be read name none): :func:`verify_file` checks the kept
-    versions."""
-    checkpoints: int = 0
-    """The ``checkpoint`` records checked (root, note, open calls)."""
-    signatures_checked: bool = False
-    """Whether their notes' signatures were checked (a ledger key was given)."""
-    tiles_checked: int = 0
-    """The tree's tiles compared with the lines (:func:`verify_file`)."""
-    tiles_sound: bool | None = None
-    """Whether every tile compared held what the lines give (None: none compared)."""
-    resumed_from: int | None = None
-    """The seq of the first line checked when resumed (:class:`ResumePoint`), else None."""
-
-    @property
-    def sound(self) -> bool:
-        return not self.problems
-
-
-@attrs.frozen
-class ResumePoint:
-    """What a verification of the lines from ``next_seq`` on needs of the lines before
-    them, as a verified checkpoint record gives it (boxmaker.ledger.fast_start): the
-    previous line's hash, the tree over the lines before (its leaves ``0..next_seq-1``),
-    the calls then open (the newest boot's with their phases, and those earlier boots
-    left open), the newest boot and whether it had stopped, and the ledger's origin."""
-
-    next_seq: int
-    prev_hash: str
-    tree: Frontier
-    open_calls: dict[str, CallPhase]
-    unfinished: frozenset[str]
-    newest_boot: str | None
-    boot_stopped: bool
-    origin: str
 
 
 def verify_file(
