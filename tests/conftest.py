@@ -1,5 +1,6 @@
 """The suite's fixtures live in tests/harness/fixtures.py, and each test's time limit in
-tests/harness/time_limit.py: both plugins are loaded here for every test.
+tests/harness/time_limit.py, and the order of a mutant's tests under mutmut in
+tests/harness/mutation_order.py: these plugins are loaded here for every test.
 
 Two settings for the whole run, so a result never depends on how the suite was started:
 
@@ -22,6 +23,7 @@ pytest_plugins = [
     "tests.harness.fixtures",
     "tests.harness.egress_fixtures",
     "tests.harness.time_limit",
+    "tests.harness.mutation_order",
 ]
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
