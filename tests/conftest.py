@@ -10,10 +10,12 @@ Two settings for the whole run, so a result never depends on how the suite was s
   would wait for ever.
 - No hypothesis deadline: an example that meets a busy machine (a 2-core CI runner with
   daemons started by other tests) is not a failure; the suite's time limits catch hangs.
+  Under mutmut the examples are derandomized as well (the gate keeps exploring).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 
 from hypothesis import settings
@@ -28,4 +30,7 @@ pytest_plugins = [
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 settings.register_profile("boxmaker", deadline=None)
-settings.load_profile("boxmaker")
+# Under mutmut every run draws the same examples: a mutant is killed or not by the tests
+# alone, and mutmut's clean run cannot fail on an example the gate never drew.
+settings.register_profile("mutation", deadline=None, derandomize=True)
+settings.load_profile("mutation" if "MUTANT_UNDER_TEST" in os.environ else "boxmaker")

@@ -221,6 +221,13 @@ def test_first_line_not_json_also_lacks_genesis() -> None:
     ]
 
 
+def test_a_genesis_without_its_ledger_id_is_a_problem_not_a_crash() -> None:
+    line = chain([])[0].replace(b'"ledger"', b'"ledgez"')
+    assert check([line]).problems == (Problem(0, "genesis with ledger id None"),)
+    line = chain([])[0].replace(b'"l-1"', b"5")
+    assert check([line]).problems == (Problem(0, "genesis with ledger id 5"),)
+
+
 def test_unknown_kind() -> None:
     lines = relink([*chain([]), b'{"seq":1,"at":"x","kind":"party","prev":""}'])
     assert check(lines).problems == (Problem(1, "unknown kind 'party'"),)

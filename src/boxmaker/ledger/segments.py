@@ -1,0 +1,164 @@
+"""The ledger's files: sealed segments and the live file (docs/protocol.md, "Segments").
+
+With ``[ledger] segment_records`` set, brokerd rolls the ledger into files of that many
+lines. The live file, ``ledger/audit.jsonl``, is the one appended to; at the checkpoint
+that falls due when it is full, the writer seals it as
+``ledger/segments/<first>-<last>.jsonl`` (read-only; ``first`` and ``last`` are the seqs
+of its first and last lines, twelve digits each) and the checkpoint that closes it (its
+``size`` is ``last + 1``) is the first line of the new live file. So every file but the
+very first begins with a signed checkpoint of everything before it: a file can be
+verified, and the files after it, with the files before it archived or moved away (the
+tiles under ``ledger/tree/`` give the tree at that size).
+
+This module names the files and finds them; it reads no record. :func:`ledger_files`
+lists a ledger's files in seq order and says what does not fit (a name out of pattern,
+overlapping or missing ranges); :func:`ledger_lines` yields every line of every file in
+order, as :func:`~boxmaker.ledger.reader.iter_lines` yields one file's; and
+:meth:`LedgerFiles.file_of` says which file holds a seq, so a position (a seq and a byte
+offset in the file that holds it: ``checkpoint.pos``, the export's cursor) stays true
+when the live file it was taken in is sealed.
+
+>>> segment_name(0, 999)
+'000000000000-000000000999.jsonl'
+>>> parse_segment_name('000000001000-000000001999.jsonl')
+(1000, 1999)
+>>> parse_segment_name('1000-1999.jsonl') is None
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+from boxmaker.ledger.reader import READ_BUFFER
+
+__all__ = [
+    "LIVE_FILE",
+    "SEGMENTS_DIR",
+    "LedgerFiles",
+    "Segment",
+    "SegmentProblem",
+    "ledger_files",
+    "ledger_lines",
+    "parse_segment_name",
+    "segment_name",
+]
+
+LIVE_FILE: Final = "audit.jsonl"
+"""The file appended to, in the ledger's directory."""
+SEGMENTS_DIR: Final = "segments"
+"""Sealed segments, in the ledger's directory."""
+SEQ_DIGITS: Final = 12
+_SEGMENT_NAME: Final = re.compile(rf"(\d{{{SEQ_DIGITS}}})-(\d{{{SEQ_DIGITS}}})\.jsonl")
+
+
+def segment_name(first: int, last: int) -> str:
+    """The file name of the sealed segment of lines ``first`` to ``last``."""
+    if not 0 <= first <= last:
+        raise ValueError(f"a segment of lines {first} to {last}")
+    return f"{first:0{SEQ_DIGITS}d}-{last:0{SEQ_DIGITS}d}.jsonl"
+
+
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    """``(first, last)`` of a sealed segment's file name; None for any other name."""
+    match = _SEGMENT_NAME.fullmatch(name)
+    if match is None:
+        return None
+    first, last = int(match[1]), int(match[2])
+    return (first, last) if first <= last else None
+
+
+class SegmentProblem(Exception):
+    """The ledger's files do not fit together (the message says how); nothing is read."""
+
+
+@attrs.frozen
+class Segment:
+    """A sealed segment: lines ``first`` to ``last`` in ``path``."""
+
+    first: int
+    last: int
+    path: Path
+
+
+@attrs.frozen
+class LedgerFiles:
+    """A ledger's files in seq order: its sealed ``segments``, then the ``live`` file,
+    whose first line is ``live_first`` (the last segment's ``last + 1``, or 0).
+
+    ``archived`` is the number of lines before the first file present: 0 unless the
+    oldest segments were moved away.
+    """
+
+    directory: Path
+    segments: tuple[Segment, ...]
+
+    @property
+    def live(self) -> Path:
+        return self.directory / LIVE_FILE
+
+    @property
+    def live_first(self) -> int:
+        return self.segments[-1].last + 1 if self.segments else 0
+
+    @property
+    def archived(self) -> int:
+        return self.segments[0].first if self.segments else 0
+
+    def paths(self) -> list[Path]:
+        """Every file, oldest first; the live file last (it may not exist yet)."""
+        return [segment.path for segment in self.segments] + [self.live]
+
+    def file_of(self, seq: int) -> tuple[Path, int]:
+        """The file that holds line ``seq`` (the live file for any seq from
+        :attr:`live_first` on) and the seq of its first line. Raises
+        :class:`SegmentProblem` for a seq in the archived lines."""
+        if seq < self.archived:
+            raise SegmentProblem(
+                f"line {seq} is in a segment archived away (before {self.archived})"
+            )
+        for segment in self.segments:
+            if seq <= segment.last:
+                return segment.path, segment.first
+        return self.live, self.live_first
+
+
+def ledger_files(directory: Path) -> LedgerFiles:
+    """The files of the ledger in ``directory`` (the one that holds ``audit.jsonl``).
+
+    Raises :class:`SegmentProblem` for a file in ``segments/`` whose name is not a
+    segment's, or segments that overlap or leave a gap between them (a gap before the
+    first is the archived lines). Blocking (one directory listing)."""
+    found: list[Segment] = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in (directory / SEGMENTS_DIR).iterdir():
+            span = parse_segment_name(entry.name)
+            if span is None:
+                raise SegmentProblem(f"{entry}: not a segment's name (<first>-<last>.jsonl)")
+            found.append(Segment(span[0], span[1], entry))
+    found.sort(key=lambda segment: segment.first)
+    for before, after in zip(found, found[1:], strict=False):
+        if after.first != before.last + 1:
+            what = "overlaps" if after.first <= before.last else "does not follow"
+            raise SegmentProblem(f"{after.path.name} {what} {before.path.name}")
+    return LedgerFiles(directory, tuple(found))
+
+
+def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
+    """Every line of every file, oldest first, newline kept (one streaming pass). The
+    live file may be missing (a seal cut short before it was made again): no lines."""
+    for path in files.paths():
+        try:
+            file = path.open("rb", buffering=READ_BUFFER)
+        except FileNotFoundError:
+            if path == files.live:
+                return
+            raise
+        with file:
+            yield from file
