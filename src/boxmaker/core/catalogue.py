@@ -8,10 +8,9 @@ plain http(s) with one exact host (:func:`~boxmaker.core.hosts.url_host_problem`
 port from 1, a path at most 4,096 bytes (255 a segment) and a command at
 most 64 KiB, so that no argument makes matching it against the grants slow.
 
-Checking walks the served schema itself (a tiny subset of JSON schema: object,
-properties, required, no additional properties, string/integer, minimum, maximum,
-minLength), so the model is never told one shape and held to another; the shared
-converter then builds the attrs value.
+Checking applies the served schema itself, by jsonschema
+(:class:`~boxmaker.core.argument_schema.ArgumentSchema`), so the model is never told one
+shape and held to another; the shared converter then builds the attrs value.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from boxmaker.core.argument_schema import ArgumentSchema
 from boxmaker.core.external_tools import (
     EMPTY_CATALOGUE,
     MCP_PREFIX,
@@ -236,6 +236,11 @@ CONNECT_PARAMETERS: Final[Mapping[str, Any]] = {
 }
 """``connect``'s arguments, checked as the model tools' are; never served to the model."""
 
+_ARGUMENT_SCHEMAS: Final[Mapping[str, ArgumentSchema]] = {
+    "connect": ArgumentSchema(CONNECT_PARAMETERS),
+    **{tool: ArgumentSchema(schema["parameters"]) for tool, schema in TOOL_SCHEMAS.items()},
+}
+
 
 def catalogue_tools() -> list[dict[str, Any]]:
     """The ``tools`` of the catalogue frame, in OpenAI's tool format (a fresh copy).
@@ -382,36 +387,6 @@ def connect_target(value: ConnectArgs) -> str:
     return f"{prefix}{host}:{value.port}"
 
 
-_JSON_TYPES: Final[Mapping[str, tuple[type, str]]] = {
-    "string": (str, "a string"),
-    "integer": (int, "an integer"),
-}
-
-
-def _schema_problem(schema: Mapping[str, Any], raw: Mapping[str, Any]) -> str | None:
-    properties: Mapping[str, Mapping[str, Any]] = schema["properties"]
-    for key in raw:
-        if key not in properties:
-            return f"unknown argument {key!r}"
-    for key in schema["required"]:
-        if key not in raw:
-            return f"missing argument {key!r}"
-    for key, rule in properties.items():
-        if key not in raw:
-            continue
-        value = raw[key]
-        python_type, words = _JSON_TYPES[rule["type"]]
-        if isinstance(value, bool) or not isinstance(value, python_type):
-            return f"argument {key!r} must be {words}"
-        if "minimum" in rule and value < rule["minimum"]:
-            return f"argument {key!r} must be at least {rule['minimum']}"
-        if "maximum" in rule and value > rule["maximum"]:
-            return f"argument {key!r} must be at most {rule['maximum']}"
-        if "minLength" in rule and isinstance(value, str) and len(value) < rule["minLength"]:
-            return f"argument {key!r} must not be empty"
-    return None
-
-
 _NOT_URL_CHARACTER: Final = re.compile(r"[^!-\[\]-~]")
 """Anything but printable ASCII without the space and the backslash (one regex: a
 character loop over a 1 MiB URL held brokerd's thread for 0.17 s)."""
@@ -502,7 +477,7 @@ def _connect_problem(arguments: dict[str, Any]) -> str | None:
 
 
 def _check_connect(raw_arguments: Mapping[str, Any]) -> CheckedArguments | ArgumentProblem:
-    problem = _schema_problem(CONNECT_PARAMETERS, raw_arguments)
+    problem = _ARGUMENT_SCHEMAS["connect"].problem(raw_arguments)
     arguments = dict(raw_arguments)
     if problem is None:
         problem = _connect_problem(arguments)
@@ -545,7 +520,7 @@ def check_arguments(
         return ArgumentProblem(Reason.BAD_ARGUMENTS, "arguments must be a JSON object")
     if name is None:
         return _check_connect(raw_arguments)
-    problem = _schema_problem(TOOL_SCHEMAS[tool]["parameters"], raw_arguments)
+    problem = _ARGUMENT_SCHEMAS[tool].problem(raw_arguments)
     if problem is not None:
         return ArgumentProblem(Reason.BAD_ARGUMENTS, problem)
     arguments = dict(raw_arguments)

@@ -29,6 +29,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,7 +144,7 @@ def ledger_files(directory: Path) -> LedgerFiles:
                 raise SegmentProblem(f"{entry}: not a segment's name (<first>-<last>.jsonl)")
             found.append(Segment(span[0], span[1], entry))
     found.sort(key=lambda segment: segment.first)
-    for before, after in zip(found, found[1:], strict=False):
+    for before, after in itertools.pairwise(found):
         if after.first != before.last + 1:
             what = "overlaps" if after.first <= before.last else "does not follow"
             raise SegmentProblem(f"{after.path.name} {what} {before.path.name}")

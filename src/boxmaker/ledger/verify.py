@@ -288,10 +288,11 @@ def verify_lines(  # one flat loop: helpers per record would cost a call each
         if first_kind != "genesis":
             problem(0, f"the first record is {first_kind!r}, not genesis")
         else:
+            ledger = first_rec.get("ledger")
             try:
-                origin = ledger_origin(first_rec.get("ledger"))
-            except (TypeError, ValueError):
-                problem(0, f"genesis with ledger id {first_rec.get('ledger')!r}")
+                origin = ledger_origin(ledger if type(ledger) is str else "")
+            except ValueError:
+                problem(0, f"genesis with ledger id {ledger!r}")
 
     for records, raw in enumerate(itertools.chain((first,), lines), 1):
         seq += 1
