@@ -35,7 +35,7 @@ from boxmaker.ledger.signed_note import Ed25519PrivateKey, NoteSigner, open_note
 from boxmaker.ledger.tiles import TileStore
 from boxmaker.ledger.tree import LedgerTree, open_tree, tree_dir
 from boxmaker.ledger.verify import verify_file
-from boxmaker.ledger.writer import LedgerWriter, OsLedgerFile, open_ledger
+from boxmaker.ledger.writer import LedgerWriter, LiveSealer, OsLedgerFile, open_ledger
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=dt.UTC)
 BOOT = "b-1"
@@ -111,8 +111,10 @@ async def ledger(
     unfinished: tuple[str, ...] = (),
     key: Any = None,
     tile_files: OsFileOps | None = None,
+    sealer: LiveSealer | None = None,
 ) -> AsyncIterator[Ledger]:
-    """A new ledger with its writer running; closed cleanly at the end of the block."""
+    """A new ledger with its writer running (sealed by ``sealer``: ledger/seal.py);
+    closed cleanly at the end of the block."""
     home = Home(tmp_path / "home")
     tail = open_ledger(home.audit_log, now=NOW)
     tree = open_tree(home, tail.next_seq)
@@ -139,6 +141,7 @@ async def ledger(
         to_thread=inline,
         checkpointer=checkpointer,
         end=home.audit_log.stat().st_size,
+        sealer=sealer,
     )
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:

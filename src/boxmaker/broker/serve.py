@@ -9,7 +9,8 @@ Readiness is ``task_status.started(broker)``, so tests start
 the real daemon with ``await nursery.start(serve_broker, home)``.
 
 Start: load config.toml (exit 2 on a problem), make the home private and ``run/`` 0700,
-open the ledger (a torn tail refuses to start, exit 1; ``--repair`` moves it aside),
+complete a seal of the ledger cut short (docs/runbook.md#ledger-segments), open the
+ledger (a torn tail refuses to start, exit 1; ``--repair`` moves it aside),
 load the ledger key (made when missing, as ``bxctl init`` does; one that cannot be used
 refuses to start, exit 1: docs/runbook.md#ledger-key) and the ledger's tree, bind the
 sockets, append ``start``. The ledger writer appends a signed checkpoint every
@@ -75,6 +76,8 @@ from boxmaker.ledger.ledger_key import (
 from boxmaker.ledger.open_calls import OpenCalls
 from boxmaker.ledger.policies import policies_dir
 from boxmaker.ledger.records import BadRecord, Repair, Start, Stop, new_boot_id
+from boxmaker.ledger.seal import Sealer, finish_seal
+from boxmaker.ledger.segments import SegmentProblem, ledger_files
 from boxmaker.ledger.signed_note import NoteSigner
 from boxmaker.ledger.start import start_ledger
 from boxmaker.ledger.tree import LedgerTree, tree_dir
@@ -127,12 +130,15 @@ class _Prepared:
     signed: tuple[NoteSigner, LedgerTree] | None
     """The ledger key and the tree, for checkpoints (None: the genesis record could not
     be read, so the ledger has no origin to sign for)."""
+    live_first: int
+    """The seq of the live file's first line (0 until the ledger is first sealed)."""
 
 
 def _prepare(
     home: Home, *, repair_torn: bool, open_file: LedgerOpener, to_thread: ToThread
 ) -> _Prepared:
-    """The blocking part of a start; raises ConfigError, HomeError, LedgerTorn."""
+    """The blocking part of a start; raises ConfigError, HomeError, LedgerTorn,
+    SegmentProblem."""
     config = load_config(home)
     # The workspace's real path, used from now on (see Broker.workspace), checked once
     # more: load_config's check resolved the links a moment ago, they may have moved.
@@ -147,6 +153,9 @@ def _prepare(
     # Every directory of the home 0700 (a looser run/ tightened, another user's refused:
     # docs/protocol.md); state/sessions must exist before the first state is raised.
     home.create()
+    # A seal cut short by a crash is completed (or its .next moved aside) first: the
+    # live file is then whole (docs/runbook.md#ledger-segments).
+    finish_seal(home.ledger_dir)
     repaired = None
     if repair_torn and home.audit_log.exists():
         repaired = repair(home.audit_log)
@@ -187,7 +196,10 @@ def _prepare(
     file = open_file(home.audit_log)
     end = home.audit_log.stat().st_size
     signed = None if signer is None else (signer, ledger.tree)
-    return _Prepared(config, guard, tail, file, repaired, report.open_calls, end, signed)
+    live_first = ledger_files(home.ledger_dir).live_first
+    return _Prepared(
+        config, guard, tail, file, repaired, report.open_calls, end, signed, live_first
+    )
 
 
 def _ledger_signer(home: Home) -> NoteSigner | None:
@@ -283,12 +295,18 @@ async def serve_broker(
     witnesses = _witness_sender(home, prepared, witness_client)
     if witnesses is not None:
         on_checkpoint = _both(on_checkpoint, witnesses.checkpointed)
+    checkpointer = _checkpointer(home, prepared, boot, to_thread, on_checkpoint)
     writer = LedgerWriter(
         prepared.file,
         prepared.tail,
         to_thread=to_thread,
-        checkpointer=_checkpointer(home, prepared, boot, to_thread, on_checkpoint),
+        checkpointer=checkpointer,
         end=prepared.end,
+        # Sealed at a checkpoint only: without the key the live file grows on.
+        sealer=None
+        if checkpointer is None
+        else Sealer(home.ledger_dir, prepared.config.ledger.segment_records),
+        live_first=prepared.live_first,
     )
     listeners: list[UnixListener] = []
     try:
@@ -529,7 +547,8 @@ def serve(
 ) -> int:
     """Serve broker.sock and admin.sock until SIGINT/SIGTERM (exit 0).
 
-    Exit 2: config.toml has a problem. Exit 1: the ledger is torn, the ledger key, the
+    Exit 2: config.toml has a problem. Exit 1: the ledger is torn or its files do not
+    fit together, the ledger key, the
     home or a socket path cannot be used, or brokerd failed.
     """
     # run_broker is no option (parse=False): a test passes its own through
@@ -539,7 +558,7 @@ def serve(
     return run_daemon(
         "brokerd",
         functools.partial(run_broker, resolve_home(home), repair_torn=repair, handle_signals=True),
-        failures=(LedgerTorn, LedgerKeyError, HomeError, ListenerError),
+        failures=(LedgerTorn, SegmentProblem, LedgerKeyError, HomeError, ListenerError),
     )
 
 

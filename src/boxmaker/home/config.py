@@ -176,6 +176,11 @@ class LedgerConfig:
     witness_max_lag: int = attrs.field(default=5000, validator=_at_least(1))
     """Records a witness may be behind the newest checkpoint before it counts as
     lagging."""
+    segment_records: int = attrs.field(default=1_000_000, validator=_at_least(2))
+    """Lines the live file ``ledger/audit.jsonl`` holds at most: when it is full, the
+    writer seals it as ``ledger/segments/<first>-<last>.jsonl`` at a checkpoint that
+    begins the next live file (docs/protocol.md, "Segments"). At least 2: a file holds
+    its leading checkpoint and a record."""
 
 
 def _argv(_: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:

@@ -2,11 +2,13 @@
 brokerd start in well under a second at any size of ledger.
 
 ``ledger/tree/checkpoint.pos`` names the newest ``checkpoint`` record: its seq, the
-byte offset of its line and the line's hash. :func:`verify_since_checkpoint` reads that
-line (and the one before it) at that offset, checks both against the position and the
+byte offset of its line in the file that holds that seq (the live file, or a sealed
+segment: docs/protocol.md, "Segments") and the line's hash.
+:func:`verify_since_checkpoint` reads that line (and the one before it: the previous
+file's last when it begins its file) at that offset, checks both against the position and the
 chain, checks the record's signed note with the ledger's key and its root against the
 root the tiles give at its size (:meth:`~boxmaker.ledger.merkle.Frontier.at`: log2
-reads), then verifies only the lines after it, resumed
+reads), then verifies only the lines after it, through every later file, resumed
 (:class:`~boxmaker.ledger.verify.ResumePoint`): the calls then open come from the
 record, not from reading everything before it. Anything that does not hold is a
 :class:`Refusal` with its reason; the caller then verifies in full (and rebuilds the
@@ -32,8 +34,13 @@ from boxmaker.ledger.checkpoint import CheckpointError, parse_checkpoint
 from boxmaker.ledger.checkpointer import read_position
 from boxmaker.ledger.ledger_key import read_ledger_origin
 from boxmaker.ledger.merkle import Frontier, leaf_hash
-from boxmaker.ledger.reader import READ_BUFFER
 from boxmaker.ledger.records import BadRecord, CheckpointRecord, decode_line, line_fields
+from boxmaker.ledger.segments import (
+    LedgerFiles,
+    SegmentProblem,
+    ledger_files,
+    ledger_lines_from,
+)
 from boxmaker.ledger.signed_note import NoteError, NoteVerifier, open_note
 from boxmaker.ledger.tiles import TileProblem, TileStore
 from boxmaker.ledger.tree import CHECKPOINT_POS_FILE, TREE_DIR
@@ -84,49 +91,53 @@ class _Refused(Exception):
 @attrs.frozen
 class SinceCheckpoint:
     """A verification resumed at a checkpoint: its report (of the lines after it), the
-    checkpoint's seq, and the byte offset where its line starts (the tree is resumed
-    from the tiles at that seq, and the lines from that offset added)."""
+    checkpoint's seq, and the byte offset where its line starts in the file that holds
+    it (the tree is resumed from the tiles at that seq, and the lines from there
+    added: :func:`~boxmaker.ledger.segments.ledger_lines_from`), and the files."""
 
     report: Report
     checkpoint_seq: int
     offset: int
+    files: LedgerFiles
 
 
 def verify_since_checkpoint(
     path: Path, verifier: NoteVerifier | None, store: TileStore | None = None
 ) -> SinceCheckpoint | Refusal:
-    """Verify the ledger at ``path`` from its newest checkpoint (see the module
-    docstring); ``store`` is the tree's tiles (opened under ``ledger/tree/`` when not
-    given). Blocking; I/O errors on the ledger propagate."""
+    """Verify the ledger whose live file is ``path`` (its sealed segments beside it)
+    from its newest checkpoint (see the module docstring); ``store`` is the tree's
+    tiles (opened under ``ledger/tree/`` when not given). Blocking; I/O errors on the
+    ledger propagate, and :class:`~boxmaker.ledger.segments.SegmentProblem` for files
+    that do not fit together."""
+    files = ledger_files(path.parent)
     try:
-        resume, offset = _resume_point(path, verifier, store)
+        resume, offset = _resume_point(files, verifier, store)
     except _Refused as refused:
         return refused.refusal
-    with path.open("rb", buffering=READ_BUFFER) as file:
-        file.seek(offset)
-        file.readline()  # the checkpoint's own line, checked already
-        report = verify_lines(file, verifier=verifier, resume=resume)
-    return SinceCheckpoint(report, resume.next_seq - 1, offset)
+    seq = resume.next_seq - 1
+    lines = ledger_lines_from(files, seq, offset)
+    next(lines, None)  # the checkpoint's own line, checked already
+    report = verify_lines(lines, verifier=verifier, resume=resume)
+    return SinceCheckpoint(report, seq, offset, files)
 
 
 def _resume_point(
-    path: Path, verifier: NoteVerifier | None, store: TileStore | None
+    files: LedgerFiles, verifier: NoteVerifier | None, store: TileStore | None
 ) -> tuple[ResumePoint, int]:
     if verifier is None:
         raise _Refused(RefusalReason.NO_KEY, "no ledger key to check the checkpoint's signature")
-    tree_dir = path.parent / TREE_DIR
+    tree_dir = files.directory / TREE_DIR
     try:
         position = read_position(tree_dir / CHECKPOINT_POS_FILE)
     except FileNotFoundError:
         raise _Refused(RefusalReason.NO_POSITION, f"no {CHECKPOINT_POS_FILE} yet") from None
     except (OSError, ValueError) as exc:
         raise _Refused(RefusalReason.BAD_POSITION, f"{CHECKPOINT_POS_FILE}: {exc}") from None
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        line = _line_at(fd, position.offset)
-        before = _line_before(fd, position.offset)
-    finally:
-        os.close(fd)
+        path, first = files.file_of(position.seq)
+    except SegmentProblem as exc:
+        raise _Refused(RefusalReason.BAD_POSITION, f"{CHECKPOINT_POS_FILE}: {exc}") from None
+    line, before = _lines_at(files, path, first, position.offset)
     digest = "" if line is None else hashlib.sha256(line).hexdigest()
     if line is None or digest != position.sha256:
         raise _Refused(
@@ -147,12 +158,17 @@ def _resume_point(
             RefusalReason.NOT_A_CHECKPOINT,
             f"the line at offset {position.offset} is not checkpoint seq {position.seq}",
         )
-    if before is None or hashlib.sha256(before).hexdigest() != record.prev:
+    # The line before the first file present is archived away: the signed root (checked
+    # below against the tiles) vouches for every line before, that one's hash included.
+    archived_before = record.seq == files.archived > 0 and position.offset == 0
+    if not archived_before and (
+        before is None or hashlib.sha256(before).hexdigest() != record.prev
+    ):
         raise _Refused(
             RefusalReason.CHAIN_BROKEN,
             f"the line before checkpoint seq {record.seq} is not the one its prev names",
         )
-    origin = read_ledger_origin(path)
+    origin = read_ledger_origin(files.live)
     try:
         checkpoint = parse_checkpoint(open_note(body.note.encode(), [verifier]).text)
     except (NoteError, CheckpointError) as exc:
@@ -184,7 +200,7 @@ def _resume_point(
             f"the tiles do not give checkpoint seq {record.seq}'s signed root",
         )
     tree.append(leaf_hash(line))
-    before_fields = line_fields(before)  # decoded: its hash is in the chain
+    before_fields = {} if before is None else line_fields(before)  # in the chain: decoded
     stopped = before_fields.get("kind") == "stop" and before_fields.get("boot") == body.boot
     resume = ResumePoint(
         next_seq=record.seq + 1,
@@ -197,6 +213,28 @@ def _resume_point(
         origin=origin,
     )
     return resume, position.offset
+
+
+def _lines_at(
+    files: LedgerFiles, path: Path, first: int, offset: int
+) -> tuple[bytes | None, bytes | None]:
+    """The line at ``offset`` of ``path`` (whose first line is seq ``first``) and the
+    line before it: the previous file's last when ``offset`` is 0 (None when there is
+    none, or it is archived away)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        line = _line_at(fd, offset)
+        before = _line_before(fd, offset)
+    finally:
+        os.close(fd)
+    if offset == 0 and first > files.archived:
+        previous, _ = files.file_of(first - 1)
+        fd = os.open(previous, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            before = _line_before(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+    return line, before
 
 
 def _line_at(fd: int, offset: int) -> bytes | None:

@@ -29,8 +29,9 @@ from cryptography.hazmat.primitives.serialization import (
 from boxmaker.home.file_ops import fsync_dir, write_atomically
 from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import NotRegularFile, open_regular_file, read_regular_file
-from boxmaker.ledger.checkpoint import ledger_origin
-from boxmaker.ledger.records import BadRecord, Genesis, decode_line
+from boxmaker.ledger.checkpoint import CheckpointError, ledger_origin, parse_checkpoint
+from boxmaker.ledger.records import BadRecord, CheckpointRecord, Genesis, decode_line
+from boxmaker.ledger.segments import ledger_files
 from boxmaker.ledger.signed_note import Ed25519PrivateKey, NoteSigner
 
 RUNBOOK_LEDGER_KEY: Final = "docs/runbook.md#ledger-key"
@@ -39,6 +40,8 @@ VKEY_MODE: Final = 0o644
 MAX_KEY_FILE: Final = 16384
 """A PKCS#8 PEM Ed25519 key is 119 bytes; anything this long is not one."""
 MAX_GENESIS_LINE: Final = 4096
+MAX_CHECKPOINT_LINE: Final = 64 << 20
+"""A checkpoint line holds the calls then open: far larger than a genesis line."""
 
 
 class LedgerKeyProblem(enum.StrEnum):
@@ -214,11 +217,27 @@ def load_private_key(
 
 
 def read_ledger_origin(audit_log: Path) -> str:
-    """The origin of the ledger at ``audit_log``: from its genesis record (line 0).
-    Raises :class:`~boxmaker.ledger.records.BadRecord` when line 0 is not one, OSError."""
-    with audit_log.open("rb") as file:
-        first = file.readline(MAX_GENESIS_LINE)
+    """The origin of the ledger whose live file is ``audit_log``: from its genesis
+    record (line 0, in the oldest file: docs/protocol.md, "Segments"), or, with the
+    oldest segments archived away, from the checkpoint the oldest file present begins
+    with (its note's origin line; the note's signature is its reader's to check).
+    Raises :class:`~boxmaker.ledger.records.BadRecord` when that line is neither,
+    OSError, :class:`~boxmaker.ledger.segments.SegmentProblem`."""
+    files = ledger_files(audit_log.parent)
+    oldest = files.paths()[0]
+    limit = MAX_GENESIS_LINE if not files.archived else MAX_CHECKPOINT_LINE
+    with oldest.open("rb") as file:
+        first = file.readline(limit)
     record = decode_line(first.removesuffix(b"\n"))
-    if not isinstance(record.body, Genesis):
-        raise BadRecord(f"{audit_log}: line 0 is a {record.body.kind} record, not genesis")
-    return ledger_origin(record.body.ledger)
+    body = record.body
+    if isinstance(body, Genesis) and record.seq == 0:
+        return ledger_origin(body.ledger)
+    if isinstance(body, CheckpointRecord) and record.seq == files.archived > 0:
+        try:
+            return parse_checkpoint(body.note.split("\n\n", 1)[0] + "\n").origin
+        except CheckpointError as exc:
+            raise BadRecord(f"{oldest}: its first line's checkpoint note: {exc}") from None
+    raise BadRecord(
+        f"{oldest}: line {files.archived} is a {body.kind} record, not "
+        + ("genesis" if not files.archived else "the checkpoint of the lines archived")
+    )

@@ -10,7 +10,8 @@ very first begins with a signed checkpoint of everything before it: a file can b
 verified, and the files after it, with the files before it archived or moved away (the
 tiles under ``ledger/tree/`` give the tree at that size).
 
-This module names the files and finds them; it reads no record. :func:`ledger_files`
+This module names the files and finds them; it reads no record (but the live file's
+first seq, when every segment was moved away). :func:`ledger_files`
 lists a ledger's files in seq order and says what does not fit (a name out of pattern,
 overlapping or missing ranges); :func:`ledger_lines` yields every line of every file in
 order, as :func:`~boxmaker.ledger.reader.iter_lines` yields one file's; and
@@ -38,6 +39,7 @@ from typing import Final
 import attrs
 
 from boxmaker.ledger.reader import READ_BUFFER
+from boxmaker.ledger.records import BadRecord, line_fields
 
 __all__ = [
     "LIVE_FILE",
@@ -47,6 +49,7 @@ __all__ = [
     "SegmentProblem",
     "ledger_files",
     "ledger_lines",
+    "ledger_lines_from",
     "parse_segment_name",
     "segment_name",
 ]
@@ -56,6 +59,8 @@ LIVE_FILE: Final = "audit.jsonl"
 SEGMENTS_DIR: Final = "segments"
 """Sealed segments, in the ledger's directory."""
 SEQ_DIGITS: Final = 12
+MAX_LEADING_LINE: Final = 64 << 20
+"""A live file's first line is a genesis or a checkpoint (with the calls then open)."""
 _SEGMENT_NAME: Final = re.compile(rf"(\d{{{SEQ_DIGITS}}})-(\d{{{SEQ_DIGITS}}})\.jsonl")
 
 
@@ -94,11 +99,14 @@ class LedgerFiles:
     whose first line is ``live_first`` (the last segment's ``last + 1``, or 0).
 
     ``archived`` is the number of lines before the first file present: 0 unless the
-    oldest segments were moved away.
+    oldest segments were moved away. With every segment moved away, only the live
+    file's first line says where it starts: ``live_start``, its seq (read by
+    :func:`ledger_files` only then).
     """
 
     directory: Path
     segments: tuple[Segment, ...]
+    live_start: int = 0
 
     @property
     def live(self) -> Path:
@@ -106,11 +114,11 @@ class LedgerFiles:
 
     @property
     def live_first(self) -> int:
-        return self.segments[-1].last + 1 if self.segments else 0
+        return self.segments[-1].last + 1 if self.segments else self.live_start
 
     @property
     def archived(self) -> int:
-        return self.segments[0].first if self.segments else 0
+        return self.segments[0].first if self.segments else self.live_start
 
     def paths(self) -> list[Path]:
         """Every file, oldest first; the live file last (it may not exist yet)."""
@@ -148,13 +156,30 @@ def ledger_files(directory: Path) -> LedgerFiles:
         if after.first != before.last + 1:
             what = "overlaps" if after.first <= before.last else "does not follow"
             raise SegmentProblem(f"{after.path.name} {what} {before.path.name}")
-    return LedgerFiles(directory, tuple(found))
+    return LedgerFiles(directory, tuple(found), 0 if found else _first_seq(directory / LIVE_FILE))
+
+
+def _first_seq(live: Path) -> int:
+    """The seq of the live file's first line: not 0 once every segment before it was
+    moved away (it then begins with a checkpoint). 0 when it cannot be read: the
+    verification reports what is wrong with that line."""
+    try:
+        with live.open("rb") as file:
+            first = file.readline(MAX_LEADING_LINE)
+        seq = line_fields(first.removesuffix(b"\n")).get("seq")
+    except (OSError, BadRecord):
+        return 0
+    return seq if type(seq) is int and seq > 0 else 0
 
 
 def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
     """Every line of every file, oldest first, newline kept (one streaming pass). The
     live file may be missing (a seal cut short before it was made again): no lines."""
-    for path in files.paths():
+    return _lines_of(files, files.paths())
+
+
+def _lines_of(files: LedgerFiles, paths: list[Path]) -> Iterator[bytes]:
+    for path in paths:
         try:
             file = path.open("rb", buffering=READ_BUFFER)
         except FileNotFoundError:
@@ -163,3 +188,16 @@ def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
             raise
         with file:
             yield from file
+
+
+def ledger_lines_from(files: LedgerFiles, seq: int, offset: int) -> Iterator[bytes]:
+    """The lines from line ``seq`` on, which starts at byte ``offset`` of the file that
+    holds it (:meth:`LedgerFiles.file_of`: a position as ``checkpoint.pos`` names one),
+    through every later file, newline kept. Raises :class:`SegmentProblem` for a seq in
+    the archived lines."""
+    path, _ = files.file_of(seq)
+    paths = files.paths()
+    with path.open("rb", buffering=READ_BUFFER) as file:
+        file.seek(offset)
+        yield from file
+    yield from _lines_of(files, paths[paths.index(path) + 1 :])

@@ -4,10 +4,11 @@ from a full verification.
 
 The fast path: :func:`~boxmaker.ledger.fast_start.verify_since_checkpoint`, then the
 tree resumed from the tiles at the checkpoint's size and the lines from the
-checkpoint's own on added (read once more: they are the few since the checkpoint).
+checkpoint's own on added (read once more, from the file that holds it through the live
+file: they are the few since the checkpoint).
 The fallback: the full verification (every line, every checkpoint, every tile), then
 the tree resumed from the tiles when that verification found them whole and of the
-ledger's size, else rebuilt from the lines. Blocking.
+ledger's size, else rebuilt from the lines of every file. Blocking.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from boxmaker.ledger.fast_start import (
     SinceCheckpoint,
     verify_since_checkpoint,
 )
-from boxmaker.ledger.reader import READ_BUFFER
+from boxmaker.ledger.segments import ledger_lines_from
 from boxmaker.ledger.signed_note import NoteVerifier
 from boxmaker.ledger.tiles import TileProblem, TileStore
-from boxmaker.ledger.tree import LedgerTree, tree_dir
+from boxmaker.ledger.tree import LedgerTree, rebuild_tree, tree_dir
 from boxmaker.ledger.verify import Report, verify_file
 
 __all__ = ["LedgerStart", "start_ledger"]
@@ -60,16 +61,14 @@ def start_ledger(home: Home, verifier: NoteVerifier | None, next_seq: int) -> Le
                 return LedgerStart(report, LedgerTree.resume(store, next_seq), found)
         except (TileProblem, OSError):
             pass
-    with home.audit_log.open("rb", buffering=READ_BUFFER) as lines:
-        return LedgerStart(report, LedgerTree.rebuild(directory, lines), found)
+    return LedgerStart(report, rebuild_tree(home), found)
 
 
 def _resumed_tree(home: Home, found: SinceCheckpoint, next_seq: int) -> LedgerTree | Refusal:
     try:
         tree = LedgerTree.resume(TileStore(tree_dir(home)), found.checkpoint_seq)
-        with home.audit_log.open("rb", buffering=READ_BUFFER) as file:
-            file.seek(found.offset)
-            tree.add([line.removesuffix(b"\n") for line in file])
+        lines = ledger_lines_from(found.files, found.checkpoint_seq, found.offset)
+        tree.add([line.removesuffix(b"\n") for line in lines])
     except (TileProblem, OSError, ValueError) as exc:
         return Refusal(RefusalReason.TILES, str(exc))
     if tree.size != next_seq:

@@ -36,7 +36,7 @@ from typing import Final
 from boxmaker.home.file_ops import fsync_dir
 from boxmaker.home.paths import Home
 from boxmaker.ledger.merkle import Frontier, Hash, leaf_hash, stored_hash_index
-from boxmaker.ledger.reader import READ_BUFFER
+from boxmaker.ledger.segments import ledger_files, ledger_lines
 from boxmaker.ledger.tiles import TileProblem, TileStore
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "LedgerTree",
     "TreeMismatch",
     "open_tree",
+    "rebuild_tree",
     "tree_dir",
 ]
 
@@ -110,11 +111,7 @@ class LedgerTree:
         shutil.rmtree(directory / _TILE_DIR, ignore_errors=True)
         fsync_dir(directory)
         tree = cls.open(directory)
-        for line in lines:
-            tree.add((line.removesuffix(b"\n"),))
-            if tree.size - tree._first_pending >= REBUILD_FLUSH_LEAVES:
-                tree.flush()
-        tree.flush()
+        tree.add_flushing(lines)
         return tree
 
     @property
@@ -142,6 +139,15 @@ class LedgerTree:
         append = self._frontier.append
         for line in lines:
             pending.extend(append(leaf_hash(line)))
+
+    def add_flushing(self, lines: Iterable[bytes]) -> None:
+        """Add ``lines`` (each with or without its newline), flushed every
+        :data:`REBUILD_FLUSH_LEAVES` and at the end, so memory stays bounded. Blocking."""
+        for line in lines:
+            self.add((line.removesuffix(b"\n"),))
+            if self.size - self._first_pending >= REBUILD_FLUSH_LEAVES:
+                self.flush()
+        self.flush()
 
     def flush(self) -> None:
         """Write the hashes added since the last flush to the tiles, durably. Blocking.
@@ -195,12 +201,27 @@ def _leaf_of(index: int) -> int:
 def open_tree(home: Home, next_seq: int) -> LedgerTree:
     """The writer's tree at a start, for a ledger whose next seq is ``next_seq``
     (blocking): resumed from the tiles when they hold exactly the ledger's lines,
-    otherwise rebuilt from the lines (read once)."""
+    otherwise rebuilt from the lines (read once: :func:`rebuild_tree`)."""
     directory = tree_dir(home)
     # A tile that cannot be read is rebuilt like any other mismatch: tiles are derived.
     with contextlib.suppress(TileProblem, OSError):
         store = TileStore(directory)
         if store.size == next_seq:
             return LedgerTree.resume(store, next_seq)
-    with home.audit_log.open("rb", buffering=READ_BUFFER) as lines:
-        return LedgerTree.rebuild(directory, lines)
+    return rebuild_tree(home)
+
+
+def rebuild_tree(home: Home) -> LedgerTree:
+    """The tree rebuilt from every line of every file of the ledger (blocking). With the
+    oldest segments archived away (docs/runbook.md#ledger-segments) their lines cannot
+    be read again: the tree is resumed from the tiles at the first line present and
+    the lines from there added; the tiles must then be whole up to there
+    (:class:`~boxmaker.ledger.tiles.TileProblem`, or :class:`TreeMismatch` for tiles
+    made from other lines: nothing can rebuild them)."""
+    directory = tree_dir(home)
+    files = ledger_files(home.ledger_dir)
+    if not files.archived:
+        return LedgerTree.rebuild(directory, ledger_lines(files))
+    tree = LedgerTree.resume(TileStore(directory), files.archived)
+    tree.add_flushing(ledger_lines(files))
+    return tree

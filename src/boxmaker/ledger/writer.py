@@ -16,7 +16,10 @@ Three layers:
   and every append raises :class:`LedgerStopped`. With a
   :class:`~boxmaker.ledger.checkpointer.Checkpointer`, each durable batch goes into the
   Merkle tree, and the task appends a signed checkpoint record when one is due and at
-  its clean close (docs/protocol.md, "Checkpoints").
+  its clean close (docs/protocol.md, "Checkpoints"). With a :class:`LiveSealer`, a
+  batch takes at most the room left in the live file, and the checkpoint due when it is
+  full seals it: that checkpoint is the first line of the next live file
+  (docs/protocol.md, "Segments"; the file steps: ledger/seal.py).
 
 A write that fails half-way may leave a partial line in the file; the writer stops, and
 the next start finds the torn tail (docs/runbook.md#ledger-torn) instead of continuing a
@@ -44,6 +47,7 @@ from boxmaker.ledger.records import (
     GENESIS_PREV,
     BadRecord,
     Body,
+    CheckpointRecord,
     Genesis,
     NotJson,
     Repair,
@@ -53,6 +57,7 @@ from boxmaker.ledger.records import (
     line_hash,
     new_ledger_id,
 )
+from boxmaker.ledger.segments import LIVE_FILE, SEGMENTS_DIR, ledger_files
 from boxmaker.runtime.oneshot import OneShot
 from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 
@@ -76,6 +81,11 @@ class LedgerTorn(Exception):
         super().__init__(f"{path}: the ledger's last line is torn ({why}); see {TORN_ANCHOR}")
         self.path = path
         self.why = why
+
+
+class SealSkipped(Exception):
+    """A seal that left the ledger as it was (the live file still in place, still
+    appended to): logged, and tried again at the next checkpoint."""
 
 
 class LedgerStopped(Exception):
@@ -147,6 +157,18 @@ def _inspect_tail(fd: int) -> Tail | _Torn:
     return Tail(next_seq=seq + 1, prev=line_hash(line))
 
 
+def file_tail(path: Path) -> Tail | None:
+    """Where the ledger would go on after the file at ``path`` (the seq after its last
+    line, that line's hash); None when its last line is torn or it is empty. Blocking;
+    OSError propagates."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        found = _inspect_tail(fd)
+    finally:
+        os.close(fd)
+    return found if isinstance(found, Tail) else None
+
+
 def _create(path: Path, now: dt.datetime, files: FileOps) -> Tail:
     """Write genesis to a temp file and rename it, so no empty ledger is ever seen."""
     line = encode_line(0, format_utc(now), GENESIS_PREV, Genesis(ledger=new_ledger_id()))
@@ -158,13 +180,19 @@ def open_ledger(path: Path, *, now: dt.datetime | None = None, files: FileOps = 
     """Create the ledger with its genesis record (through ``files``: the real calls, or
     a test's), or read where the existing one ends.
 
-    Raises :class:`LedgerTorn` for a torn tail. Blocking: call it before
-    serving, or through ``trio.to_thread.run_sync``.
+    Raises :class:`LedgerTorn` for a torn tail, and for a live file missing after
+    sealed segments (a new genesis there would start another ledger; a seal cut short
+    is completed before this: :func:`boxmaker.ledger.seal.finish_seal`). Blocking:
+    call it before serving, or through ``trio.to_thread.run_sync``.
     """
     path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
+        if path.name == LIVE_FILE and ledger_files(path.parent).segments:
+            raise LedgerTorn(
+                path, f"it is missing, and {SEGMENTS_DIR}/ holds sealed segments"
+            ) from None
         return _create(path, now or utc_now(), files)
     try:
         if os.fstat(fd).st_mode & 0o077:
@@ -187,7 +215,7 @@ def torn_name(now: dt.datetime) -> str:
     return f"torn-{moment:%Y%m%dT%H%M%S}{moment.microsecond // 1000:03d}Z.bin"
 
 
-def _write_new(path: Path, data: bytes) -> Path:
+def write_new(path: Path, data: bytes) -> Path:
     """Create a file that did not exist (a suffix avoids clobbering an earlier repair)."""
     candidate = path
     for n in range(1, 1000):
@@ -219,7 +247,7 @@ def repair(path: Path, *, now: dt.datetime | None = None) -> Repair | None:
         found = _inspect_tail(fd)
         if isinstance(found, Tail):
             return None
-        saved = _write_new(path.with_name(torn_name(moment)), found.data)
+        saved = write_new(path.with_name(torn_name(moment)), found.data)
         fsync_dir(path.parent)
         os.ftruncate(fd, found.offset)
         if found.offset == 0:
@@ -266,6 +294,22 @@ class OsLedgerFile:
             os.close(fd)
 
 
+class LiveSealer(Protocol):
+    """Seals the live file (ledger/seal.py's :class:`~boxmaker.ledger.seal.Sealer`)."""
+
+    @property
+    def records(self) -> int:
+        """Lines the live file holds at most (``[ledger] segment_records``)."""
+        ...
+
+    def seal(self, first: int, last: int, line: bytes) -> LedgerFile:
+        """Seal the live file (lines ``first`` to ``last``) with the checkpoint ``line``
+        (no newline) as the first line of the next, and open that one. Blocking.
+        Raises :class:`SealSkipped` when the ledger is as it was, OSError when it is
+        not (the writer stops; the next start completes the seal)."""
+        ...
+
+
 _Reply = Appended | BaseException
 _Request = tuple[Body, OneShot[_Reply]]
 
@@ -287,10 +331,16 @@ class LedgerWriter:
         to_thread: ToThread = WORKER_THREAD,
         checkpointer: Checkpointer | None = None,
         end: int | None = None,
+        sealer: LiveSealer | None = None,
+        live_first: int = 0,
     ) -> None:
         """``end`` is the file's size at open (the byte offset of record
         ``tail.next_seq``), needed with a ``checkpointer``, whose tree must hold
-        ``tail.next_seq`` leaves."""
+        ``tail.next_seq`` leaves. A ``sealer`` (only with a ``checkpointer``: a seal is
+        made at a checkpoint) seals the live file, whose first line is ``live_first``,
+        once it holds ``sealer.records`` lines."""
+        if sealer is not None and checkpointer is None:
+            raise ValueError("a sealer needs a checkpointer")
         if checkpointer is not None:
             if end is None:
                 raise ValueError("a checkpointer needs the ledger file's size at open")
@@ -300,6 +350,10 @@ class LedgerWriter:
                     f"next seq is {tail.next_seq}"
                 )
         self._checkpointer = checkpointer
+        self._sealer = sealer
+        self._live_first = live_first
+        self._seal_deferred = False
+        """A seal was skipped: the next is tried at the next checkpoint due anyway."""
         self._end = end or 0
         self._file = file
         self._to_thread = to_thread
@@ -368,7 +422,8 @@ class LedgerWriter:
             task_status.started()
             while (first := await self._next_request()) is not None:
                 batch = [first] if isinstance(first, tuple) else []
-                while batch and len(batch) < MAX_BATCH:
+                limit = self._batch_limit()
+                while batch and len(batch) < limit:
                     try:
                         batch.append(self._receive.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
@@ -378,8 +433,12 @@ class LedgerWriter:
                 with trio.CancelScope(shield=True):
                     if batch:
                         await self._commit(batch)
-                    if self._checkpointer is not None and self._checkpointer.due():
+                    if self._checkpointer is not None and (
+                        self._checkpointer.due() or self._seal_due()
+                    ):
                         await self._checkpoint()
+                        if self._seal_due():  # that checkpoint filled the live file
+                            await self._checkpoint()
             # The clean close: everything sent is written; the last checkpoint covers it.
             if self._checkpointer is not None:
                 with trio.CancelScope(shield=True):
@@ -403,14 +462,36 @@ class LedgerWriter:
                 return None
         return True
 
+    def _batch_limit(self) -> int:
+        """Records the next batch may take: at most the room left in the live file
+        (past a skipped seal there is none, and the file grows until the next one)."""
+        if self._sealer is None:
+            return MAX_BATCH
+        room = self._sealer.records - (self._next_seq - self._live_first)
+        return min(MAX_BATCH, room) if room > 0 else MAX_BATCH
+
+    def _seal_due(self) -> bool:
+        return self._live_full() and not self._seal_deferred and self._failure is None
+
+    def _live_full(self) -> bool:
+        sealer = self._sealer
+        return sealer is not None and self._next_seq - self._live_first >= sealer.records
+
     async def _checkpoint(self) -> None:
         """Append a signed checkpoint of every line so far (the checkpointer's steps:
-        ledger/checkpointer.py). A skipped one leaves the ledger as it was."""
+        ledger/checkpointer.py), or, when the live file is full, seal it with that
+        checkpoint as the next file's first line. A skipped one leaves the ledger as it
+        was."""
         checkpointer = self._checkpointer
         if checkpointer is None or self._failure is not None:
             return
+        sealing = self._live_full()
+        self._seal_deferred = sealing  # until it is done: a failure tries at the next
         record = await checkpointer.prepare(self._next_seq)
         if record is None:
+            return
+        if sealing:
+            await self._seal(checkpointer, record)
             return
         offset = self._end
         slot = OneShot[_Reply]()
@@ -418,6 +499,38 @@ class LedgerWriter:
         appended = slot.peek()
         if isinstance(appended, Appended):
             await checkpointer.stored(record, appended.line, offset)
+
+    async def _seal(self, checkpointer: Checkpointer, record: CheckpointRecord) -> None:
+        """The live file sealed with ``record`` beginning the next (docs/protocol.md,
+        "Segments"). A skipped seal is logged (the checkpoint with it: the ledger is as
+        it was); a seal that cannot be completed stops the ledger."""
+        assert self._sealer is not None
+        line = encode_line(self._next_seq, format_utc(self._clock()), self._prev, record)
+        first, last = self._live_first, self._next_seq - 1
+        try:
+            file = await self._to_thread(self._sealer.seal, first, last, line)
+        except SealSkipped:
+            log.exception(
+                "the live ledger file (lines %d-%d) was not sealed; it stays, and the "
+                "next checkpoint tries again",
+                first,
+                last,
+            )
+            return
+        except OSError as exc:
+            self._stop(exc, "a seal of the ledger's live file could not be completed")
+            return
+        self._file.close()
+        self._file = file
+        self._next_seq, self._prev = record.size + 1, line_hash(line)
+        self._live_first = record.size
+        self._end = len(line) + 1
+        self._seal_deferred = False
+        checkpointer.written([record], [line])
+        await checkpointer.stored(record, line, 0)
+        log.info(
+            "sealed the ledger's lines %d-%d; the live file begins at %d", first, last, last + 1
+        )
 
     async def aclose(self) -> None:
         """Stop taking records, write those already sent, close the file."""
@@ -456,11 +569,7 @@ class LedgerWriter:
         try:
             await self._to_thread(self._write_and_sync, data)
         except OSError as exc:
-            self._failure = exc
-            self.broken.set()
-            log.exception(
-                "a ledger append failed; the ledger is stopped (%s)", AUDIT_UNAVAILABLE_DETAIL
-            )
+            self._stop(exc, "a ledger append failed")
             for reply, _ in accepted:
                 self._answer(reply, self._stopped())
             return
@@ -470,6 +579,16 @@ class LedgerWriter:
             self._checkpointer.written(bodies, [appended.line for _, appended in accepted])
         for reply, appended in accepted:
             self._answer(reply, appended)
+
+    def _stop(self, exc: OSError, what: str) -> None:
+        self._failure = exc
+        self.broken.set()
+        log.error(
+            "%s; the ledger is stopped (%s)",
+            what,
+            AUDIT_UNAVAILABLE_DETAIL,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
 
     def _abandon_waiting(self) -> None:
         """The task is ending (cancelled): nobody may wait for ever on an unread record."""
