@@ -1,6 +1,6 @@
-"""The built-in tools' arguments checked against the JSON schemas the model is served
-(docs/decisions.md, "Layout and stack": tool arguments), by jsonschema, and the first problem worded for
-the model and the owner.
+"""The built-in tools' arguments checked against the JSON schemas the model is served,
+by jsonschema (docs/decisions.md, "Layout and stack": tool arguments), and the first
+problem worded for the model and the owner.
 
 The schemas are a small subset of JSON schema (object, properties, required, no
 additional properties, string and integer, minimum, maximum, minLength); the wording
