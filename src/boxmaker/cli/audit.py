@@ -114,6 +114,11 @@ def verify(
             if found is not None:
                 started = f"in full: the checkpoint cannot be used: {found}"
             report = verify_file(path, expect_head, verifier=verifier)
+            if report.archived:
+                started = (
+                    f"lines 0-{report.archived - 1} archived (not read); "
+                    f"verified from checkpoint {report.archived} on"
+                )
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
     signatures = "checked" if verifier is not None else f"not checked: no key ({home.ledger_vkey})"
@@ -132,11 +137,15 @@ def verify(
                 "tiles_checked": report.tiles_checked,
                 "verified": started or "in full",
                 "resumed_from": report.resumed_from,
+                "archived": report.archived,
+                "warnings": list(report.warnings),
             }
         )
     else:
         if started is not None:
-            print(printable(f"verified {started}"))
+            print(printable(started if report.archived else f"verified {started}"))
+        for warning in report.warnings:
+            print(printable(f"warning: {warning}"))
         for problem in report.problems:
             print(printable(str(problem)))
         if report.problems_left_out:

@@ -29,10 +29,11 @@ True
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 import attrs
 
@@ -143,7 +144,7 @@ def ledger_files(directory: Path) -> LedgerFiles:
                 raise SegmentProblem(f"{entry}: not a segment's name (<first>-<last>.jsonl)")
             found.append(Segment(span[0], span[1], entry))
     found.sort(key=lambda segment: segment.first)
-    for before, after in zip(found, found[1:], strict=False):
+    for before, after in itertools.pairwise(found):
         if after.first != before.last + 1:
             what = "overlaps" if after.first <= before.last else "does not follow"
             raise SegmentProblem(f"{after.path.name} {what} {before.path.name}")
@@ -152,7 +153,14 @@ def ledger_files(directory: Path) -> LedgerFiles:
 
 def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
     """Every line of every file, oldest first, newline kept (one streaming pass). The
-    live file may be missing (a seal cut short before it was made again): no lines."""
+    live file may be missing (a seal cut short before it was made again): no lines.
+    Each file's own line iterator, chained: no generator is resumed per line (as
+    verification reads one file)."""
+    return itertools.chain.from_iterable(_opened(files))
+
+
+def _opened(files: LedgerFiles) -> Iterator[BinaryIO]:
+    """Each file, open, in turn; closed when the next is asked for."""
     for path in files.paths():
         try:
             file = path.open("rb", buffering=READ_BUFFER)
@@ -161,4 +169,4 @@ def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
                 return
             raise
         with file:
-            yield from file
+            yield file
