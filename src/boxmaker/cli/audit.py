@@ -20,8 +20,9 @@ from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import read_regular_file
 from boxmaker.ledger.fast_start import SinceCheckpoint, verify_since_checkpoint
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
-from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord, iter_lines
+from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord
 from boxmaker.ledger.records import Body, Connection, Policy, body_fields, call_of, parse_head
+from boxmaker.ledger.segments import SegmentProblem, ledger_files, ledger_lines
 from boxmaker.ledger.signed_note import NoteError, NoteVerifier, parse_vkey
 from boxmaker.ledger.verify import verify_file
 
@@ -208,7 +209,7 @@ def select_with_policies(
     ``tunnels``: of one call, also its tunnels' decisions and connection records (they
     name it as their ``via``)."""
     if call is None and session is None:
-        last = collections.deque(iter_lines(path), maxlen=tail)
+        last = collections.deque(ledger_lines(ledger_files(path.parent)), maxlen=tail)
         return list(LedgerReader(last).records()), {}
     # Approvals and results name only the call; the session is on its decision.
     calls_of_session: set[str] = set()
@@ -216,7 +217,8 @@ def select_with_policies(
     in_force: Record[Policy] | None = None
     policy_of: dict[int, Record[Policy]] = {}
     mentioning = () if call is None else (call.encode(), POLICY_WORD)
-    for line, record in LedgerReader(iter_lines(path)).records(mentioning=mentioning):
+    reader = LedgerReader(ledger_lines(ledger_files(path.parent)))
+    for line, record in reader.records(mentioning=mentioning):
         if isinstance(record, NotARecord):
             continue
         body = record.body
@@ -300,6 +302,8 @@ def show(
         selected, policy_of = select_with_policies(path, call, session, tail)
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    except SegmentProblem as exc:
+        return fail(f"{path.parent}: {exc}", Exit.USAGE)
     if call is not None and not selected:
         return fail(f"no records of call {call} in the ledger ({path})", Exit.FAILED)
     for line, record in selected:

@@ -153,7 +153,9 @@ def ledger_files(directory: Path) -> LedgerFiles:
 
 def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
     """Every line of every file, oldest first, newline kept (one streaming pass). The
-    live file may be missing (a seal cut short before it was made again): no lines.
+    live file may be missing after a segment (a seal cut short before it was made
+    again): no lines from it; with no segments either there is no ledger, and reading
+    raises FileNotFoundError as reading the one file did.
     Each file's own line iterator, chained: no generator is resumed per line (as
     verification reads one file)."""
     return itertools.chain.from_iterable(_opened(files))
@@ -165,7 +167,7 @@ def _opened(files: LedgerFiles) -> Iterator[BinaryIO]:
         try:
             file = path.open("rb", buffering=READ_BUFFER)
         except FileNotFoundError:
-            if path == files.live:
+            if path == files.live and files.segments:
                 return
             raise
         with file:

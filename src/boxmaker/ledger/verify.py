@@ -90,7 +90,6 @@ import orjson
 from boxmaker.ledger.checkpoint import ledger_origin
 from boxmaker.ledger.merkle import Frontier, Hash
 from boxmaker.ledger.policies import RUNBOOK_KEPT, is_sha256, kept_problem, policies_dir
-from boxmaker.ledger.reader import READ_BUFFER
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     BadRecord,
@@ -154,10 +153,6 @@ def verify_file(
     found = file_findings(files)
     if files.archived:
         report = _verify_archived(files, expect_head, verifier)
-    elif not files.segments:
-        # The file object itself, not iter_lines: a generator would cost a resume per line.
-        with path.open("rb", buffering=READ_BUFFER) as file:
-            report = _verify_with_tiles(file, path.parent, expect_head, verifier)
     else:
         report = _verify_with_tiles(ledger_lines(files), path.parent, expect_head, verifier)
     problems = tuple(sorted((*found.problems, *report.problems), key=lambda p: p.seq))
