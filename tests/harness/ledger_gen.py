@@ -44,6 +44,7 @@ from boxmaker.ledger.records import (
     body_fields,
     encode_line,
 )
+from boxmaker.ledger.segments import SEGMENTS_DIR, segment_name
 from boxmaker.ledger.signed_note import NoteSigner, sign_note
 from boxmaker.ledger.tiles import TileStore
 from boxmaker.ledger.tree import CHECKPOINT_FILE, CHECKPOINT_POS_FILE, TREE_DIR
@@ -126,9 +127,12 @@ class _Writer:
     prev: str = GENESIS_PREV
     offset: int = 0
     last_checkpoint: tuple[int, int, str, bytes] | None = None
+    in_file: int = 0
+    """Lines in the live file."""
 
     def write(self, line: bytes) -> None:
         self.file.write(line + b"\n")
+        self.in_file += 1
         self.stored.extend(self.tree.append(hashlib.sha256(b"\x00" + line).digest()))
         self.prev = hashlib.sha256(line).hexdigest()
         self.offset += len(line) + 1
@@ -159,6 +163,19 @@ class _Writer:
         self.last_checkpoint = (self.seq, self.offset, hashlib.sha256(line).hexdigest(), note)
         self.write(line)
 
+    def seal(self, live: Path) -> None:
+        """The full live file becomes the segment of its lines, read-only, and a new
+        live file is begun (its first line: the checkpoint the caller writes next)."""
+        self.file.close()
+        segments = live.parent / SEGMENTS_DIR
+        segments.mkdir(mode=0o700, exist_ok=True)
+        sealed = segments / segment_name(self.seq - self.in_file, self.seq - 1)
+        live.rename(sealed)
+        os.chmod(sealed, 0o444)
+        self.file = live.open("wb", buffering=1 << 20)
+        self.offset = 0
+        self.in_file = 0
+
 
 def write_ledger(
     ledger_dir: Path,
@@ -171,12 +188,17 @@ def write_ledger(
     max_open: int = 12,
     max_unfinished: int = 40,
     tiles: bool = True,
+    segment_records: int | None = None,
 ) -> Generated:
     """Write a ledger of about ``records`` records under ``ledger_dir`` (the genesis
     names the ledger ``signer`` is the key of: its name is the origin). A boot stops
     now and then: cleanly (its open calls ended first, as brokerd's stop ends them) or
     leaving them open, as a kill would, while fewer than ``max_unfinished`` are.
-    ``tiles``: write the tree's tiles, the checkpoint and its position."""
+    ``tiles``: write the tree's tiles, the checkpoint and its position.
+    ``segment_records``: seal the live file when it holds that many lines, as brokerd's
+    writer does (docs/protocol.md, "Segments"): each sealed file
+    ``segments/<first>-<last>.jsonl``, mode 0444, of exactly that many lines, and each
+    file after the first begun with a checkpoint of size its first seq."""
     rng = random.Random(seed)
     ledger_id = signer.name.removeprefix("boxmaker.local/ledger/")
     assert ledger_origin(ledger_id) == signer.name
@@ -186,18 +208,29 @@ def write_ledger(
     mine: dict[str, CallPhase] = {}  # the running boot's open calls
     left: dict[str, tuple[str, CallPhase]] = {}  # those stopped boots left open
     store = TileStore(ledger_dir / TREE_DIR, files=NoSync()) if tiles else None
-    with path.open("wb", buffering=1 << 20) as file:
-        out = _Writer(file, signer, store=store)
+    out = _Writer(path.open("wb", buffering=1 << 20), signer, store=store)
+    boot = ""
+    stopped = True
+
+    def checkpoint() -> None:
+        phases = {} if stopped else dict(mine)
+        unfinished = sorted([*left, *(mine if stopped else ())])
+        out.checkpoint(boot or "b-none", phases, unfinished)
+        checkpoints.append(out.seq - 1)
+
+    def full() -> bool:
+        return segment_records is not None and out.in_file == segment_records
+
+    try:
         out.write(encode_line(0, AT, GENESIS_PREV, Genesis(ledger=ledger_id)))
-        boot = ""
-        stopped = True
         number = 0
         while out.seq < records:
+            if full():
+                out.seal(path)
+                checkpoint()
+                continue
             if out.seq % every == 0:
-                phases = {} if stopped else dict(mine)
-                unfinished = sorted([*left, *(mine if stopped else ())])
-                out.checkpoint(boot or "b-none", phases, unfinished)
-                checkpoints.append(out.seq - 1)
+                checkpoint()
                 continue
             if stopped or rng.random() < stop_chance:
                 if not stopped:
@@ -239,6 +272,11 @@ def write_ledger(
             else:
                 mine[call] = CallPhase.RUNNING if verdict is VerdictCode.RUN else CallPhase.ASKED
             out.fields(fields)
+        if full():
+            out.seal(path)
+            checkpoint()
+    finally:
+        out.file.close()
     if store is not None:
         store.append(out.stored)
         if out.last_checkpoint is not None:

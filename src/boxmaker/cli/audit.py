@@ -20,8 +20,9 @@ from boxmaker.home.paths import Home
 from boxmaker.home.regular_file import read_regular_file
 from boxmaker.ledger.fast_start import SinceCheckpoint, verify_since_checkpoint
 from boxmaker.ledger.policies import GrantThen, grant_then, policies_dir
-from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord, iter_lines
+from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord
 from boxmaker.ledger.records import Body, Connection, Policy, body_fields, call_of, parse_head
+from boxmaker.ledger.segments import SegmentProblem, ledger_files, ledger_lines
 from boxmaker.ledger.signed_note import NoteError, NoteVerifier, parse_vkey
 from boxmaker.ledger.verify import verify_file
 
@@ -114,6 +115,11 @@ def verify(
             if found is not None:
                 started = f"in full: the checkpoint cannot be used: {found}"
             report = verify_file(path, expect_head, verifier=verifier)
+            if report.archived:
+                started = (
+                    f"lines 0-{report.archived - 1} archived (not read); "
+                    f"verified from checkpoint {report.archived} on"
+                )
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
     signatures = "checked" if verifier is not None else f"not checked: no key ({home.ledger_vkey})"
@@ -132,11 +138,15 @@ def verify(
                 "tiles_checked": report.tiles_checked,
                 "verified": started or "in full",
                 "resumed_from": report.resumed_from,
+                "archived": report.archived,
+                "warnings": list(report.warnings),
             }
         )
     else:
         if started is not None:
-            print(printable(f"verified {started}"))
+            print(printable(started if report.archived else f"verified {started}"))
+        for warning in report.warnings:
+            print(printable(f"warning: {warning}"))
         for problem in report.problems:
             print(printable(str(problem)))
         if report.problems_left_out:
@@ -199,7 +209,7 @@ def select_with_policies(
     ``tunnels``: of one call, also its tunnels' decisions and connection records (they
     name it as their ``via``)."""
     if call is None and session is None:
-        last = collections.deque(iter_lines(path), maxlen=tail)
+        last = collections.deque(ledger_lines(ledger_files(path.parent)), maxlen=tail)
         return list(LedgerReader(last).records()), {}
     # Approvals and results name only the call; the session is on its decision.
     calls_of_session: set[str] = set()
@@ -207,7 +217,8 @@ def select_with_policies(
     in_force: Record[Policy] | None = None
     policy_of: dict[int, Record[Policy]] = {}
     mentioning = () if call is None else (call.encode(), POLICY_WORD)
-    for line, record in LedgerReader(iter_lines(path)).records(mentioning=mentioning):
+    reader = LedgerReader(ledger_lines(ledger_files(path.parent)))
+    for line, record in reader.records(mentioning=mentioning):
         if isinstance(record, NotARecord):
             continue
         body = record.body
@@ -291,6 +302,8 @@ def show(
         selected, policy_of = select_with_policies(path, call, session, tail)
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    except SegmentProblem as exc:
+        return fail(f"{path.parent}: {exc}", Exit.USAGE)
     if call is not None and not selected:
         return fail(f"no records of call {call} in the ledger ({path})", Exit.FAILED)
     for line, record in selected:

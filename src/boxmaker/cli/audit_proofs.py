@@ -38,8 +38,9 @@ from boxmaker.ledger.proofs import (
     make_proof,
     note_checkpoint,
 )
-from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
+from boxmaker.ledger.reader import LedgerReader, NotARecord
 from boxmaker.ledger.records import Body, CheckpointRecord, call_of
+from boxmaker.ledger.segments import SegmentProblem, ledger_files, ledger_lines
 from boxmaker.ledger.signed_note import NoteError
 from boxmaker.ledger.tiles import TileProblem, TileStore
 
@@ -139,9 +140,11 @@ def prove(call: str, /, *, out: Path | None = None, common: Common = DEFAULT) ->
     home = common.resolve()
     path = home.audit_log
     try:
-        found, newest, read = _scan(iter_lines(path), call)
+        found, newest, read = _scan(ledger_lines(ledger_files(path.parent)), call)
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    except SegmentProblem as exc:
+        return fail(f"{path.parent}: {exc}", Exit.USAGE)
     if not found:
         return fail(f"no records of call {call} in the ledger ({path})", Exit.FAILED)
     last_seq = found[-1][1].seq
@@ -288,10 +291,10 @@ def consistency(old_checkpoint: Path, /, *, common: Common = DEFAULT) -> Exit:
         old_note = _read_limited(old_checkpoint, MAX_DOCUMENT_BYTES, "a checkpoint").decode(
             "utf-8", errors="replace"
         )
-        _, newest, _ = _scan(iter_lines(path), None)
+        _, newest, _ = _scan(ledger_lines(ledger_files(path.parent)), None)
     except OSError as exc:
         return fail(f"{exc.filename or path}: {exc.strerror}", Exit.USAGE)
-    except ProveFailed as exc:
+    except (ProveFailed, SegmentProblem) as exc:
         return fail(str(exc), Exit.USAGE)
     if newest is None:
         return fail(f"the ledger ({path}) has no checkpoint yet", Exit.FAILED)

@@ -57,7 +57,8 @@ from boxmaker.home import state_files
 from boxmaker.home.config import ConfigError, load_config
 from boxmaker.home.grants_file import GrantsRead, read_grants
 from boxmaker.home.paths import Home, HomeError
-from boxmaker.ledger.reader import READ_BUFFER, LedgerReader
+from boxmaker.ledger.reader import LedgerReader
+from boxmaker.ledger.segments import SegmentProblem, ledger_files, ledger_lines
 
 grants_app = App(name="grants", help="The owner's grants (grants.toml).")
 grants_app.command("boxmaker.cli.grants_change:revoke", name="revoke")
@@ -187,15 +188,17 @@ def list_grants(*, common: Common = DEFAULT) -> Exit:
         )
     grants = read.value
     try:
-        # The file object itself, as verify_file reads it: no generator resumed per line.
-        with home.audit_log.open("rb", buffering=READ_BUFFER) as ledger:
-            reader = LedgerReader(ledger)
-            usage = tally_decisions(reader.decisions())
-            records = reader.read
+        # Each file's own lines, chained, as verify_file reads them: no generator
+        # resumed per line.
+        reader = LedgerReader(ledger_lines(ledger_files(home.ledger_dir)))
+        usage = tally_decisions(reader.decisions())
+        records = reader.read
     except FileNotFoundError:
         usage, records = {}, 0
     except OSError as exc:
         return fail(f"{home.audit_log}: {exc.strerror}", Exit.USAGE)
+    except SegmentProblem as exc:
+        return fail(f"{home.ledger_dir}: {exc}", Exit.USAGE)
     sources = dict(enumerate(grant_sources(read.text or "")))
     now = utc_now()
     if common.json:

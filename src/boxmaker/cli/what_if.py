@@ -34,7 +34,8 @@ from boxmaker.core.vocabulary import record_time
 from boxmaker.formats.clock import format_utc, utc_now
 from boxmaker.formats.printable import printable
 from boxmaker.home.regular_file import read_regular_file
-from boxmaker.ledger.reader import LedgerReader, iter_lines
+from boxmaker.ledger.reader import LedgerReader
+from boxmaker.ledger.segments import SegmentProblem, ledger_files, ledger_lines
 
 MAX_CANDIDATE_BYTES: Final = 1024 * 1024
 """A grants file is a few KiB; a larger candidate is refused rather than parsed."""
@@ -296,14 +297,16 @@ def what_if(
         return Exit.USAGE
     path = common.resolve().audit_log
     replay = Replay(grants)
-    reader = LedgerReader(iter_lines(path))
     try:
+        reader = LedgerReader(ledger_lines(ledger_files(path.parent)))
         with _collector_paused():
             groups = group_flips(
                 replay.run(reader.decisions(since=since_at, session=session)), limit
             )
     except OSError as exc:
         return fail(f"{path}: {exc.strerror}", Exit.USAGE)
+    except SegmentProblem as exc:
+        return fail(f"{path.parent}: {exc}", Exit.USAGE)
     if common.json:
         print_json(
             {

@@ -50,8 +50,9 @@ from boxmaker.formats.printable import printable
 from boxmaker.home.grants_file import load_grants
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import GrantThen
-from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
+from boxmaker.ledger.reader import LedgerReader, NotARecord
 from boxmaker.ledger.records import Body, Connection, ConnectionEnd, body_fields, call_of
+from boxmaker.ledger.segments import SegmentProblem, ledger_files, ledger_lines
 from boxmaker.wire import ApprovalsAnswer, ApprovalsRequest, ApprovalView
 
 
@@ -404,7 +405,7 @@ def call_of_approval(home: Home, approval: str) -> str | None:
     """The call whose ask ``approval`` ended, from its approval record (the last, should
     a later boot have drawn the same id); None when no record names it."""
     found = None
-    for _, record in LedgerReader(iter_lines(home.audit_log)).records(
+    for _, record in LedgerReader(ledger_lines(ledger_files(home.ledger_dir))).records(
         mentioning=(approval.encode(),)
     ):
         if isinstance(record, NotARecord):
@@ -449,6 +450,8 @@ async def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
         lives = call_story(home, call)
     except OSError as exc:
         return fail(f"{home.audit_log}: {exc.strerror}", Exit.USAGE)
+    except SegmentProblem as exc:
+        return fail(f"{home.ledger_dir}: {exc}", Exit.USAGE)
     if not lives:
         return fail(f"no call {call} in the ledger ({home.audit_log})", Exit.FAILED)
     if common.json:

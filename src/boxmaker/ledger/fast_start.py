@@ -22,7 +22,6 @@ the next checkpoint's root).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import os
 from pathlib import Path
@@ -30,19 +29,23 @@ from typing import Final
 
 import attrs
 
-from boxmaker.ledger.checkpoint import CheckpointError, parse_checkpoint
+from boxmaker.ledger.checkpoint_resume import (
+    Archived,
+    Refusal,
+    RefusalReason,
+    resume_at_checkpoint,
+)
 from boxmaker.ledger.checkpointer import read_position
 from boxmaker.ledger.ledger_key import read_ledger_origin
-from boxmaker.ledger.merkle import Frontier, leaf_hash
-from boxmaker.ledger.records import BadRecord, CheckpointRecord, decode_line, line_fields
+from boxmaker.ledger.reader import line_at, line_before
 from boxmaker.ledger.segments import (
     LedgerFiles,
     SegmentProblem,
     ledger_files,
     ledger_lines_from,
 )
-from boxmaker.ledger.signed_note import NoteError, NoteVerifier, open_note
-from boxmaker.ledger.tiles import TileProblem, TileStore
+from boxmaker.ledger.signed_note import NoteVerifier
+from boxmaker.ledger.tiles import TileStore
 from boxmaker.ledger.tree import CHECKPOINT_POS_FILE, TREE_DIR
 from boxmaker.ledger.verify import Report, ResumePoint, verify_lines
 
@@ -55,31 +58,6 @@ __all__ = [
 ]
 
 RUNBOOK_FAST_START: Final = "docs/runbook.md#ledger-fast-start"
-_CHUNK: Final = 1 << 16
-
-
-class RefusalReason(enum.StrEnum):
-    """Why a verification could not start from the newest checkpoint."""
-
-    NO_KEY = "no_key"
-    NO_POSITION = "no_position"
-    BAD_POSITION = "bad_position"
-    WRONG_LINE = "wrong_line"
-    NOT_A_CHECKPOINT = "not_a_checkpoint"
-    BAD_NOTE = "bad_note"
-    CHAIN_BROKEN = "chain_broken"
-    TILES = "tiles"
-
-
-@attrs.frozen
-class Refusal:
-    """The checkpoint was not used: ``reason`` in one word, ``detail`` in a sentence."""
-
-    reason: RefusalReason
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.detail}"
 
 
 class _Refused(Exception):
@@ -144,75 +122,21 @@ def _resume_point(
             RefusalReason.WRONG_LINE,
             f"the line at offset {position.offset} is not the one {CHECKPOINT_POS_FILE} names",
         )
-    try:
-        record = decode_line(line)
-    except BadRecord as exc:
-        raise _Refused(RefusalReason.NOT_A_CHECKPOINT, str(exc)) from None
-    body = record.body
-    if (
-        not isinstance(body, CheckpointRecord)
-        or record.seq != position.seq
-        or body.size != record.seq
-    ):
-        raise _Refused(
-            RefusalReason.NOT_A_CHECKPOINT,
-            f"the line at offset {position.offset} is not checkpoint seq {position.seq}",
-        )
     # The line before the first file present is archived away: the signed root (checked
-    # below against the tiles) vouches for every line before, that one's hash included.
-    archived_before = record.seq == files.archived > 0 and position.offset == 0
-    if not archived_before and (
-        before is None or hashlib.sha256(before).hexdigest() != record.prev
-    ):
-        raise _Refused(
-            RefusalReason.CHAIN_BROKEN,
-            f"the line before checkpoint seq {record.seq} is not the one its prev names",
-        )
-    origin = read_ledger_origin(files.live)
-    try:
-        checkpoint = parse_checkpoint(open_note(body.note.encode(), [verifier]).text)
-    except (NoteError, CheckpointError) as exc:
-        raise _Refused(RefusalReason.BAD_NOTE, f"checkpoint seq {record.seq}: {exc}") from None
-    if (checkpoint.origin, checkpoint.size, checkpoint.root.hex()) != (
-        origin,
-        body.size,
-        body.root,
-    ):
-        raise _Refused(
-            RefusalReason.BAD_NOTE,
-            f"checkpoint seq {record.seq}: its note does not say this ledger, size and root",
-        )
-    try:
-        if store is None:
-            store = TileStore(tree_dir)
-        if store.size < body.size:
-            raise _Refused(
-                RefusalReason.TILES,
-                f"the tiles hold {store.size} leaves, checkpoint seq {record.seq} "
-                f"needs {body.size}",
-            )
-        tree = Frontier.at(body.size, store)
-    except (TileProblem, OSError) as exc:
-        raise _Refused(RefusalReason.TILES, str(exc)) from None
-    if tree.root() != checkpoint.root:
-        raise _Refused(
-            RefusalReason.TILES,
-            f"the tiles do not give checkpoint seq {record.seq}'s signed root",
-        )
-    tree.append(leaf_hash(line))
-    before_fields = {} if before is None else line_fields(before)  # in the chain: decoded
-    stopped = before_fields.get("kind") == "stop" and before_fields.get("boot") == body.boot
-    resume = ResumePoint(
-        next_seq=record.seq + 1,
-        prev_hash=digest,
-        tree=tree,
-        open_calls=dict(body.open_calls),
-        unfinished=frozenset(body.unfinished),
-        newest_boot=body.boot,
-        boot_stopped=stopped,
-        origin=origin,
+    # against the tiles) vouches for every line before, that one's hash included.
+    archived_before = position.seq == files.archived > 0 and position.offset == 0
+    found = resume_at_checkpoint(
+        line,
+        position.seq,
+        f"offset {position.offset}",
+        before=Archived.BEFORE if archived_before else before,
+        origin=lambda: read_ledger_origin(files.live),
+        verifier=verifier,
+        tiles=lambda: TileStore(tree_dir) if store is None else store,
     )
-    return resume, position.offset
+    if isinstance(found, Refusal):
+        raise _Refused(found.reason, found.detail)
+    return found, position.offset
 
 
 def _lines_at(
@@ -223,52 +147,15 @@ def _lines_at(
     none, or it is archived away)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        line = _line_at(fd, offset)
-        before = _line_before(fd, offset)
+        line = line_at(fd, offset)
+        before = line_before(fd, offset)
     finally:
         os.close(fd)
     if offset == 0 and first > files.archived:
         previous, _ = files.file_of(first - 1)
         fd = os.open(previous, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            before = _line_before(fd, os.fstat(fd).st_size)
+            before = line_before(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
     return line, before
-
-
-def _line_at(fd: int, offset: int) -> bytes | None:
-    """The line starting at ``offset`` without its newline; None when there is no whole
-    line there (or ``offset`` is not a line's start)."""
-    if offset > 0 and os.pread(fd, 1, offset - 1) != b"\n":
-        return None
-    parts: list[bytes] = []
-    while True:
-        chunk = os.pread(fd, _CHUNK, offset)
-        if not chunk:
-            return None
-        cut = chunk.find(b"\n")
-        if cut >= 0:
-            parts.append(chunk[:cut])
-            return b"".join(parts)
-        parts.append(chunk)
-        offset += len(chunk)
-
-
-def _line_before(fd: int, offset: int) -> bytes | None:
-    """The line that ends just before ``offset`` (without its newline); None at 0."""
-    if offset == 0:
-        return None
-    end = offset - 1  # its newline
-    start = end
-    parts: list[bytes] = []
-    while start > 0:
-        step = min(_CHUNK, start)
-        chunk = os.pread(fd, step, start - step)
-        cut = chunk.rfind(b"\n")
-        if cut >= 0:
-            parts.append(chunk[cut + 1 :])
-            break
-        parts.append(chunk)
-        start -= step
-    return b"".join(reversed(parts))

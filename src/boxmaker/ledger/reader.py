@@ -32,6 +32,7 @@ that mentions a decision and is not one in :attr:`LedgerReader.malformed`.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -52,6 +53,8 @@ __all__ = [
     "NotARecord",
     "decision_of",
     "iter_lines",
+    "line_at",
+    "line_before",
 ]
 
 READ_BUFFER: Final = 1 << 20
@@ -71,10 +74,51 @@ _REASONS: Final[dict[str | None, Reason | None]] = {None: None} | {r.value: r fo
 _TAINTS: Final = {taint.value: taint for taint in Taint}
 
 
+_PREAD_CHUNK: Final = 1 << 16
+"""Bytes read at a time by :func:`line_at` and :func:`line_before`."""
+
+
 def iter_lines(path: Path) -> Iterator[bytes]:
     """The file's lines, newline kept, through a large buffer (one pass, streaming)."""
     with path.open("rb", buffering=READ_BUFFER) as file:
         yield from file
+
+
+def line_at(fd: int, offset: int) -> bytes | None:
+    """The line starting at ``offset`` without its newline; None when there is no whole
+    line there (or ``offset`` is not a line's start)."""
+    if offset > 0 and os.pread(fd, 1, offset - 1) != b"\n":
+        return None
+    parts: list[bytes] = []
+    while True:
+        chunk = os.pread(fd, _PREAD_CHUNK, offset)
+        if not chunk:
+            return None
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            parts.append(chunk[:cut])
+            return b"".join(parts)
+        parts.append(chunk)
+        offset += len(chunk)
+
+
+def line_before(fd: int, offset: int) -> bytes | None:
+    """The line that ends just before ``offset`` (without its newline); None at 0."""
+    if offset == 0:
+        return None
+    end = offset - 1  # its newline
+    start = end
+    parts: list[bytes] = []
+    while start > 0:
+        step = min(_PREAD_CHUNK, start)
+        chunk = os.pread(fd, step, start - step)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            parts.append(chunk[cut + 1 :])
+            break
+        parts.append(chunk)
+        start -= step
+    return b"".join(reversed(parts))
 
 
 @attrs.frozen

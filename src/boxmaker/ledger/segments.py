@@ -34,7 +34,7 @@ import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 import attrs
 
@@ -174,20 +174,12 @@ def _first_seq(live: Path) -> int:
 
 def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
     """Every line of every file, oldest first, newline kept (one streaming pass). The
-    live file may be missing (a seal cut short before it was made again): no lines."""
-    return _lines_of(files, files.paths())
-
-
-def _lines_of(files: LedgerFiles, paths: list[Path]) -> Iterator[bytes]:
-    for path in paths:
-        try:
-            file = path.open("rb", buffering=READ_BUFFER)
-        except FileNotFoundError:
-            if path == files.live:
-                return
-            raise
-        with file:
-            yield from file
+    live file may be missing after a segment (a seal cut short before it was made
+    again): no lines from it; with no segments either there is no ledger, and reading
+    raises FileNotFoundError as reading the one file did.
+    Each file's own line iterator, chained: no generator is resumed per line (as
+    verification reads one file)."""
+    return itertools.chain.from_iterable(_opened(files, files.paths()))
 
 
 def ledger_lines_from(files: LedgerFiles, seq: int, offset: int) -> Iterator[bytes]:
@@ -197,7 +189,22 @@ def ledger_lines_from(files: LedgerFiles, seq: int, offset: int) -> Iterator[byt
     the archived lines."""
     path, _ = files.file_of(seq)
     paths = files.paths()
-    with path.open("rb", buffering=READ_BUFFER) as file:
-        file.seek(offset)
-        yield from file
-    yield from _lines_of(files, paths[paths.index(path) + 1 :])
+    return itertools.chain.from_iterable(
+        _opened(files, paths[paths.index(path) :], first_offset=offset)
+    )
+
+
+def _opened(files: LedgerFiles, paths: list[Path], first_offset: int = 0) -> Iterator[BinaryIO]:
+    """Each file, open (the first from ``first_offset``), in turn; closed when the next
+    is asked for."""
+    for index, path in enumerate(paths):
+        try:
+            file = path.open("rb", buffering=READ_BUFFER)
+        except FileNotFoundError:
+            if path == files.live and files.segments:
+                return
+            raise
+        with file:
+            if index == 0 and first_offset:
+                file.seek(first_offset)
+            yield file

@@ -60,6 +60,11 @@ class Report:
     """Whether every tile compared held what the lines give (None: none compared)."""
     resumed_from: int | None = None
     """The seq of the first line checked when resumed (:class:`ResumePoint`), else None."""
+    archived: int = 0
+    """Lines before the oldest file present (its segments archived away): not read; the
+    verification started at the checkpoint that file begins with."""
+    warnings: tuple[str, ...] = ()
+    """What is amiss but not a problem (a segment that can be written to)."""
 
     @property
     def sound(self) -> bool:
