@@ -15,6 +15,7 @@ import orjson
 import pytest
 from tests.e2e.test_ledger_restart import denied_calls
 from tests.harness.broker import PENDING_TIMEOUT
+from tests.harness.cli import bxctl
 from tests.harness.homes import write_config
 from tests.harness.process import Daemon, start
 
@@ -91,3 +92,16 @@ def test_a_segmented_ledger_across_a_kill_and_restarts(home: Home, daemons: list
     assert kinds.count("start") == 3
     assert report.records == len(kinds)
     assert TileStore(tree_dir(home)).size == report.records
+
+    # The owner's commands over every file, as the real bxctl runs them.
+    verified = bxctl(home, "audit", "verify", "--json")
+    summary = orjson.loads(verified.stdout)
+    assert (summary["sound"], summary["records"], summary["archived"]) == (
+        True,
+        report.records,
+        0,
+    )
+    since = bxctl(home, "audit", "verify", "--since-checkpoint")
+    assert since.returncode == 0, since.stdout
+    shown = bxctl(home, "audit", "show", "--json")
+    assert len(shown.stdout.splitlines()) == report.records
