@@ -513,3 +513,28 @@ def test_an_edited_prev_is_named_at_its_own_line() -> None:
             " names as prev)",
         ),
     )
+
+
+def test_a_line_that_is_not_a_record_at_the_expected_head_is_named_there() -> None:
+    lines = chain([Stop(boot="b"), Stop(boot="b")])
+    head = f"2:{line_hash(lines[2])}"
+    for broken in (b"not json", b'{"seq":2}'):
+        report = check([*lines[:2], broken], head)
+        assert Problem(2, f"line hash differs from the expected head {head}") in report.problems
+        assert not any("is not in the ledger" in problem.what for problem in report.problems)
+        assert report.head == f"2:{line_hash(broken)}"
+
+
+def test_a_line_that_is_not_a_record_after_an_edited_one_names_both_ways() -> None:
+    lines = chain([Stop(boot="b"), Stop(boot="b"), Stop(boot="b")])
+    edited = relink(lines[:2])[1].replace(b'"b"', b'"c"')  # its hash changed, not its link
+    for broken in (b"not json", b'{"seq":3}'):
+        problems = check([lines[0], edited, lines[2], broken]).problems
+        assert problems[0] == Problem(
+            1, "seq 1 was changed (its hash is not what seq 2 names as prev), or seq 2's prev was"
+        )
+
+
+def test_a_verification_without_tiles_checked_none() -> None:
+    report = check(chain([Stop(boot="b")]))
+    assert (report.tiles_checked, report.tiles_sound) == (0, None)

@@ -24,11 +24,13 @@ from boxmaker.ledger.fast_start import (
     SinceCheckpoint,
     verify_since_checkpoint,
 )
+from boxmaker.ledger.merkle import Frontier
 from boxmaker.ledger.reader import READ_BUFFER
 from boxmaker.ledger.signed_note import NoteSigner
-from boxmaker.ledger.tiles import tile_path
+from boxmaker.ledger.tiles import TileStore, tile_path
 from boxmaker.ledger.tree import CHECKPOINT_POS_FILE, TREE_DIR
-from boxmaker.ledger.verify import verify_lines
+from boxmaker.ledger.verify import ResumePoint, verify_lines
+from boxmaker.ledger.verify_tree import TileCheck
 
 SIGNER = NoteSigner(
     "boxmaker.local/ledger/l-resume", Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -197,3 +199,47 @@ def test_tiles_shorter_than_the_checkpoint_are_refused(tmp_path: Path) -> None:
     assert refusal(ledger) == Refusal(
         RefusalReason.TILES, "the tiles hold 0 leaves, checkpoint seq 800 needs 800"
     )
+
+
+def test_resumed_at_the_last_line_it_reports_the_checkpoint_as_the_head(
+    ledger: Generated,
+) -> None:
+    # Nothing after the newest checkpoint: the report is of no lines, its head the
+    # checkpoint's own line, the calls then open as the record says.
+    lines = ledger.path.read_bytes().split(b"\n")
+    ledger.path.write_bytes(b"\n".join(lines[:801]) + b"\n")
+    with ledger.path.open("rb", buffering=READ_BUFFER) as whole:
+        full = verify_lines(whole, verifier=SIGNER.verifier)
+    report = since(ledger).report
+    assert report.records == 0
+    assert report.head == full.head == f"800:{hashlib.sha256(lines[800]).hexdigest()}"
+    assert report.resumed_from == 801
+    assert report.open_calls == full.open_calls
+    assert (report.calls.pending, report.calls.running, report.calls.unfinished) == (
+        full.calls.pending,
+        full.calls.running,
+        full.calls.unfinished,
+    )
+    assert report.sound
+
+
+def test_a_resumed_verification_refuses_what_it_cannot_check(tmp_path: Path) -> None:
+    resume = ResumePoint(
+        next_seq=801,
+        prev_hash="00" * 32,
+        tree=Frontier(),
+        open_calls={},
+        unfinished=frozenset(),
+        newest_boot=None,
+        boot_stopped=False,
+        origin=SIGNER.name,
+    )
+    for before in (0, 800):
+        with pytest.raises(ValueError, match=rf"^the expected head's seq {before} is before the"):
+            verify_lines([], f"{before}:" + "00" * 32, resume=resume)
+    # The first resumed seq, or none expected, is not before the resumed lines.
+    assert verify_lines([], "801:" + "00" * 32, resume=resume).head == "800:" + "00" * 32
+    assert verify_lines([], resume=resume).resumed_from == 801
+    tiles = TileCheck(TileStore(tmp_path))
+    with pytest.raises(ValueError, match=r"^the tiles are checked in a full verification only$"):
+        verify_lines([], resume=resume, tiles=tiles)
