@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,18 +201,23 @@ class FailingOps(OsFileOps):
         super().fsync(fd)
 
 
+# Each run makes its own: a counter kept between runs in one process (mutmut runs the
+# tests more than once in one) would fail another fsync the second time.
 @pytest.mark.parametrize(
-    "ops",
+    "make_ops",
     [
-        FailingOps(fail_into=NEXT_FILE),  # step 1
-        FailingOps(fail_into=segment_name(0, RECORDS - 1)),  # step 2's rename
-        FailingOps(fsyncs=3),  # step 2's fsync after the rename (step 1 takes two)
+        lambda: FailingOps(fail_into=NEXT_FILE),  # step 1
+        lambda: FailingOps(fail_into=segment_name(0, RECORDS - 1)),  # step 2's rename
+        lambda: FailingOps(fsyncs=3),  # step 2's fsync after the rename (step 1 takes two)
     ],
     ids=["step-1", "step-2-rename", "step-2-fsync"],
 )
 async def test_a_failure_before_step_3_leaves_the_ledger_as_it_was(
-    autojump_clock: trio.testing.MockClock, tmp_path: Path, ops: FailingOps
+    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path,
+    make_ops: Callable[[], FailingOps],
 ) -> None:
+    ops = make_ops()
     home, _ = await sealed_once(tmp_path)
     crash_after_step_1(home)
     line = (home.ledger_dir / NEXT_FILE).read_bytes().removesuffix(b"\n")
