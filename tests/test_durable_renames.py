@@ -12,7 +12,7 @@ import attrs
 from boxmaker.core.labels import Label, Taint
 from boxmaker.home.file_ops import OsFileOps
 from boxmaker.home.state_files import raise_state, read_state
-from boxmaker.ledger.writer import open_ledger
+from boxmaker.ledger.live_file import open_ledger
 
 SESSION = "s-0123456789ab"
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

@@ -37,8 +37,8 @@ from boxmaker.core.grant_parse import GrantsProblem
 from boxmaker.core.grants import GrantSet
 from boxmaker.home.config import ConfigError
 from boxmaker.home.paths import Home
+from boxmaker.ledger.live_file import LedgerTorn
 from boxmaker.ledger.verify import verify_file
-from boxmaker.ledger.writer import LedgerTorn
 from boxmaker.runtime.threads import ToThread
 from boxmaker.runtime.unix_sockets import ListenerError
 

@@ -28,6 +28,7 @@ from boxmaker.home.paths import Home
 from boxmaker.ledger.checkpoint import Checkpoint, parse_checkpoint
 from boxmaker.ledger.checkpointer import Checkpointer, read_position
 from boxmaker.ledger.ledger_key import read_ledger_origin
+from boxmaker.ledger.live_file import open_ledger
 from boxmaker.ledger.merkle import Frontier, Hash, tree_hash
 from boxmaker.ledger.open_calls import OpenCalls
 from boxmaker.ledger.records import Body, CallPhase, Start, Stop, line_hash
@@ -35,7 +36,7 @@ from boxmaker.ledger.signed_note import Ed25519PrivateKey, NoteSigner, open_note
 from boxmaker.ledger.tiles import TileStore
 from boxmaker.ledger.tree import LedgerTree, open_tree, tree_dir
 from boxmaker.ledger.verify import verify_file
-from boxmaker.ledger.writer import LedgerWriter, LiveSealer, OsLedgerFile, open_ledger
+from boxmaker.ledger.writer import LedgerWriter, LiveSealer, OsLedgerFile
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=dt.UTC)
 BOOT = "b-1"

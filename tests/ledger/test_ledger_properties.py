@@ -12,6 +12,7 @@ from hypothesis import given, settings
 
 from boxmaker.core.labels import Label, Taint
 from boxmaker.core.reasons import Reason
+from boxmaker.ledger.live_file import Tail
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     Approval,
@@ -29,7 +30,7 @@ from boxmaker.ledger.records import (
     line_hash,
 )
 from boxmaker.ledger.verify import CallCounts, Problem, Report, verify_lines
-from boxmaker.ledger.writer import LedgerWriter, Tail
+from boxmaker.ledger.writer import LedgerWriter
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=dt.UTC)
 GENESIS_LINE = encode_line(0, "2026-03-04T05:06:07.890Z", GENESIS_PREV, Genesis(ledger="l-1"))

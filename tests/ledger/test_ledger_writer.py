@@ -15,6 +15,7 @@ import trio
 from boxmaker.core.labels import Taint
 from boxmaker.core.reasons import AUDIT_UNAVAILABLE_DETAIL
 from boxmaker.formats.clock import format_utc
+from boxmaker.ledger.live_file import TAIL_CHUNK, LedgerTorn, Tail, open_ledger, repair, torn_name
 from boxmaker.ledger.records import (
     Body,
     Decision,
@@ -27,18 +28,7 @@ from boxmaker.ledger.records import (
     line_hash,
 )
 from boxmaker.ledger.verify import verify_file
-from boxmaker.ledger.writer import (
-    TAIL_CHUNK,
-    Appended,
-    LedgerStopped,
-    LedgerTorn,
-    LedgerWriter,
-    OsLedgerFile,
-    Tail,
-    open_ledger,
-    repair,
-    torn_name,
-)
+from boxmaker.ledger.writer import Appended, LedgerStopped, LedgerWriter, OsLedgerFile
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=dt.UTC)
 GUARD = 10  # seconds: a hung writer fails the test instead of stalling the suite

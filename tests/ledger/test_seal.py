@@ -28,6 +28,7 @@ from boxmaker.home.paths import Home
 from boxmaker.ledger.checkpointer import read_position
 from boxmaker.ledger.fast_start import SinceCheckpoint, verify_since_checkpoint
 from boxmaker.ledger.ledger_key import read_ledger_origin
+from boxmaker.ledger.live_file import LedgerTorn, open_ledger
 from boxmaker.ledger.records import Start, line_hash
 from boxmaker.ledger.seal import (
     NEXT_FILE,
@@ -41,7 +42,7 @@ from boxmaker.ledger.signed_note import NoteVerifier
 from boxmaker.ledger.start import start_ledger
 from boxmaker.ledger.tree import CHECKPOINT_POS_FILE, tree_dir
 from boxmaker.ledger.verify import Report, verify_lines
-from boxmaker.ledger.writer import LedgerFile, LedgerStopped, LedgerTorn, SealSkipped, open_ledger
+from boxmaker.ledger.writer import LedgerFile, LedgerStopped, SealSkipped
 
 RECORDS = 10
 """Lines a live file holds in these tests: genesis and 9 records fill the first."""

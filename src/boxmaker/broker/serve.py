@@ -73,6 +73,7 @@ from boxmaker.ledger.ledger_key import (
     load_ledger_signer,
     read_ledger_origin,
 )
+from boxmaker.ledger.live_file import LedgerTorn, Tail, open_ledger, repair
 from boxmaker.ledger.open_calls import OpenCalls
 from boxmaker.ledger.policies import policies_dir
 from boxmaker.ledger.records import BadRecord, Repair, Start, Stop, new_boot_id
@@ -81,15 +82,7 @@ from boxmaker.ledger.segments import SegmentProblem, ledger_files
 from boxmaker.ledger.signed_note import NoteSigner
 from boxmaker.ledger.start import start_ledger
 from boxmaker.ledger.tree import LedgerTree, tree_dir
-from boxmaker.ledger.writer import (
-    LedgerFile,
-    LedgerTorn,
-    LedgerWriter,
-    OsLedgerFile,
-    Tail,
-    open_ledger,
-    repair,
-)
+from boxmaker.ledger.writer import LedgerFile, LedgerWriter, OsLedgerFile
 from boxmaker.runtime.daemon import reread_config, run_daemon, setup_logging
 from boxmaker.runtime.threads import WORKER_THREAD, ToThread
 from boxmaker.runtime.unix_sockets import ListenerError, UnixListener, open_unix_listener

@@ -34,7 +34,7 @@ from boxmaker.cli.owner import approval_block
 from boxmaker.cli.terminal import OwnerTerminal, is_interactive
 from boxmaker.formats.clock import utc_now
 from boxmaker.home.paths import Home, HomeError, resolve_home
-from boxmaker.ledger.writer import open_ledger
+from boxmaker.ledger.live_file import open_ledger
 from boxmaker.wire import (
     ApprovalsAnswer,
     ApprovalsRequest,

@@ -14,8 +14,8 @@ from boxmaker.cli.common import DEFAULT, Common, Exit, fail, print_json
 from boxmaker.home.config import Config, ConfigError, load_config
 from boxmaker.home.paths import Home, HomeError
 from boxmaker.ledger.ledger_key import LedgerKeyError, create_ledger_key, read_ledger_origin
+from boxmaker.ledger.live_file import LedgerTorn, open_ledger
 from boxmaker.ledger.records import BadRecord
-from boxmaker.ledger.writer import LedgerTorn, open_ledger
 
 SANDBOX_OWNER: Final = 65534
 """Whom ``init --workspace`` gives a new workspace to when it runs as root and

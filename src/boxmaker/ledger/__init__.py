@@ -11,6 +11,7 @@ writer, verification.
 from __future__ import annotations
 
 from boxmaker.core.vocabulary import ApprovalBy, ApprovalOutcome, VerdictCode
+from boxmaker.ledger.live_file import LedgerTorn, Tail, open_ledger, repair
 from boxmaker.ledger.reader import LedgerReader, NotARecord, iter_lines
 from boxmaker.ledger.records import (
     Approval,
@@ -40,17 +41,7 @@ from boxmaker.ledger.verify import (
     verify_file,
     verify_lines,
 )
-from boxmaker.ledger.writer import (
-    Appended,
-    LedgerFile,
-    LedgerStopped,
-    LedgerTorn,
-    LedgerWriter,
-    OsLedgerFile,
-    Tail,
-    open_ledger,
-    repair,
-)
+from boxmaker.ledger.writer import Appended, LedgerFile, LedgerStopped, LedgerWriter, OsLedgerFile
 
 __all__ = [
     "Appended",

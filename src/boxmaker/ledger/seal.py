@@ -42,6 +42,7 @@ import attrs
 from boxmaker.formats.clock import utc_now
 from boxmaker.home.file_ops import OS_FILES, FileOps, fsync_dir, write_atomically
 from boxmaker.home.regular_file import read_regular_file
+from boxmaker.ledger.live_file import DIR_MODE, FILE_MODE, Tail, file_tail, torn_name, write_new
 from boxmaker.ledger.records import BadRecord, CheckpointRecord, decode_line
 from boxmaker.ledger.segments import (
     LIVE_FILE,
@@ -51,17 +52,7 @@ from boxmaker.ledger.segments import (
     ledger_files,
     segment_name,
 )
-from boxmaker.ledger.writer import (
-    DIR_MODE,
-    FILE_MODE,
-    LedgerFile,
-    OsLedgerFile,
-    SealSkipped,
-    Tail,
-    file_tail,
-    torn_name,
-    write_new,
-)
+from boxmaker.ledger.writer import LedgerFile, OsLedgerFile, SealSkipped
 
 __all__ = [
     "NEXT_FILE",
