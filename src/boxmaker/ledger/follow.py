@@ -134,7 +134,11 @@ class LedgerTail:
                 return False
         except FileNotFoundError:
             pass  # renamed into segments/, and the next live file not made yet
-        return ledger_files(self.directory).live_first != self.first
+        files = ledger_files(self.directory)
+        if files.live_first == self.first:
+            return False
+        self.path = files.file_of(self.first)[0]  # its name now, for what is said of it
+        return True
 
     def _go_on(self, next_seq: int) -> bool:
         """Read the file after this sealed one from its start; False when it is not
