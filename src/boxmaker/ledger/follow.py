@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO
 
 import attrs
 
@@ -31,36 +31,35 @@ from boxmaker.ledger.segments import (
 
 __all__ = ["LedgerTail"]
 
-OPEN_TRIES: Final = 4
-"""Looks at the listing to open the file that holds a seq: each try after the first
-follows a seal made between the listing and the open, so a few are plenty."""
-
 
 def _open_holding(directory: Path, seq: int) -> tuple[BinaryIO, Path, int]:
     """The file that holds line ``seq`` (a segment, or the live file for any seq past
-    the segments) open, its path and its first seq. The live file listed may be sealed
-    before it is opened: its first line then names another seq, and the listing is
-    read again. Raises FileNotFoundError (the live file between the seal's last two
-    steps, or no ledger), :class:`~boxmaker.ledger.segments.SegmentProblem`."""
-    for _ in range(OPEN_TRIES - 1):
+    the segments) open, its path and its first seq. Raises FileNotFoundError (the live
+    file between the seal's last two steps, or no ledger),
+    :class:`~boxmaker.ledger.segments.SegmentProblem`.
+
+    The live file listed may be sealed before it is opened: then it is missing (between
+    the seal's renames) or the live file opened begins at another seq; either way the
+    listing is read again. A segment never moves, so a second listing after a live file
+    that began elsewhere names the segment it became: more than one of each is not a
+    seal but a ledger whose files do not fit."""
+    missing = moved = False
+    while True:
         files = ledger_files(directory)
         path, first = files.file_of(seq)
         try:
             file = path.open("rb", buffering=READ_BUFFER)
         except FileNotFoundError:
-            if path != files.live:
+            if path != files.live or missing:
                 raise
+            missing = True
             continue
         if path != files.live or leading_seq(file) == first:
             return file, path, first
         file.close()
-    files = ledger_files(directory)
-    path, first = files.file_of(seq)
-    file = path.open("rb", buffering=READ_BUFFER)
-    if path == files.live and leading_seq(file) != first:
-        file.close()
-        raise SegmentProblem(f"{path} does not begin at seq {first}, as the segments say")
-    return file, path, first
+        if moved:
+            raise SegmentProblem(f"{path} does not begin at seq {first}, as the segments say")
+        moved = True
 
 
 @attrs.define
