@@ -344,8 +344,8 @@ class _Batcher:
         files that do not follow each other."""
         try:
             lines = self.tail.read_lines(most, BATCH_BYTES, self.expected)
-        except (OSError, SegmentProblem) as exc:
-            raise self._problem(str(exc)) from None
+        except (OSError, SegmentProblem) as exc:  # the message names the file
+            raise ExportProblem(f"{exc}; run `bxctl audit verify`; see {RUNBOOK}") from None
         if not lines:
             return None
         first, ledger, capture = self.expected, self.ledger, self.capture_content
