@@ -34,6 +34,7 @@ from tests.harness import otlp_receiver  # noqa: E402
 from tests.harness.otlp_receiver import receiver  # noqa: E402
 
 from boxmaker.ledger import otlp_export  # noqa: E402
+from boxmaker.ledger.follow import LedgerTail  # noqa: E402
 from boxmaker.ledger.otel_mapping import CallTracker, log_of  # noqa: E402
 from boxmaker.ledger.otlp_proto import ProtoEncoder  # noqa: E402
 from boxmaker.ledger.reader import LedgerReader, iter_lines  # noqa: E402
@@ -75,12 +76,11 @@ def encode_only(path: Path, count: int) -> float:
 def receiver_alone(path: Path, out: Path) -> float:
     """Seconds the receiver's own work takes for every request the export sends: each
     body made as the export makes it, then decoded and written as the receiver does."""
-    file = path.open("rb")
-    ledger = otlp_export._ledger_id(file, path)
+    ledger = otlp_export._ledger_id(path)
+    tail = LedgerTail.open_at(path.parent, 0, 0)
     batcher = otlp_export._Batcher(
-        path,
         ledger,
-        otlp_export._Tail(file, 0),
+        tail,
         CallTracker(ledger, capture_content=False),
         ProtoEncoder(ledger, "0"),
         False,
@@ -92,7 +92,7 @@ def receiver_alone(path: Path, out: Path) -> float:
     while (batch := batcher.next(otlp_export.BATCH_LINES)) is not None:
         bodies += [("/v1/logs", batch.logs)] if batch.logs else []
         bodies += [("/v1/traces", batch.spans)] if batch.spans else []
-    file.close()
+    tail.close()
     started = time.perf_counter()
     for where, body in bodies:
         _, got = otlp_receiver.DECODERS[where](body)

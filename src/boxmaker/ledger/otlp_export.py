@@ -3,7 +3,9 @@
 only ``bxctl audit export`` imports this module.
 
 The ledger is read a batch of lines at a time from the byte offset where the last export
-stopped; each line's ``prev`` is checked against the line before (a chain broken since
+stopped, in the file that holds that line, and on across every later file
+(:class:`~boxmaker.ledger.follow.LedgerTail`: a seal while it reads skips nothing and
+repeats nothing); each line's ``prev`` is checked against the line before (a chain broken since
 the last export stops it) and each line is decoded as a typed record. The records
 become values by the pure mapping (:mod:`boxmaker.ledger.otel_mapping`), those become
 OTLP request bodies (:mod:`boxmaker.ledger.otlp_proto`), POSTed to ``URL/v1/logs`` and
@@ -27,7 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 import attrs
 import orjson
@@ -36,6 +38,9 @@ import trio
 from boxmaker import __version__
 from boxmaker.home.file_ops import write_atomically
 from boxmaker.home.regular_file import read_regular_file
+from boxmaker.ledger.checkpoint import ORIGIN_PREFIX, ledger_origin
+from boxmaker.ledger.follow import LedgerTail
+from boxmaker.ledger.ledger_key import read_ledger_origin
 from boxmaker.ledger.otel_mapping import CallSpan, CallTracker, LedgerLog, OpenCall, log_of
 from boxmaker.ledger.otlp_http import (
     Refused,
@@ -46,16 +51,14 @@ from boxmaker.ledger.otlp_http import (
     settings_of,
 )
 from boxmaker.ledger.otlp_proto import ProtoEncoder
-from boxmaker.ledger.reader import READ_BUFFER
 from boxmaker.ledger.records import (
     GENESIS_PREV,
     BadRecord,
-    Genesis,
     decode_fields,
-    decode_line,
     line_fields,
     line_hash,
 )
+from boxmaker.ledger.segments import SegmentProblem, ledger_files
 
 __all__ = [
     "RUNBOOK",
@@ -97,9 +100,9 @@ class Backoff:
 @attrs.frozen
 class Cursor:
     """How far the export to ``url`` got in ``ledger``: every record up to ``seq`` was
-    taken (the line at byte ``offset`` with hash ``line_sha256``), with the spans of the
-    calls they ended; the log records up to ``logs_through`` (>= seq) too. The calls open
-    at ``seq`` travel with it."""
+    taken (the line at byte ``offset`` of the file that holds it, with hash
+    ``line_sha256``), with the spans of the calls they ended; the log records up to
+    ``logs_through`` (>= seq) too. The calls open at ``seq`` travel with it."""
 
     url: str
     ledger: str
@@ -125,7 +128,8 @@ class Cursor:
     @classmethod
     def start(cls, url: str, ledger: str) -> Cursor:
         """Nothing taken yet: the export begins at genesis (seq 0, whose ``prev`` is
-        :data:`~boxmaker.ledger.records.GENESIS_PREV`)."""
+        :data:`~boxmaker.ledger.records.GENESIS_PREV`), or at the oldest file present
+        when the oldest segments were archived."""
         return cls(url, ledger, seq=-1, offset=0, line_sha256=GENESIS_PREV, logs_through=-1)
 
 
@@ -203,49 +207,36 @@ class Sent:
     """The last seq the receiver has, -1 for none."""
 
 
-@attrs.define
-class _Tail:
-    """The ledger file from a byte offset: complete lines only (a line still being
-    written, without its newline, waits for the next look)."""
-
-    file: BinaryIO
-    offset: int
-
-    def read_lines(self, most: int, most_bytes: int = BATCH_BYTES) -> list[tuple[int, bytes]]:
-        """Up to ``most`` complete lines and about ``most_bytes`` (at least one line),
-        each with its byte offset. Blocking."""
-        self.file.seek(self.offset)
-        lines: list[tuple[int, bytes]] = []
-        readline = self.file.readline
-        offset = start = self.offset
-        while len(lines) < most and (not lines or offset - start < most_bytes):
-            line = readline()
-            if not line.endswith(b"\n"):
-                break
-            lines.append((offset, line))
-            offset += len(line)
-        self.offset = offset
-        return lines
-
-
-def _ledger_id(file: BinaryIO, path: Path) -> str:
-    """The id its genesis record (line 0) gives the ledger. Blocking."""
-    file.seek(0)
-    first = file.readline()
+def _ledger_id(path: Path) -> str:
+    """The ledger's id: its genesis's (line 0, in the oldest file), or, with the oldest
+    segments archived, the one named by the origin of the checkpoint that the oldest
+    file present begins with. Blocking."""
     try:
-        genesis = decode_line(first.rstrip(b"\n"))
-    except BadRecord as exc:
+        try:
+            origin = read_ledger_origin(path)
+        except (BadRecord, SegmentProblem):
+            # The first seal may move the oldest file between the listing and the read.
+            origin = read_ledger_origin(path)
+    except OSError as exc:
+        raise ExportProblem(f"{exc.filename or path}: {exc.strerror}; see {RUNBOOK}") from None
+    except (BadRecord, SegmentProblem) as exc:
         raise ExportProblem(
-            f"{path}: its first line is not a record ({exc}); see {RUNBOOK}"
+            f"{path.parent}: the ledger's id cannot be read ({exc}); run `bxctl audit verify`; "
+            f"see {RUNBOOK}"
         ) from None
-    if not isinstance(genesis.body, Genesis) or genesis.seq != 0:
-        raise ExportProblem(f"{path}: its first record is not genesis; see {RUNBOOK}")
-    return genesis.body.ledger
+    ledger = origin.removeprefix(ORIGIN_PREFIX)
+    try:
+        ledger_origin(ledger)
+    except ValueError:
+        raise ExportProblem(
+            f"{path.parent}: the ledger's origin {origin!r} names no ledger id; run `bxctl "
+            f"audit verify`; see {RUNBOOK}"
+        ) from None
+    return ledger
 
 
-def _resume_point(file: BinaryIO, path: Path, cursor: Cursor, url: str, ledger: str) -> None:
-    """Refuse a cursor of another receiver or ledger, or of a ledger rewritten since:
-    the line at its offset must still be its seq with its hash. Blocking."""
+def _check_cursor(path: Path, cursor: Cursor, url: str, ledger: str) -> None:
+    """Refuse a cursor of another receiver or ledger."""
     if cursor.url != url:
         raise ExportProblem(
             f"the cursor {path} is for {cursor.url}, not {url}: give each receiver its own "
@@ -256,15 +247,56 @@ def _resume_point(file: BinaryIO, path: Path, cursor: Cursor, url: str, ledger: 
             f"the cursor {path} is of ledger {cursor.ledger}, and this ledger is {ledger}: "
             f"refused; see {RUNBOOK}"
         )
-    if cursor.seq < 0:
-        return
-    file.seek(cursor.offset)
-    line = file.readline()
-    if not line.endswith(b"\n") or line_hash(line[:-1]) != cursor.line_sha256:
+
+
+def _rewritten(path: Path, cursor: Cursor) -> ExportProblem:
+    return ExportProblem(
+        f"the ledger no longer has the line the cursor {path} ends at (seq {cursor.seq}): "
+        f"it was rewritten; run `bxctl audit verify`; see {RUNBOOK}"
+    )
+
+
+def _resume(directory: Path, cursor_path: Path, cursor: Cursor) -> tuple[LedgerTail, int, str]:
+    """The ledger from the line after the cursor's (found by its seq: the file that holds
+    it, the offset in that file), which must still be there with its hash; from the
+    oldest file present without a cursor. The tail, the seq it begins at, and the hash
+    that line's ``prev`` must be. Blocking; raises :class:`ExportProblem`."""
+    try:
+        archived = ledger_files(directory).archived
+        if cursor.seq >= archived:
+            tail = LedgerTail.open_at(directory, cursor.seq, cursor.offset)
+            line = tail.line_at(cursor.offset)
+            if line is None or line_hash(line[:-1]) != cursor.line_sha256:
+                tail.close()
+                raise _rewritten(cursor_path, cursor)
+            tail.offset += len(line)
+            return tail, cursor.seq + 1, cursor.line_sha256
+        if cursor.seq >= 0 and cursor.seq != archived - 1:
+            raise ExportProblem(
+                f"the cursor {cursor_path} ends at seq {cursor.seq}, and lines "
+                f"{cursor.seq + 1}-{archived - 1} were archived (moved away) before they were "
+                f"sent; see {RUNBOOK}"
+            )
+        tail = LedgerTail.open_at(directory, archived, 0)
+    except (OSError, SegmentProblem) as exc:
+        raise ExportProblem(f"{directory}: {exc}; see {RUNBOOK}") from None
+    if not archived:
+        return tail, 0, GENESIS_PREV
+    # The first file present begins with the checkpoint of the archived lines; its prev,
+    # the hash of the last of them, is what a cursor there must have.
+    first = tail.line_at(0)
+    try:
+        prev = line_fields(first.removesuffix(b"\n") if first else b"").get("prev")
+    except BadRecord:
+        prev = None
+    if not isinstance(prev, str) or (cursor.seq >= 0 and prev != cursor.line_sha256):
+        tail.close()
+        if isinstance(prev, str):
+            raise _rewritten(cursor_path, cursor)
         raise ExportProblem(
-            f"the ledger no longer has the line the cursor {path} ends at (seq {cursor.seq}): "
-            f"it was rewritten; run `bxctl audit verify`; see {RUNBOOK}"
+            f"{tail.path}: its first line is not a record; run `bxctl audit verify`; see {RUNBOOK}"
         )
+    return tail, archived, prev
 
 
 @attrs.frozen
@@ -290,9 +322,8 @@ class _Batcher:
     """Reads, checks, maps and encodes the ledger a batch at a time, from the line after
     the cursor's (blocking: run in a worker thread, one call at a time)."""
 
-    path: Path
     ledger: str
-    tail: _Tail
+    tail: LedgerTail
     tracker: CallTracker
     encoder: ProtoEncoder
     capture_content: bool
@@ -305,12 +336,16 @@ class _Batcher:
     batch's logs and its spans)."""
 
     def _problem(self, what: str) -> ExportProblem:
-        return ExportProblem(f"{self.path}: {what}; run `bxctl audit verify`; see {RUNBOOK}")
+        return ExportProblem(f"{self.tail.path}: {what}; run `bxctl audit verify`; see {RUNBOOK}")
 
     def next(self, most: int) -> _Batch | None:
         """The next batch of at most ``most`` lines; None at the ledger's end. Raises
-        :class:`ExportProblem` for a line that is not a record or breaks the chain."""
-        lines = self.tail.read_lines(most)
+        :class:`ExportProblem` for a line that is not a record or breaks the chain, or
+        files that do not follow each other."""
+        try:
+            lines = self.tail.read_lines(most, BATCH_BYTES, self.expected)
+        except (OSError, SegmentProblem) as exc:  # the message names the file
+            raise ExportProblem(f"{exc}; run `bxctl audit verify`; see {RUNBOOK}") from None
         if not lines:
             return None
         first, ledger, capture = self.expected, self.ledger, self.capture_content
@@ -347,7 +382,7 @@ class _Batcher:
         return _Batch(
             first=first,
             last=self.expected - 1,
-            offset=lines[-1][0],
+            offset=lines[-1][0],  # in the file of the batch's every line
             line_sha256=self.prev,
             logs=self.encoder.logs(logs) if logs else None,
             log_count=len(logs),
@@ -498,35 +533,29 @@ async def export_ledger(
     batch_lines: int | None = None,
     poll: float = POLL,
 ) -> Sent:
-    """Export the ledger at ``path`` to the OTLP/HTTP receiver at ``url`` from the cursor
-    at ``cursor_path`` on (from the start without one), until its end; with ``follow``,
-    on as it grows until cancelled. ``say`` hears about a receiver that does not take a
-    batch. Raises :class:`ExportProblem`."""
+    """Export the ledger whose live file is ``path`` (all its files: docs/protocol.md,
+    "Segments") to the OTLP/HTTP receiver at ``url`` from the cursor at ``cursor_path``
+    on (from the oldest file present without one), until its end; with ``follow``, on as
+    it grows, across its seals, until cancelled. ``say`` hears about a receiver that
+    does not take a batch. Raises :class:`ExportProblem`."""
+    ledger = await trio.to_thread.run_sync(_ledger_id, path)
+    cursor = await trio.to_thread.run_sync(read_cursor, cursor_path)
+    if cursor is None:
+        cursor = Cursor.start(url, ledger)
+    _check_cursor(cursor_path, cursor, url, ledger)
+    tail, expected, prev = await trio.to_thread.run_sync(_resume, path.parent, cursor_path, cursor)
     try:
-        file = await trio.to_thread.run_sync(lambda: path.open("rb", buffering=READ_BUFFER))
-    except OSError as exc:
-        raise ExportProblem(f"{path}: {exc.strerror}; see {RUNBOOK}") from None
-    try:
-        ledger = await trio.to_thread.run_sync(_ledger_id, file, path)
-        cursor = await trio.to_thread.run_sync(read_cursor, cursor_path)
         tracker = CallTracker(ledger, capture_content=capture_content)
-        if cursor is None:
-            cursor = Cursor.start(url, ledger)
-        await trio.to_thread.run_sync(_resume_point, file, cursor_path, cursor, url, ledger)
         tracker.open_calls = {call.call: call for call in cursor.open_calls}
-        tail = _Tail(file, cursor.offset)
-        if cursor.seq >= 0:
-            await trio.to_thread.run_sync(tail.read_lines, 1)  # the cursor's own line
         encoder = ProtoEncoder(ledger, __version__)
         batcher = _Batcher(
-            path,
             ledger,
             tail,
             tracker,
             encoder,
             capture_content,
-            expected=cursor.seq + 1,
-            prev=cursor.line_sha256,
+            expected=expected,
+            prev=prev,
             logs_through=cursor.logs_through,
         )
         most = BATCH_LINES if batch_lines is None else batch_lines
@@ -555,4 +584,4 @@ async def export_ledger(
             raise problem
         return Sent(run.sent_logs, run.sent_spans, run.cursor.seq)
     finally:
-        file.close()
+        tail.close()

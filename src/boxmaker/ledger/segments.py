@@ -47,6 +47,7 @@ __all__ = [
     "LedgerFiles",
     "Segment",
     "SegmentProblem",
+    "leading_seq",
     "ledger_files",
     "ledger_lines",
     "ledger_lines_from",
@@ -165,11 +166,22 @@ def _first_seq(live: Path) -> int:
     verification reports what is wrong with that line."""
     try:
         with live.open("rb") as file:
-            first = file.readline(MAX_LEADING_LINE)
-        seq = line_fields(first.removesuffix(b"\n")).get("seq")
-    except (OSError, BadRecord):
+            seq = leading_seq(file)
+    except OSError:
         return 0
-    return seq if type(seq) is int and seq > 0 else 0
+    return seq if seq is not None and seq > 0 else 0
+
+
+def leading_seq(file: BinaryIO) -> int | None:
+    """The seq of the first line of the open ``file`` (read from its start); None when
+    that line is not a record's. Blocking; raises OSError."""
+    file.seek(0)
+    first = file.readline(MAX_LEADING_LINE)
+    try:
+        seq = line_fields(first.removesuffix(b"\n")).get("seq")
+    except BadRecord:
+        return None
+    return seq if type(seq) is int else None
 
 
 def ledger_lines(files: LedgerFiles) -> Iterator[bytes]:
