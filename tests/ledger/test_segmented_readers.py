@@ -49,7 +49,9 @@ def since(text: str) -> str:
     return AGO.sub("ago", text)
 
 
-def readers(home: Home, call: str, session: str, kept: Path, candidate: Path) -> list[object]:
+def readers(
+    home: Home, call: str, session: str, kept: Path, candidate: Path
+) -> list[tuple[int, str, str]]:
     at = ("--home", str(home.root))
     return [
         run("audit", "verify", *at),
@@ -110,8 +112,36 @@ def test_each_reader_reads_a_segmented_ledger_as_the_same_lines_in_one_file(
         candidate = Path(scratch) / "candidate.toml"
         candidate.write_bytes(CANDIDATE)
         segmented = readers(home, chosen["call"], chosen["session"], kept, candidate)
+        # Where the use was counted is named as the owner sees the files: told apart.
+        described = ledger_files(home.ledger_dir).describe()
+        assert described.startswith(f"{home.ledger_dir} (")
+        assert "sealed segment" in described
+        assert f"use counted in {described} (" in segmented[7][1]
         unsegment(home)
         whole = readers(home, chosen["call"], chosen["session"], kept, candidate)
-        assert segmented == whole
+        one_file = str(home.audit_log)
+        assert [
+            (code, out.replace(described, one_file), err) for code, out, err in segmented
+        ] == whole
         assert segmented[0][0] == 0  # verify: sound
         assert segmented[3][0] == 0  # show --call: found
+
+
+def test_a_call_in_archived_lines_is_said_to_be_archived(tmp_path: Path) -> None:
+    home = Home(tmp_path / "home")
+    assert run("init", "--home", str(home.root))[0] == 0
+    signer = load_ledger_signer(home, read_ledger_origin(home.audit_log))
+    write_ledger(home.ledger_dir, 200, signer, every=60, seed=5, segment_records=50)
+    oldest = ledger_files(home.ledger_dir).segments[0]
+    call = next(
+        fields["call"]
+        for line in oldest.path.read_bytes().splitlines()
+        if (fields := orjson.loads(line))["kind"] == "decision"
+    )
+    oldest.path.rename(tmp_path / oldest.path.name)  # archived away
+    code, out, err = run("why", call, "--home", str(home.root), is_async=True)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"bxctl: no call {call} in the ledger ({home.ledger_dir} (3 sealed segments and "
+        f"audit.jsonl; lines 0-49 archived away))\n"
+    )

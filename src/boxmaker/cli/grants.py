@@ -190,11 +190,13 @@ def list_grants(*, common: Common = DEFAULT) -> Exit:
     try:
         # Each file's own lines, chained, as verify_file reads them: no generator
         # resumed per line.
-        reader = LedgerReader(ledger_lines(ledger_files(home.ledger_dir)))
+        files = ledger_files(home.ledger_dir)
+        reader = LedgerReader(ledger_lines(files))
         usage = tally_decisions(reader.decisions())
         records = reader.read
+        counted_in = files.describe()
     except FileNotFoundError:
-        usage, records = {}, 0
+        usage, records, counted_in = {}, 0, str(home.audit_log)
     except OSError as exc:
         return fail(f"{home.audit_log}: {exc.strerror}", Exit.USAGE)
     except SegmentProblem as exc:
@@ -216,7 +218,7 @@ def list_grants(*, common: Common = DEFAULT) -> Exit:
         return Exit.DONE
     _say(
         f"{home.grants_toml}: {len(grants.grants)} grant(s); "
-        f"use counted in {home.audit_log} ({records} records)"
+        f"use counted in {counted_in} ({records} records)"
     )
     for grant in grants.grants:
         for line in _describe_grant(grant, usage.get(grant.id), now):

@@ -443,7 +443,8 @@ async def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
             found = call_of_approval(home, approval) or await _waiting_call_of(home, approval)
             if found is None:
                 return fail(
-                    f"no approval {approval} in the ledger ({home.audit_log}) nor waiting now",
+                    f"no approval {approval} in the ledger "
+                    f"({ledger_files(home.ledger_dir).describe()}) nor waiting now",
                     Exit.FAILED,
                 )
             call = found
@@ -453,7 +454,8 @@ async def why(call: str, /, *, common: Common = DEFAULT) -> Exit:
     except SegmentProblem as exc:
         return fail(f"{home.ledger_dir}: {exc}", Exit.USAGE)
     if not lives:
-        return fail(f"no call {call} in the ledger ({home.audit_log})", Exit.FAILED)
+        where = ledger_files(home.ledger_dir).describe()
+        return fail(f"no call {call} in the ledger ({where})", Exit.FAILED)
     if common.json:
         # The latest life; an id used again in a later boot keeps the earlier ones.
         print_json({**life_json(lives[-1]), "earlier": [life_json(life) for life in lives[:-1]]})

@@ -121,6 +121,24 @@ class LedgerFiles:
     def archived(self) -> int:
         return self.segments[0].first if self.segments else self.live_start
 
+    def describe(self) -> str:
+        """What the ledger is read from, in the owner's words: the live file alone, or
+        the ledger's directory with its sealed segments and the lines archived away.
+
+        >>> LedgerFiles(Path("/h/ledger"), ()).describe()
+        '/h/ledger/audit.jsonl'
+        >>> one = Segment(10, 19, Path("/h/ledger/segments/x.jsonl"))
+        >>> LedgerFiles(Path("/h/ledger"), (one,)).describe()
+        '/h/ledger (1 sealed segment and audit.jsonl; lines 0-9 archived away)'
+        """
+        held: list[str] = []
+        if self.segments:
+            count = len(self.segments)
+            held.append(f"{count} sealed segment{'s' if count != 1 else ''} and {LIVE_FILE}")
+        if self.archived:
+            held.append(f"lines 0-{self.archived - 1} archived away")
+        return f"{self.directory} ({'; '.join(held)})" if held else str(self.live)
+
     def paths(self) -> list[Path]:
         """Every file, oldest first; the live file last (it may not exist yet)."""
         return [segment.path for segment in self.segments] + [self.live]
