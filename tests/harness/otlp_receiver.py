@@ -10,7 +10,12 @@ that goes away mid-stream. With ``--answers``, its first requests are answered o
 one answer each, and not kept: ``503:2`` (that status with ``Retry-After: 2``), ``400``
 (that status), ``partial`` (taken, but a partial success rejecting one item; kept).
 With ``--ack-only`` it reads each request and answers success without decoding or
-keeping anything (the benchmark's second figure: the exporter without the decoding).
+keeping anything (the benchmark's exporter-alone figure). With ``--seqs-only`` it
+decodes each request whole as usual and keeps only each item's ``boxmaker.seq``
+(``boxmaker.seq.first`` for a span), one JSON line a request: a receiver that does the
+work a collector's receiver does (decode, check, hand on), not the tests' conversion of
+every attribute to JSON, which costs Python more than the export itself (the
+benchmark's figure held to the target).
 
 :class:`Receiver` starts and stops it from a test and reads OUT back.
 """
@@ -108,6 +113,35 @@ def _spans(body: bytes) -> tuple[bytes, list[dict[str, Any]]]:
 DECODERS = {"/v1/logs": _logs, "/v1/traces": _spans}
 
 
+def _seq(attributes: Any, key: str) -> int:
+    pair: KeyValue
+    for pair in attributes:
+        if pair.key == key:
+            return int(pair.value.int_value)
+    raise ValueError(f"no {key}")
+
+
+def _seqs(path: str, body: bytes) -> dict[str, Any]:
+    """The request decoded whole, kept as its items' seqs."""
+    if path == "/v1/logs":
+        logs = ExportLogsServiceRequest.FromString(body)
+        seqs = [
+            _seq(record.attributes, "boxmaker.seq")
+            for resource_logs in logs.resource_logs
+            for scope_logs in resource_logs.scope_logs
+            for record in scope_logs.log_records
+        ]
+        return {"signal": "log", "seqs": seqs}
+    traces = ExportTraceServiceRequest.FromString(body)
+    seqs = [
+        _seq(span.attributes, "boxmaker.seq.first")
+        for resource_spans in traces.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    ]
+    return {"signal": "span", "seqs": seqs}
+
+
 def _partial(path: str) -> bytes:
     if path == "/v1/logs":
         partial = ExportLogsPartialSuccess(rejected_log_records=1, error_message=PARTIAL_WORDS)
@@ -133,6 +167,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             headers = {"Content-Type": "text/plain"}
             if retry_after:
                 headers["Retry-After"] = retry_after
+        elif self.server.seqs_only:
+            taken = (
+                ExportLogsServiceResponse if self.path == "/v1/logs" else ExportTraceServiceResponse
+            )
+            answer = taken().SerializeToString()
+            with self.server.out.open("ab") as out:
+                out.write(orjson.dumps(_seqs(self.path, body)) + b"\n")
         elif not self.server.ack_only:
             answer, got = decode(body)
             if planned == "partial":
@@ -157,6 +198,7 @@ class _Server(http.server.HTTPServer):
     answered: int = 0
     answers: list[str]
     ack_only: bool = False
+    seqs_only: bool = False
 
 
 def main() -> None:
@@ -166,11 +208,13 @@ def main() -> None:
     parser.add_argument("--take", type=int, default=None)
     parser.add_argument("--answers", default="")
     parser.add_argument("--ack-only", action="store_true")
+    parser.add_argument("--seqs-only", action="store_true")
     args = parser.parse_args()
     server = _Server(("127.0.0.1", args.port), _Handler)
     server.out = args.out
     server.answers = [answer for answer in args.answers.split(",") if answer]
     server.ack_only = args.ack_only
+    server.seqs_only = args.seqs_only
     print(f"listening {server.server_address[1]}", flush=True)
     while args.take is None or server.answered < args.take:
         server.handle_request()
@@ -191,7 +235,12 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}"
 
     def start(
-        self, *, take: int | None = None, answers: tuple[str, ...] = (), ack_only: bool = False
+        self,
+        *,
+        take: int | None = None,
+        answers: tuple[str, ...] = (),
+        ack_only: bool = False,
+        seqs_only: bool = False,
     ) -> None:
         argv = [sys.executable, "-m", "tests.harness.otlp_receiver", str(self.out)]
         argv += ["--port", str(self.port)]
@@ -201,6 +250,8 @@ class Receiver:
             argv += ["--answers", ",".join(answers)]
         if ack_only:
             argv.append("--ack-only")
+        if seqs_only:
+            argv.append("--seqs-only")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.processes.append(self.process)
@@ -234,12 +285,16 @@ class Receiver:
     def spans(self) -> list[dict[str, Any]]:
         return [item for item in self.received() if item["signal"] == "span"]
 
+    def seqs(self, signal: str) -> list[int]:
+        """What a ``--seqs-only`` receiver kept of ``signal`` (log, span), in order."""
+        return [seq for item in self.received() if item["signal"] == signal for seq in item["seqs"]]
+
 
 @contextmanager
-def receiver(out: Path, *, ack_only: bool = False) -> Iterator[Receiver]:
+def receiver(out: Path, *, ack_only: bool = False, seqs_only: bool = False) -> Iterator[Receiver]:
     """A receiver started on any free port, stopped at the end."""
     started = Receiver(out)
-    started.start(ack_only=ack_only)
+    started.start(ack_only=ack_only, seqs_only=seqs_only)
     try:
         yield started
     finally:

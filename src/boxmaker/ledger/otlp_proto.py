@@ -23,7 +23,7 @@ from typing import Any, Final
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.logs.v1.logs_pb2 import SEVERITY_NUMBER_INFO
+from opentelemetry.proto.logs.v1.logs_pb2 import SEVERITY_NUMBER_INFO, LogRecord
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import (
     SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK,
@@ -31,7 +31,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import (
     Status,
 )
 
-from boxmaker.ledger.otel_mapping import Attributes, CallSpan, LedgerLog
+from boxmaker.ledger.otel_mapping import DISTINCT, Attributes, CallSpan, LedgerLog, Value
 
 __all__ = ["SCOPE", "ProtoEncoder"]
 
@@ -46,8 +46,8 @@ def _put(into: Any, attributes: Attributes) -> None:
     """``attributes`` appended to a message's repeated ``attributes``, each value in the
     ``AnyValue`` field of its type (a str enum as a string; a bool is not an int). Set
     field by field: about a microsecond an attribute, the cheapest way protobuf's
-    Python API offers (a ``KeyValue`` built whole and appended, or one kept and copied,
-    measured slower)."""
+    Python API offers to build one (a ``KeyValue`` built whole and appended, or one kept
+    and copied, measured slower)."""
     add = into.add
     for key, value in attributes.items():
         pair = add(key=key)
@@ -60,6 +60,53 @@ def _put(into: Any, attributes: Attributes) -> None:
             pair.value.int_value = value
         else:
             pair.value.double_value = value
+
+
+class _EncodedAttributes:
+    """A message type's attributes put into a message of it: the ones whose values are
+    new on nearly every record (:data:`~boxmaker.ledger.otel_mapping.DISTINCT`: a seq, a
+    line's hash, a call's id) set field by field (:func:`_put`); the others (a tool, a
+    verdict, a session, a grant) merged in at once from their encodings, each made by
+    protobuf once (the bytes of a message holding that attribute alone) and kept while
+    few. Protobuf defines a concatenation of encoded messages as their merge, which
+    appends repeated fields in order; the distinct attributes come first. About half
+    the cost of setting them all one by one (docs/decisions.md, "Export to
+    OpenTelemetry")."""
+
+    KEPT: Final = 1 << 14
+    """Encodings kept at most; all are let go when full."""
+
+    def __init__(self, message_type: Any) -> None:
+        self._alone = message_type()
+        self._kept: dict[tuple[str, type, Value], bytes] = {}
+
+    def _one(self, key: str, value: Value) -> bytes:
+        alone = self._alone
+        alone.Clear()
+        _put(alone.attributes, {key: value})
+        encoded: bytes = alone.SerializeToString()
+        return encoded
+
+    def put(self, message: Any, attributes: Attributes) -> None:
+        """``attributes`` into ``message``: the distinct ones first, then the rest."""
+        kept, one = self._kept, self._one
+        distinct: Attributes = {}
+        parts = []
+        for key, value in attributes.items():
+            if key in DISTINCT:
+                distinct[key] = value
+                continue
+            # The type is in the key: True == 1 == 1.0, and each encodes otherwise.
+            name = (key, type(value), value)
+            encoded = kept.get(name)
+            if encoded is None:
+                encoded = one(key, value)
+                if len(kept) >= self.KEPT:
+                    kept.clear()
+                kept[name] = encoded
+            parts.append(encoded)
+        _put(message.attributes, distinct)
+        message.MergeFromString(b"".join(parts))
 
 
 class ProtoEncoder:
@@ -75,6 +122,8 @@ class ProtoEncoder:
         }
         _put(self._resource.attributes, resource)
         self._scope = InstrumentationScope(name=SCOPE, version=version)
+        self._log_attributes = _EncodedAttributes(LogRecord)
+        self._span_attributes = _EncodedAttributes(Span)
 
     def logs(self, logs: Sequence[LedgerLog]) -> bytes:
         """An ``ExportLogsServiceRequest`` with ``logs``, encoded."""
@@ -92,7 +141,7 @@ class ProtoEncoder:
                 severity_text=_INFO,
             )
             record.body.string_value = log.body
-            _put(record.attributes, log.attributes)
+            self._log_attributes.put(record, log.attributes)
             if log.trace_id is not None and log.span_id is not None:
                 record.trace_id = log.trace_id.to_bytes(16)
                 record.span_id = log.span_id.to_bytes(8)
@@ -120,7 +169,7 @@ class ProtoEncoder:
                 end_time_unix_nano=span.end_ns,
                 flags=SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK | _SAMPLED,
             )
-            _put(message.attributes, span.attributes)
+            self._span_attributes.put(message, span.attributes)
             if span.error is not None:
                 message.status.code = Status.STATUS_CODE_ERROR
                 message.status.message = span.error
