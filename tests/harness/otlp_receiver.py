@@ -44,6 +44,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from tests.harness.lines import whole_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTIAL_WORDS = "one item dropped by the test's receiver"
@@ -275,9 +276,10 @@ class Receiver:
         return self.process.wait(within)
 
     def received(self) -> list[dict[str, Any]]:
+        """What the receiver wrote so far (whole lines: a test may look while it writes)."""
         if not self.out.exists():
             return []
-        return [orjson.loads(line) for line in self.out.read_bytes().splitlines()]
+        return [orjson.loads(line) for line in whole_lines(self.out)]
 
     def logs(self) -> list[dict[str, Any]]:
         return [item for item in self.received() if item["signal"] == "log"]

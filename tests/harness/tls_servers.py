@@ -37,6 +37,15 @@ import orjson
 import trustme
 from hatchling.builders.wheel import WheelBuilder
 
+
+def _whole_lines(log: Path) -> list[bytes]:
+    # Imported here: this file also runs as the server's script, without the tests
+    # package on its path.
+    from tests.harness.lines import whole_lines
+
+    return whole_lines(log)
+
+
 START_S: Final = 30.0
 """Real seconds for the server to listen or stop: generous for a loaded 2-core machine."""
 HANDSHAKE_S: Final = 10.0
@@ -84,7 +93,7 @@ class Served:
         (``method``, ``path``, ``host``: the Host header, ``server_name``, ``status``),
         each with the client's ``peer`` and the ``local`` address it reached. A request is
         logged before its answer is sent, so a client that got its answer finds it here."""
-        lines = self.log.read_bytes().splitlines()
+        lines = _whole_lines(self.log)
         return [event for event in map(orjson.loads, lines) if event["peer"] not in self.probes]
 
     def settled(self) -> list[dict[str, Any]]:
@@ -98,7 +107,7 @@ class Served:
         self.probes.append(list(mark))
         deadline = time.monotonic() + START_S
         while True:
-            lines = self.log.read_bytes().splitlines()
+            lines = _whole_lines(self.log)
             seen = [(event["event"], tuple(event["peer"])) for event in map(orjson.loads, lines)]
             accepted = [peer for kind, peer in seen if kind == "accepted"]
             shaken = {peer for kind, peer in seen if kind in HANDSHAKE_EVENTS}
