@@ -161,6 +161,20 @@ async def test_every_record_arrives_once_with_its_attributes(
     assert len(otlp.logs()) == len(ledger)
 
 
+async def test_the_benchmarks_receiver_keeps_each_items_seq(
+    home: Home, ledger: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """tools/bench_export.py's figure is taken against the receiver's ``--seqs-only``:
+    what it keeps is every record's seq and each call's first."""
+    with receiver(tmp_path / "seqs.jsonl", seqs_only=True) as light:
+        assert await export(home, "--otlp", light.url) == 0
+        logs, spans = light.seqs("log"), light.seqs("span")
+    assert logs == list(range(len(ledger)))
+    decisions = [record["seq"] for record in ledger if record["kind"] == "decision"]
+    assert sorted(spans) == decisions
+    assert len(spans) == 4
+
+
 async def test_one_span_per_call_named_and_ended_as_the_call_was(
     home: Home, ledger: list[dict[str, Any]], calls: dict[str, str], otlp: Receiver
 ) -> None:

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
@@ -122,25 +122,26 @@ def _seq(attributes: Any, key: str) -> int:
     raise ValueError(f"no {key}")
 
 
+_SEQS: Final = {
+    # path: (request type, the levels down to the items, the attribute kept, signal)
+    "/v1/logs": (
+        ExportLogsServiceRequest, ("resource_logs", "scope_logs", "log_records"),
+        "boxmaker.seq", "log",
+    ),
+    "/v1/traces": (
+        ExportTraceServiceRequest, ("resource_spans", "scope_spans", "spans"),
+        "boxmaker.seq.first", "span",
+    ),
+}  # fmt: skip
+
+
 def _seqs(path: str, body: bytes) -> dict[str, Any]:
     """The request decoded whole, kept as its items' seqs."""
-    if path == "/v1/logs":
-        logs = ExportLogsServiceRequest.FromString(body)
-        seqs = [
-            _seq(record.attributes, "boxmaker.seq")
-            for resource_logs in logs.resource_logs
-            for scope_logs in resource_logs.scope_logs
-            for record in scope_logs.log_records
-        ]
-        return {"signal": "log", "seqs": seqs}
-    traces = ExportTraceServiceRequest.FromString(body)
-    seqs = [
-        _seq(span.attributes, "boxmaker.seq.first")
-        for resource_spans in traces.resource_spans
-        for scope_spans in resource_spans.scope_spans
-        for span in scope_spans.spans
-    ]
-    return {"signal": "span", "seqs": seqs}
+    request_type, levels, key, signal = _SEQS[path]
+    items = [request_type.FromString(body)]
+    for level in levels:
+        items = [inner for item in items for inner in getattr(item, level)]
+    return {"signal": signal, "seqs": [_seq(item.attributes, key) for item in items]}
 
 
 def _partial(path: str) -> bytes:
