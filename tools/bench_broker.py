@@ -51,7 +51,7 @@ import trio
 
 from boxmaker.formats.convert import new_call_id, new_session_id
 from boxmaker.home.paths import Home
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.runtime.ndjson import FrameReader
 
 LATENCY_TARGET: Final = 2.0

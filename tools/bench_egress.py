@@ -50,7 +50,7 @@ from tests.harness.tls_servers import Served, https_server, write_ca  # noqa: E4
 from boxmaker.broker.sandbox_plan import SANDBOX_ENV, WORKSPACE  # noqa: E402
 from boxmaker.formats.convert import new_call_id, new_session_id  # noqa: E402
 from boxmaker.home.paths import Home  # noqa: E402
-from boxmaker.ledger.verify import verify_file  # noqa: E402
+from boxmaker.ledger.verify_files import verify_file  # noqa: E402
 
 ADDED_MS_TARGET: Final = 5.0
 BULK_RATIO_TARGET: Final = 0.5

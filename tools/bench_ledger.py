@@ -6,7 +6,7 @@ no fsync), then times, best of 3:
 - raw: for each line, ``hashlib.sha256(line).hexdigest()`` and ``orjson.loads(line)``,
   and the Merkle tree's hashes (the leaf's, and a node's per carry: the least any
   verification of the tree does);
-- verify: ``boxmaker.ledger.verify.verify_file`` (the chain, the calls, the tree);
+- verify: ``boxmaker.ledger.verify_files.verify_file`` (the chain, the calls, the tree);
 - the bare loop without the tree, printed beside it: the tree's own cost.
 
 Run: ``python tools/bench_ledger.py [RECORDS]``. The target is a ratio of at least 0.70.
@@ -48,7 +48,7 @@ from boxmaker.ledger.records import (
     encode_line,
     line_hash,
 )
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 
 RECORDS = 200_000
 TARGET = 0.70

@@ -29,7 +29,7 @@ from tests.harness.ledger_gen import write_ledger  # noqa: E402
 from boxmaker.home.paths import Home  # noqa: E402
 from boxmaker.ledger.checkpoint import ledger_origin  # noqa: E402
 from boxmaker.ledger.ledger_key import create_ledger_key, load_ledger_signer  # noqa: E402
-from boxmaker.ledger.verify import verify_file  # noqa: E402
+from boxmaker.ledger.verify_files import verify_file  # noqa: E402
 
 SIZES = (1_000_000, 10_000_000)
 TARGET_S = 1.0

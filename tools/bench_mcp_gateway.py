@@ -45,7 +45,7 @@ from boxmaker.formats.convert import new_call_id, new_session_id
 from boxmaker.home.config import RunnerConfig, workspace_problem
 from boxmaker.home.paths import Home
 from boxmaker.ledger.records import McpTools, decode_line
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.mcp.gateway_launch import server_launch
 from boxmaker.mcp.gateway_server import run_server
 from boxmaker.mcp.pins import Pin, write_pins

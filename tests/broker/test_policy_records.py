@@ -20,7 +20,7 @@ from boxmaker.core.grants import GrantSet
 from boxmaker.home.paths import Home
 from boxmaker.ledger.policies import kept_path, policies_dir
 from boxmaker.ledger.records import Stop
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.ledger.writer import LedgerWriter
 
 FIRST = grant("notes", "read_file", "auto", note="first")

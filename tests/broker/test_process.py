@@ -19,7 +19,7 @@ from tests.harness.sandbox import sandbox_workspace
 
 from boxmaker.broker.sandbox_plan import LAUNCHER
 from boxmaker.home.paths import Home
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 
 pytestmark = pytest.mark.slow
 

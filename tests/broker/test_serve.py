@@ -38,7 +38,7 @@ from boxmaker.core.grants import GrantSet
 from boxmaker.home.config import ConfigError
 from boxmaker.home.paths import Home
 from boxmaker.ledger.live_file import LedgerTorn
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.runtime.threads import ToThread
 from boxmaker.runtime.unix_sockets import ListenerError
 

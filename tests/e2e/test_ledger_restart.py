@@ -21,7 +21,7 @@ from boxmaker.ledger.merkle import Frontier
 from boxmaker.ledger.signed_note import parse_vkey
 from boxmaker.ledger.tiles import TileStore
 from boxmaker.ledger.tree import LedgerTree, tree_dir
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,7 @@ from boxmaker.broker.serve import serve_broker
 from boxmaker.broker.state import Broker
 from boxmaker.formats.convert import new_call_id
 from boxmaker.home.paths import Home
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.ledger.writer import LedgerFile, OsLedgerFile
 from boxmaker.runtime.ndjson import FrameReader
 from boxmaker.runtime.threads import ToThread

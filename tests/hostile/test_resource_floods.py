@@ -31,7 +31,7 @@ from tests.harness.homes import grant, write_config, write_grants
 from tests.harness.process import Daemon, read_frame, send, start, wait_for
 
 from boxmaker.home.paths import Home
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 
 pytestmark = [
     pytest.mark.slow,

@@ -19,7 +19,7 @@ from tests.harness.ledger_gen import write_ledger
 from boxmaker.ledger.records import GENESIS_PREV
 from boxmaker.ledger.segments import ledger_files, ledger_lines
 from boxmaker.ledger.signed_note import NoteSigner
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 
 SIGNER = NoteSigner(
     "boxmaker.local/ledger/l-tamper", Ed25519PrivateKey.from_private_bytes(bytes(range(32)))

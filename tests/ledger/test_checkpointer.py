@@ -35,7 +35,7 @@ from boxmaker.ledger.records import Body, CallPhase, Start, Stop, line_hash
 from boxmaker.ledger.signed_note import Ed25519PrivateKey, NoteSigner, open_note
 from boxmaker.ledger.tiles import TileStore
 from boxmaker.ledger.tree import LedgerTree, open_tree, tree_dir
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.ledger.writer import LedgerWriter, LiveSealer, OsLedgerFile
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=dt.UTC)

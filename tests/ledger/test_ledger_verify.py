@@ -26,7 +26,8 @@ from boxmaker.ledger.records import (
     encode_line,
     line_hash,
 )
-from boxmaker.ledger.verify import CallCounts, Problem, Report, verify_file, verify_lines
+from boxmaker.ledger.verify import CallCounts, Problem, Report, verify_lines
+from boxmaker.ledger.verify_files import verify_file
 
 AT = "2026-01-02T03:04:05.678Z"
 

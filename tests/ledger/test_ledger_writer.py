@@ -27,7 +27,7 @@ from boxmaker.ledger.records import (
     decode_line,
     line_hash,
 )
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.ledger.writer import Appended, LedgerStopped, LedgerWriter, OsLedgerFile
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=dt.UTC)

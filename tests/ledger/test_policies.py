@@ -22,7 +22,8 @@ from boxmaker.ledger.policies import (
     read_kept,
 )
 from boxmaker.ledger.records import GENESIS_PREV, Body, Genesis, Policy, encode_line, line_hash
-from boxmaker.ledger.verify import verify_file, verify_lines
+from boxmaker.ledger.verify import verify_lines
+from boxmaker.ledger.verify_files import verify_file
 
 AT = "2026-01-02T03:04:05.678Z"
 GRANTS = b'[[grant]]\nid = "notes"\ntool = "read_file"\nmode = "auto"\n'

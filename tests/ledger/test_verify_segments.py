@@ -19,7 +19,8 @@ from tests.harness.ledger_gen import Generated, write_ledger
 from boxmaker.ledger.segments import SEGMENTS_DIR, ledger_files, segment_name
 from boxmaker.ledger.signed_note import NoteSigner
 from boxmaker.ledger.tree import TREE_DIR
-from boxmaker.ledger.verify import Problem, Report, verify_file
+from boxmaker.ledger.verify import Problem, Report
+from boxmaker.ledger.verify_files import verify_file
 
 SIGNER = NoteSigner(
     "boxmaker.local/ledger/l-segments", Ed25519PrivateKey.from_private_bytes(bytes(range(32)))

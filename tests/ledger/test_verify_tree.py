@@ -20,7 +20,7 @@ from boxmaker.ledger.checkpoint import Checkpoint, format_checkpoint
 from boxmaker.ledger.signed_note import NoteSigner, sign_note
 from boxmaker.ledger.tiles import tile_path
 from boxmaker.ledger.tree import TREE_DIR
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 
 ORIGIN = "boxmaker.local/ledger/l-tree"
 SIGNER = NoteSigner(ORIGIN, Ed25519PrivateKey.from_private_bytes(bytes(range(32))))

@@ -62,7 +62,8 @@ from boxmaker.core.labels import Label, Taint
 from boxmaker.core.state import StateUnreadable, encode_state
 from boxmaker.home.paths import Home
 from boxmaker.home.state_files import read_state
-from boxmaker.ledger.verify import Report, verify_file
+from boxmaker.ledger.verify import Report
+from boxmaker.ledger.verify_files import verify_file
 
 pytestmark = pytest.mark.slow
 

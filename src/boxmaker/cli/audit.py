@@ -24,7 +24,7 @@ from boxmaker.ledger.reader import POLICY_WORD, LedgerReader, NotARecord
 from boxmaker.ledger.records import Body, Connection, Policy, body_fields, call_of, parse_head
 from boxmaker.ledger.segments import SegmentProblem, ledger_files, ledger_lines
 from boxmaker.ledger.signed_note import NoteError, NoteVerifier, parse_vkey
-from boxmaker.ledger.verify import verify_file
+from boxmaker.ledger.verify_files import verify_file
 
 audit_app = App(name="audit", help="The hash-chained audit ledger.")
 audit_app.command(export)

@@ -34,13 +34,8 @@ from boxmaker.ledger.records import (
     new_boot_id,
     parse_head,
 )
-from boxmaker.ledger.verify import (
-    CallCounts,
-    Problem,
-    Report,
-    verify_file,
-    verify_lines,
-)
+from boxmaker.ledger.verify import CallCounts, Problem, Report, verify_lines
+from boxmaker.ledger.verify_files import verify_file
 from boxmaker.ledger.writer import Appended, LedgerFile, LedgerStopped, LedgerWriter, OsLedgerFile
 
 __all__ = [

@@ -26,7 +26,8 @@ from boxmaker.ledger.segments import ledger_lines_from
 from boxmaker.ledger.signed_note import NoteVerifier
 from boxmaker.ledger.tiles import TileProblem, TileStore
 from boxmaker.ledger.tree import LedgerTree, rebuild_tree, tree_dir
-from boxmaker.ledger.verify import Report, verify_file
+from boxmaker.ledger.verify import Report
+from boxmaker.ledger.verify_files import verify_file
 
 __all__ = ["LedgerStart", "start_ledger"]
 
