@@ -48,14 +48,15 @@ class Report:
     refuses these ids at start, so a reused id can never add a second decision."""
     policies: tuple[tuple[int, str], ...] = ()
     """Each ``policy`` record's seq and the sha256 of the grants it names (the records
-    of a file that could not be read name none): :func:`~boxmaker.ledger.verify_files.verify_file` checks the kept
-    versions."""
+    of a file that could not be read name none): the kept versions are checked by
+    :func:`~boxmaker.ledger.verify_files.verify_file`."""
     checkpoints: int = 0
     """The ``checkpoint`` records checked (root, note, open calls)."""
     signatures_checked: bool = False
     """Whether their notes' signatures were checked (a ledger key was given)."""
     tiles_checked: int = 0
-    """The tree's tiles compared with the lines (:func:`~boxmaker.ledger.verify_files.verify_file`)."""
+    """The tree's tiles compared with the lines
+    (:func:`~boxmaker.ledger.verify_files.verify_file`)."""
     tiles_sound: bool | None = None
     """Whether every tile compared held what the lines give (None: none compared)."""
     resumed_from: int | None = None
