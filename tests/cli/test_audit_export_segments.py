@@ -148,6 +148,13 @@ async def test_follow_goes_on_across_the_seals_the_writer_makes_meanwhile(
                 while len(otlp.logs()) < count:  # noqa: ASYNC110 - another process's file
                     await trio.sleep(0.01)
 
+        async def taken_through(seq: int) -> None:
+            """The cursor moves once the receiver's answer is back, a moment after it
+            wrote what it got: wait for that too before stopping the export."""
+            with trio.fail_after(WITHIN):
+                while not cursor.exists() or orjson.loads(cursor.read_bytes())["seq"] < seq:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(follow)
             await received(1)  # genesis: following the first live file
@@ -157,6 +164,7 @@ async def test_follow_goes_on_across_the_seals_the_writer_makes_meanwhile(
                     await received(len(list(ledger_lines(ledger_files(home.ledger_dir)))))
             total = len(list(ledger_lines(ledger_files(home.ledger_dir))))
             await received(total)
+            await taken_through(total - 1)
             nursery.cancel_scope.cancel()
     files = ledger_files(home.ledger_dir)
     assert [(s.first, s.last) for s in files.segments] == [(0, 9), (10, 19), (20, 29), (30, 39)]
