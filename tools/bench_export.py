@@ -35,8 +35,8 @@ from tests.harness import otlp_receiver  # noqa: E402
 from tests.harness.otlp_receiver import receiver  # noqa: E402
 
 from boxmaker.ledger import otlp_export  # noqa: E402
-from boxmaker.ledger.follow import LedgerTail  # noqa: E402
 from boxmaker.ledger.otel_mapping import CallTracker, log_of  # noqa: E402
+from boxmaker.ledger.otlp_batch import BatchJob, make_part, stitch  # noqa: E402
 from boxmaker.ledger.otlp_proto import ProtoEncoder  # noqa: E402
 from boxmaker.ledger.reader import LedgerReader, iter_lines  # noqa: E402
 from boxmaker.ledger.records import GENESIS_PREV  # noqa: E402
@@ -78,22 +78,18 @@ def receiver_alone(path: Path, out: Path) -> float:
     """Seconds the receiver's own work takes for every request the export sends: each
     body made as the export makes it, then decoded and written as the receiver does."""
     ledger = otlp_export._ledger_id(path)
-    tail = LedgerTail.open_at(path.parent, 0, 0)
-    batcher = otlp_export._Batcher(
-        ledger,
-        tail,
-        CallTracker(ledger, capture_content=False),
-        ProtoEncoder(ledger, "0"),
-        False,
-        expected=0,
-        prev=GENESIS_PREV,
-        logs_through=-1,
-    )
+    lines = tuple(path.read_bytes().splitlines())
     bodies: list[tuple[str, bytes]] = []
-    while (batch := batcher.next(otlp_export.BATCH_LINES)) is not None:
-        bodies += [("/v1/logs", batch.logs)] if batch.logs else []
-        bodies += [("/v1/traces", batch.spans)] if batch.spans else []
-    tail.close()
+    tracker = CallTracker(ledger, capture_content=False)
+    encoder = ProtoEncoder(ledger, "0")
+    prev, size = GENESIS_PREV, otlp_export.BATCH_LINES
+    for first in range(0, len(lines), size):
+        job = BatchJob(ledger, "0", False, first, prev, -1, lines[first : first + size])
+        part = make_part(job)
+        spans, _ = stitch(job, part, tracker, encoder)
+        bodies += [("/v1/logs", part.logs)] if part.logs else []
+        bodies += [("/v1/traces", spans)] if spans else []
+        prev = part.last_hash
     started = time.perf_counter()
     for where, body in bodies:
         _, got = otlp_receiver.DECODERS[where](body)

@@ -15,10 +15,8 @@ import pytest
 
 from boxmaker.core.labels import Taint
 from boxmaker.core.vocabulary import VerdictCode
-from boxmaker.ledger import otlp_export
-from boxmaker.ledger.follow import LedgerTail
-from boxmaker.ledger.otel_mapping import CallTracker
-from boxmaker.ledger.otlp_proto import ProtoEncoder
+from boxmaker.ledger import otlp_batch, otlp_export
+from boxmaker.ledger.otlp_batch import BatchJob, make_part
 from boxmaker.ledger.records import GENESIS_PREV, Decision, Genesis, Stop, encode_line
 
 LEDGER: Final = "l-0123456789abcdef"
@@ -47,11 +45,18 @@ def chained(bodies: list[Any], edit: dict[int, dict[str, Any]] | None = None) ->
     return b"".join(line + b"\n" for line in lines)
 
 
-async def stopped(path: Path, tmp_path: Path) -> str:
+@pytest.fixture(params=["thread", "worker process"])
+def parallel_from(request: pytest.FixtureRequest) -> int:
+    """Where the batch is made: a short batch in a thread, and the same batch in a
+    worker process (its problem crosses back to the exporter)."""
+    return otlp_export.PARALLEL_LINES if request.param == "thread" else 1
+
+
+async def stopped(path: Path, tmp_path: Path, parallel_from: int) -> str:
     with pytest.raises(otlp_export.ExportProblem) as caught:
         await otlp_export.export_ledger(
             path, NOWHERE, tmp_path / "cursor.json", capture_content=False, follow=False,
-            say=print,
+            say=print, parallel_from=parallel_from,
         )  # fmt: skip
     assert not (tmp_path / "cursor.json").exists()
     return str(caught.value)
@@ -67,22 +72,24 @@ async def stopped(path: Path, tmp_path: Path) -> str:
     ],
 )
 async def test_a_line_that_is_not_a_record_stops_the_export(
-    tmp_path: Path, seq: int, fields: dict[str, Any], says: str
+    tmp_path: Path, seq: int, fields: dict[str, Any], says: str, parallel_from: int
 ) -> None:
     path = tmp_path / "audit.jsonl"
     path.write_bytes(chained([decision("c-0000000000000001"), Stop(boot="b-1")], {seq: fields}))
-    message = await stopped(path, tmp_path)
+    message = await stopped(path, tmp_path, parallel_from)
     assert message.startswith(f"{path}: the line after seq {seq - 1} is not a record (")
     assert says in message
     assert message.endswith("run `bxctl audit verify`; see docs/runbook.md#otlp-export")
 
 
-async def test_a_line_that_breaks_the_chain_stops_the_export(tmp_path: Path) -> None:
+async def test_a_line_that_breaks_the_chain_stops_the_export(
+    tmp_path: Path, parallel_from: int
+) -> None:
     path = tmp_path / "audit.jsonl"
     lines = chained([decision("c-0000000000000001"), Stop(boot="b-1")]).splitlines()
     lines[1] = lines[1].replace(b"c-0000000000000001", b"c-0000000000000002")  # prev kept
     path.write_bytes(b"\n".join(lines) + b"\n")
-    message = await stopped(path, tmp_path)
+    message = await stopped(path, tmp_path, parallel_from)
     assert "the chain breaks at seq 2 (expected seq 2 after the line hashed" in message
 
 
@@ -94,19 +101,12 @@ def test_a_decision_is_sent_as_the_converters_record_would_be(tmp_path: Path) ->
     path.write_bytes(chained(bodies))
 
     def batch() -> Any:
-        tail = LedgerTail.open_at(tmp_path, 0, 0)
-        batcher = otlp_export._Batcher(
-            LEDGER, tail, CallTracker(LEDGER, capture_content=False), ProtoEncoder(LEDGER, "0"),
-            False, expected=0, prev=GENESIS_PREV, logs_through=-1,
-        )  # fmt: skip
-        try:
-            return batcher.next(100)
-        finally:
-            tail.close()
+        lines = tuple(path.read_bytes().splitlines())
+        return make_part(BatchJob(LEDGER, "0", False, 0, GENESIS_PREV, -1, lines))
 
     fast = batch()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(otlp_export, "decision_of", lambda fields: None)
+        patch.setattr(otlp_batch, "decision_of", lambda fields: None)
         typed = batch()
     assert fast == typed
     assert fast.log_count == 7

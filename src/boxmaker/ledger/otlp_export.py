@@ -9,8 +9,10 @@ repeats nothing); each line's ``prev`` is checked against the line before (a cha
 the last export stops it) and each line is decoded as a typed record. The records
 become values by the pure mapping (:mod:`boxmaker.ledger.otel_mapping`), those become
 OTLP request bodies (:mod:`boxmaker.ledger.otlp_proto`), POSTed to ``URL/v1/logs`` and
-``URL/v1/traces`` (:mod:`boxmaker.ledger.otlp_http`). The next batch is read, mapped and
-encoded in a worker thread while the one before is sent: the batches are still sent one
+``URL/v1/traces`` (:mod:`boxmaker.ledger.otlp_http`). A batch is made into its bodies
+(:mod:`boxmaker.ledger.otlp_batch`) while the ones before are sent: a long one in one of
+two worker processes (``trio-parallel``), a short one in a thread; the calls that cross
+from one batch into the next are carried over here, and the batches are still sent one
 at a time, in order.
 
 The cursor (:class:`Cursor`, a JSON file written atomically) moves only after the
@@ -27,6 +29,7 @@ stays in both cases.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -34,6 +37,7 @@ from typing import Any, Final
 import attrs
 import orjson
 import trio
+import trio_parallel
 
 from boxmaker import __version__
 from boxmaker.home.file_ops import write_atomically
@@ -41,7 +45,8 @@ from boxmaker.home.regular_file import read_regular_file
 from boxmaker.ledger.checkpoint import ORIGIN_PREFIX, ledger_origin
 from boxmaker.ledger.follow import LedgerTail
 from boxmaker.ledger.ledger_key import read_ledger_origin
-from boxmaker.ledger.otel_mapping import CallSpan, CallTracker, LedgerLog, OpenCall, log_of
+from boxmaker.ledger.otel_mapping import CallTracker, OpenCall
+from boxmaker.ledger.otlp_batch import BadBatch, BatchJob, BatchPart, make_part, stitch
 from boxmaker.ledger.otlp_http import (
     Refused,
     SettingProblem,
@@ -51,14 +56,7 @@ from boxmaker.ledger.otlp_http import (
     settings_of,
 )
 from boxmaker.ledger.otlp_proto import ProtoEncoder
-from boxmaker.ledger.reader import decision_of
-from boxmaker.ledger.records import (
-    GENESIS_PREV,
-    BadRecord,
-    decode_fields,
-    line_fields,
-    line_hash,
-)
+from boxmaker.ledger.records import GENESIS_PREV, BadRecord, line_fields, line_hash
 from boxmaker.ledger.segments import SegmentProblem, ledger_files
 
 __all__ = [
@@ -79,6 +77,15 @@ BATCH_BYTES: Final = 1 << 20
 even with ``--capture-content`` (a log record and a span each carry the arguments)."""
 REQUEST_TIMEOUT: Final = 5.0
 """Seconds the exporter waits for the receiver's answer to one request."""
+WORKERS: Final = 2
+"""Batches made at once in worker processes: on two cores, two makers and the sending
+between them reach the target that one process cannot (docs/performance.md)."""
+PARALLEL_LINES: Final = 1024
+"""A batch this long or longer is made in a worker process: a backlog, where a process's
+start (a fraction of a second, once) pays for itself."""
+WORKER_IDLE: Final = 60.0
+"""Seconds an idle worker process waits for another batch before it ends (a following
+export that caught up needs none)."""
 POLL: Final = 0.5
 """Seconds between looks at the ledger's end with ``--follow``."""
 CURSOR_LIMIT: Final = 64 << 20
@@ -318,15 +325,29 @@ class _Batch:
     open_calls: tuple[OpenCall, ...]
 
 
+@attrs.frozen
+class _Read:
+    """A batch's lines as read, before they are made into bodies."""
+
+    job: BatchJob
+    offset: int
+    """The byte offset of the last line, in the file of the batch's every line."""
+    path: Path
+    """That file."""
+
+
 @attrs.define
 class _Batcher:
-    """Reads, checks, maps and encodes the ledger a batch at a time, from the line after
-    the cursor's (blocking: run in a worker thread, one call at a time)."""
+    """Reads the ledger a batch at a time from the line after the cursor's (blocking:
+    run in a worker thread, one call at a time), and carries the calls open across the
+    batches once each is made (:func:`~boxmaker.ledger.otlp_batch.stitch`)."""
 
     ledger: str
     tail: LedgerTail
     tracker: CallTracker
     encoder: ProtoEncoder
+    """The exporter's own (a batch made in a thread meanwhile uses another): the spans
+    of the calls that end in a later batch than they began."""
     capture_content: bool
     expected: int
     """The seq of the next line."""
@@ -336,63 +357,44 @@ class _Batcher:
     """Log records up to this seq were taken already (by an export stopped between a
     batch's logs and its spans)."""
 
-    def _problem(self, what: str) -> ExportProblem:
-        return ExportProblem(f"{self.tail.path}: {what}; run `bxctl audit verify`; see {RUNBOOK}")
-
-    def next(self, most: int) -> _Batch | None:
+    def read(self, most: int) -> _Read | None:
         """The next batch of at most ``most`` lines; None at the ledger's end. Raises
-        :class:`ExportProblem` for a line that is not a record or breaks the chain, or
-        files that do not follow each other."""
+        :class:`ExportProblem` for files that do not follow each other. Whether the
+        lines are records and chained is checked as the batch is made: the next one is
+        read as though they were."""
         try:
             lines = self.tail.read_lines(most, BATCH_BYTES, self.expected)
         except (OSError, SegmentProblem) as exc:  # the message names the file
             raise ExportProblem(f"{exc}; run `bxctl audit verify`; see {RUNBOOK}") from None
         if not lines:
             return None
-        first, ledger, capture = self.expected, self.ledger, self.capture_content
-        feed = self.tracker.feed
-        logs: list[LedgerLog] = []
-        spans: list[CallSpan] = []
-        for _, raw in lines:
-            line = raw[:-1]
-            try:
-                fields = line_fields(line)
-                # Half the lines are decisions: the reader's fast path decodes them to
-                # the same records at a fifth of the converter's cost; a decision it
-                # refuses goes to the converter, which says why.
-                decision = decision_of(fields) if fields.get("kind") == "decision" else None
-                record = decode_fields(dict(fields)) if decision is None else decision
-            except BadRecord as exc:
-                after = self.expected - 1
-                raise self._problem(f"the line after seq {after} is not a record ({exc})") from None
-            if record.seq != self.expected or record.prev != self.prev:
-                raise self._problem(
-                    f"the chain breaks at seq {record.seq} (expected seq {self.expected} after "
-                    f"the line hashed {self.prev[:12]}…)"
-                )
-            self.prev = line_hash(line)
-            self.expected += 1
-            if record.seq > self.logs_through:
-                log = log_of(
-                    line,
-                    record,
-                    ledger,
-                    capture_content=capture,
-                    fields=fields,
-                    line_sha256=self.prev,
-                )
-                logs.append(log)
-            if (span := feed(record)) is not None:
-                spans.append(span)
+        job = BatchJob(
+            self.ledger,
+            __version__,
+            self.capture_content,
+            first=self.expected,
+            prev=self.prev,
+            logs_through=self.logs_through,
+            lines=tuple(raw[:-1] for _, raw in lines),
+        )
+        self.expected += len(lines)
+        self.prev = line_hash(job.lines[-1])
+        return _Read(job, offset=lines[-1][0], path=self.tail.path)
+
+    def batch(self, read: _Read, part: BatchPart) -> _Batch:
+        """The batch ``read`` is, made into ``part``: the calls open before it carried
+        over it."""
+        spans, span_count = stitch(read.job, part, self.tracker, self.encoder)
+        job = read.job
         return _Batch(
-            first=first,
-            last=self.expected - 1,
-            offset=lines[-1][0],  # in the file of the batch's every line
-            line_sha256=self.prev,
-            logs=self.encoder.logs(logs) if logs else None,
-            log_count=len(logs),
-            spans=self.encoder.spans(spans) if spans else None,
-            span_count=len(spans),
+            first=job.first,
+            last=job.first + len(job.lines) - 1,
+            offset=read.offset,
+            line_sha256=part.last_hash,
+            logs=part.logs,
+            log_count=part.log_count,
+            spans=spans or None,
+            span_count=span_count,
             open_calls=tuple(self.tracker.open_calls.values()),
         )
 
@@ -502,24 +504,97 @@ def _clients(url: str) -> dict[Signal, SignalClient]:
     return clients
 
 
+@attrs.define
+class _Makers:
+    """Where batches are made: a long one in a worker process, :data:`WORKERS` at once
+    (started as the first long batch needs one); a short one (an export following the
+    ledger as it grows) in a thread, which starts nothing."""
+
+    context: trio_parallel.WorkerContext
+    parallel_from: int
+    """Lines a batch made in a worker process has at least."""
+    processes: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(WORKERS))
+    thread: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+
+    async def make(self, job: BatchJob) -> BatchPart:
+        if len(job.lines) < self.parallel_from:
+            return await trio.to_thread.run_sync(make_part, job, limiter=self.thread)
+        part: BatchPart = await self.context.run_sync(
+            make_part, job, kill_on_cancel=True, limiter=self.processes
+        )
+        return part
+
+
+def _how_it_ended(broken: trio_parallel.BrokenWorkerError) -> str:
+    """A worker process's end as a person reads it: the library gives the process last."""
+    code = getattr(broken.args[-1] if broken.args else None, "exitcode", None)
+    if not isinstance(code, int):
+        return "no exit status"
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+@attrs.define
+class _Making:
+    """A batch being made: its part once ``done``, or why it cannot be sent."""
+
+    read: _Read
+    done: trio.Event = attrs.field(factory=trio.Event)
+    part: BatchPart | None = None
+    problem: ExportProblem | None = None
+
+    async def make(self, makers: _Makers) -> None:
+        job = self.read.job
+        try:
+            self.part = await makers.make(job)
+        except BadBatch as exc:
+            self.problem = ExportProblem(
+                f"{self.read.path}: {exc}; run `bxctl audit verify`; see {RUNBOOK}"
+            )
+        except trio_parallel.BrokenWorkerError as exc:
+            last = job.first + len(job.lines) - 1
+            self.problem = ExportProblem(
+                f"the process making seq {job.first}-{last} into requests ended before it "
+                f"was done ({_how_it_ended(exc)}); nothing of them was sent; run the export "
+                f"again; see {RUNBOOK}"
+            )
+        self.done.set()
+
+    async def made(self, batcher: _Batcher) -> _Batch:
+        """The batch, once made. Raises :class:`ExportProblem`."""
+        await self.done.wait()
+        if self.problem is not None:
+            raise self.problem
+        assert self.part is not None
+        return batcher.batch(self.read, self.part)
+
+
 async def _produce(
     batcher: _Batcher,
+    makers: _Makers,
     most: int,
-    ready: trio.MemorySendChannel[_Batch | ExportProblem],
+    ready: trio.MemorySendChannel[_Making | ExportProblem],
     follow: bool,
     poll: float,
 ) -> None:
-    """Batches into ``ready`` (one made ahead while one is sent), then a problem if one
-    stops the export, then the end (closed) unless ``follow``."""
-    async with ready:
+    """Batches into ``ready`` in order, each made meanwhile (up to :data:`WORKERS` at
+    once while the one before is sent), then a problem if one stops the export, then
+    the end (closed) unless ``follow``."""
+    async with ready, trio.open_nursery() as making:
         while True:
             try:
-                batch = await trio.to_thread.run_sync(batcher.next, most)
+                read = await trio.to_thread.run_sync(batcher.read, most)
             except ExportProblem as exc:
                 await ready.send(exc)
                 return
-            if batch is not None:
-                await ready.send(batch)
+            if read is not None:
+                pending = _Making(read)
+                making.start_soon(pending.make, makers)
+                await ready.send(pending)
             elif follow:
                 await trio.sleep(poll)
             else:
@@ -537,12 +612,14 @@ async def export_ledger(
     backoff: Backoff = Backoff(),
     batch_lines: int | None = None,
     poll: float = POLL,
+    parallel_from: int | None = None,
 ) -> Sent:
     """Export the ledger whose live file is ``path`` (all its files: docs/protocol.md,
     "Segments") to the OTLP/HTTP receiver at ``url`` from the cursor at ``cursor_path``
     on (from the oldest file present without one), until its end; with ``follow``, on as
     it grows, across its seals, until cancelled. ``say`` hears about a receiver that
-    does not take a batch. Raises :class:`ExportProblem`."""
+    does not take a batch. A batch of ``parallel_from`` lines or more (default
+    :data:`PARALLEL_LINES`) is made in a worker process. Raises :class:`ExportProblem`."""
     ledger = await trio.to_thread.run_sync(_ledger_id, path)
     cursor = await trio.to_thread.run_sync(read_cursor, cursor_path)
     if cursor is None:
@@ -567,20 +644,24 @@ async def export_ledger(
         clients = await trio.to_thread.run_sync(_clients, url)
         problem: ExportProblem | None = None
         try:
-            async with trio.open_nursery() as nursery:
+            async with (
+                trio_parallel.open_worker_context(idle_timeout=WORKER_IDLE) as context,
+                trio.open_nursery() as nursery,
+            ):
                 run = _Export(url, cursor_path, say, backoff, clients, cursor, nursery, cursor)
-                ready, batches = trio.open_memory_channel[_Batch | ExportProblem](0)
-                nursery.start_soon(_produce, batcher, most, ready, follow, poll)
-                async for batch in batches:
-                    if isinstance(batch, ExportProblem):
-                        problem = batch
-                        break
+                ready, batches = trio.open_memory_channel[_Making | ExportProblem](WORKERS)
+                made_apart_from = PARALLEL_LINES if parallel_from is None else parallel_from
+                makers = _Makers(context, made_apart_from)
+                nursery.start_soon(_produce, batcher, makers, most, ready, follow, poll)
+                async for making in batches:
                     try:
-                        await run.send(batch)
+                        if isinstance(making, ExportProblem):
+                            raise making
+                        await run.send(await making.made(batcher))
                     except ExportProblem as exc:
                         problem = exc
                         break
-                nursery.cancel_scope.cancel()  # the batch made ahead is not sent
+                nursery.cancel_scope.cancel()  # the batches made ahead are not sent
         finally:
             with trio.CancelScope(shield=True):
                 for client in clients.values():
