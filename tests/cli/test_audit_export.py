@@ -10,7 +10,9 @@ success is said."""
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -496,3 +498,90 @@ async def test_a_partial_success_is_said_and_not_sent_again(
     assert sorted(by_seq(partly.logs())) == list(range(len(ledger)))
     cursor = orjson.loads((home.state_dir / "otlp-cursor.json").read_bytes())
     assert (cursor["seq"], cursor["logs_through"]) == (last, last)
+
+
+async def test_a_cursor_with_no_directory_is_refused_before_anything_is_sent(
+    home: Home,
+    ledger: list[dict[str, Any]],
+    otlp: Receiver,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    missing = tmp_path / "missing" / "cursor.json"
+    assert await export(home, "--otlp", otlp.url, "--cursor", str(missing)) == 1
+    assert capsys.readouterr().err == (
+        f"bxctl: {missing.parent}, where the cursor cursor.json is kept, is not a directory: "
+        f"make it, or keep the cursor elsewhere (--cursor FILE); see {otlp_export.RUNBOOK}\n"
+    )
+    assert otlp.received() == []
+    assert not missing.parent.exists()
+
+
+async def test_a_cursor_that_cannot_be_written_stops_the_export_and_says_what_is_sent_again(
+    home: Home,
+    ledger: list[dict[str, Any]],
+    otlp: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(otlp_export, "BATCH_LINES", 3)
+    written = 0
+    write = otlp_export.write_atomically
+
+    def disk_full_after_two(path: Path, data: bytes) -> None:
+        nonlocal written
+        if written >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        write(path, data)
+        written += 1
+
+    monkeypatch.setattr(otlp_export, "write_atomically", disk_full_after_two)
+    assert await export(home, "--otlp", otlp.url) == 1
+    on_disk = orjson.loads((home.state_dir / "otlp-cursor.json").read_bytes())
+    assert capsys.readouterr().err.endswith(
+        f"cannot be written (No space left on device); the export stopped, and the next run "
+        f"sends again what the receiver took after seq {on_disk['seq']}; see "
+        f"{otlp_export.RUNBOOK}\n"
+    )
+    first = [log["attributes"]["boxmaker.seq"] for log in otlp.logs()]
+    assert first[-1] > on_disk["seq"]  # the receiver took more than the cursor says
+    monkeypatch.setattr(otlp_export, "write_atomically", write)
+    assert await export(home, "--otlp", otlp.url) == 0
+    again = [log["attributes"]["boxmaker.seq"] for log in otlp.logs()][len(first) :]
+    # What the message said: everything after the cursor on disk, nothing before it.
+    assert again == list(range(on_disk["logs_through"] + 1, len(ledger)))
+    capsys.readouterr()
+
+
+async def test_an_export_stopped_while_a_request_is_in_flight_records_what_was_taken(
+    home: Home,
+    ledger: list[dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(otlp_export, "BATCH_LINES", 3)
+    slow = Receiver(tmp_path / "received.jsonl")
+    # It keeps each request before it answers, a second later: stopped in between, the
+    # export awaits the answer and moves the cursor, so nothing is sent twice.
+    await trio.to_thread.run_sync(lambda: slow.start(answer_after=1.0))
+    try:
+        with trio.fail_after(WITHIN):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(bxctl, home, "audit", "export", "--otlp", slow.url)
+                while not slow.logs():  # noqa: ASYNC110 - another process's file
+                    await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+        cursor = orjson.loads((home.state_dir / "otlp-cursor.json").read_bytes())
+        assert cursor["logs_through"] == max(
+            log["attributes"]["boxmaker.seq"] for log in slow.logs()
+        )
+        slow.stop()
+        await trio.to_thread.run_sync(slow.start)  # the same port, answering at once
+        assert await export(home, "--otlp", slow.url) == 0
+    finally:
+        slow.stop()
+    assert sorted(by_seq(slow.logs())) == list(range(len(ledger)))
+    spans = collections.Counter(span["attributes"]["gen_ai.tool.call.id"] for span in slow.spans())
+    assert sorted(spans.values()) == [1, 1, 1, 1]
+    capsys.readouterr()

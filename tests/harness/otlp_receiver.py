@@ -1,6 +1,6 @@
 """A real OTLP/HTTP receiver for the export's tests and benchmark: a separate process
 (``python -m tests.harness.otlp_receiver OUT [--port N] [--take N] [--answers A,B…]
-[--ack-only]``) on 127.0.0.1
+[--ack-only] [--seqs-only] [--answer-after S]``) on 127.0.0.1
 that takes ``POST /v1/logs`` and ``POST /v1/traces`` with protobuf bodies, decodes them
 with the OpenTelemetry proto package (``ExportLogsServiceRequest``,
 ``ExportTraceServiceRequest``: the decoding is theirs, not boxmaker's), and appends
@@ -15,7 +15,8 @@ decodes each request whole as usual and keeps only each item's ``boxmaker.seq``
 (``boxmaker.seq.first`` for a span), one JSON line a request: a receiver that does the
 work a collector's receiver does (decode, check, hand on), not the tests' conversion of
 every attribute to JSON, which costs Python more than the export itself (the
-benchmark's figure held to the target).
+benchmark's figure held to the target). With ``--answer-after S`` it waits S seconds
+between keeping what it got and answering: a request in flight while the export stops.
 
 :class:`Receiver` starts and stops it from a test and reads OUT back.
 """
@@ -27,6 +28,7 @@ import http.server
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -182,6 +184,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 answer = _partial(self.path)
             with self.server.out.open("ab") as out:
                 out.write(b"".join(orjson.dumps(item) + b"\n" for item in got))
+        time.sleep(self.server.answer_after)  # what it got is written already
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)
@@ -201,6 +204,7 @@ class _Server(http.server.HTTPServer):
     answers: list[str]
     ack_only: bool = False
     seqs_only: bool = False
+    answer_after: float = 0.0
 
 
 def main() -> None:
@@ -211,12 +215,14 @@ def main() -> None:
     parser.add_argument("--answers", default="")
     parser.add_argument("--ack-only", action="store_true")
     parser.add_argument("--seqs-only", action="store_true")
+    parser.add_argument("--answer-after", type=float, default=0.0)
     args = parser.parse_args()
     server = _Server(("127.0.0.1", args.port), _Handler)
     server.out = args.out
     server.answers = [answer for answer in args.answers.split(",") if answer]
     server.ack_only = args.ack_only
     server.seqs_only = args.seqs_only
+    server.answer_after = args.answer_after
     print(f"listening {server.server_address[1]}", flush=True)
     while args.take is None or server.answered < args.take:
         server.handle_request()
@@ -243,6 +249,7 @@ class Receiver:
         answers: tuple[str, ...] = (),
         ack_only: bool = False,
         seqs_only: bool = False,
+        answer_after: float = 0.0,
     ) -> None:
         argv = [sys.executable, "-m", "tests.harness.otlp_receiver", str(self.out)]
         argv += ["--port", str(self.port)]
@@ -254,6 +261,8 @@ class Receiver:
             argv.append("--ack-only")
         if seqs_only:
             argv.append("--seqs-only")
+        if answer_after:
+            argv += ["--answer-after", str(answer_after)]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.processes.append(self.process)

@@ -19,11 +19,12 @@ The cursor (:class:`Cursor`, a JSON file written atomically) moves only after th
 receiver took a batch: first the logs (``logs_through``), then the spans of the calls the
 batch ended (``seq``, with the calls still open then). A stopped or crashed export, or a
 receiver that was down, resumes from it: nothing is lost and nothing the receiver took is
-sent again. The one exception is a crash between the receiver's answer and the cursor's
-rename (docs/decisions.md, "Export to OpenTelemetry"). A receiver that does not take a
-batch for a while (down, 429, 503...) is tried again with backoff, or after the
-``Retry-After`` it asked for; one that refuses it (400...) stops the export. The cursor
-stays in both cases.
+sent again (a stop waits for the answer to the request in flight). The exceptions are a
+crash between the receiver's answer and the cursor's rename, and a cursor that cannot be
+written, which stops the export (docs/decisions.md, "Export to OpenTelemetry"). A
+receiver that does not take a batch for a while (down, 429, 503...) is tried again with
+backoff, or after the ``Retry-After`` it asked for; one that refuses it (400...) stops
+the export. The cursor stays in both cases.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from boxmaker.ledger.otel_mapping import CallTracker, OpenCall
 from boxmaker.ledger.otlp_batch import BadBatch, BatchJob, BatchPart, make_part, stitch
 from boxmaker.ledger.otlp_http import (
     Refused,
+    Retry,
     SettingProblem,
     Signal,
     SignalClient,
@@ -416,6 +418,8 @@ class _Export:
     writing: trio.Lock = attrs.field(factory=trio.Lock)
     sent_logs: int = 0
     sent_spans: int = 0
+    unwritten: ExportProblem | None = None
+    """Why the cursor could not be written: the export stops."""
 
     async def deliver(self, what: str, signal: Signal, body: bytes, batch: _Batch) -> None:
         """Send until the receiver takes it; the cursor stays meanwhile. Raises
@@ -423,7 +427,7 @@ class _Export:
         seqs = f"the {what} of seq {batch.first}-{batch.last}"
         delay = self.backoff.first
         failed = False
-        while not isinstance(answer := await self.clients[signal].post(body), Taken):
+        while not isinstance(answer := await self._post(signal, body), Taken):
             await self.write_cursor()  # what the messages say is on disk
             if isinstance(answer, Refused):
                 raise ExportProblem(
@@ -450,6 +454,14 @@ class _Export:
         elif answer.words:
             self.say(f"the receiver at {self.url} took {seqs} and said: {answer.words}")
 
+    async def _post(self, signal: Signal, body: bytes) -> Taken | Retry | Refused:
+        """One request, its answer awaited even when the export is stopped meanwhile (at
+        most the request's timeout): a receiver that took a batch whose answer the
+        export never read would get it again from the next run."""
+        with trio.CancelScope(shield=True):
+            answer = await self.clients[signal].post(body)
+        return answer  # noqa: RET504 - mypy counts a scope that might swallow a return
+
     def move_cursor(self, cursor: Cursor) -> None:
         """The receiver took up to ``cursor``: written in the background (the next
         request is sent meanwhile), in order, the newest when several wait."""
@@ -462,9 +474,18 @@ class _Export:
         with trio.CancelScope(shield=True):
             async with self.writing:
                 cursor = self.cursor
-                if cursor is not self.written:
+                if cursor is not self.written and self.unwritten is None:
                     data = cursor.to_json()
-                    await trio.to_thread.run_sync(write_atomically, self.cursor_path, data)
+                    try:
+                        await trio.to_thread.run_sync(write_atomically, self.cursor_path, data)
+                    except OSError as exc:
+                        self.unwritten = ExportProblem(
+                            f"the cursor {self.cursor_path} cannot be written ({exc.strerror}); "
+                            f"the export stopped, and the next run sends again what the "
+                            f"receiver took after seq {self.written.seq}; see {RUNBOOK}"
+                        )
+                        self.nursery.cancel_scope.cancel()
+                        return
                     self.written = cursor
 
     async def send(self, batch: _Batch) -> None:
@@ -620,6 +641,11 @@ async def export_ledger(
     it grows, across its seals, until cancelled. ``say`` hears about a receiver that
     does not take a batch. A batch of ``parallel_from`` lines or more (default
     :data:`PARALLEL_LINES`) is made in a worker process. Raises :class:`ExportProblem`."""
+    if not await trio.to_thread.run_sync(cursor_path.parent.is_dir):
+        raise ExportProblem(
+            f"{cursor_path.parent}, where the cursor {cursor_path.name} is kept, is not a "
+            f"directory: make it, or keep the cursor elsewhere (--cursor FILE); see {RUNBOOK}"
+        )
     ledger = await trio.to_thread.run_sync(_ledger_id, path)
     cursor = await trio.to_thread.run_sync(read_cursor, cursor_path)
     if cursor is None:
@@ -666,6 +692,8 @@ async def export_ledger(
             with trio.CancelScope(shield=True):
                 for client in clients.values():
                     await client.aclose()
+        if run.unwritten is not None:
+            raise run.unwritten
         if problem is not None:
             raise problem
         return Sent(run.sent_logs, run.sent_spans, run.cursor.seq)
