@@ -102,6 +102,14 @@ def by_seq(logs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {log["attributes"]["boxmaker.seq"]: log for log in logs}
 
 
+def every_record_and_call_once(got: Receiver, ledger: list[dict[str, Any]]) -> None:
+    """The receiver has every record of the ledger once, and one span for each of the
+    four calls."""
+    assert sorted(by_seq(got.logs())) == list(range(len(ledger)))
+    spans = collections.Counter(span["attributes"]["gen_ai.tool.call.id"] for span in got.spans())
+    assert sorted(spans.values()) == [1, 1, 1, 1]
+
+
 async def export(home: Home, *args: str) -> int:
     with trio.fail_after(WITHIN):
         return await bxctl(home, "audit", "export", *args)
@@ -285,10 +293,7 @@ async def test_a_receiver_gone_mid_stream_loses_nothing_and_repeats_nothing(
         gone.stop()
     assert codes == [0]
     assert "took the log records" in capsys.readouterr().err
-    logs = by_seq(gone.logs())
-    assert sorted(logs) == list(range(len(ledger)))
-    spans = collections.Counter(span["attributes"]["gen_ai.tool.call.id"] for span in gone.spans())
-    assert sorted(spans.values()) == [1, 1, 1, 1]
+    every_record_and_call_once(gone, ledger)
 
 
 async def run_into(codes: list[int], home: Home, url: str) -> None:
@@ -318,9 +323,7 @@ async def test_a_stopped_export_resumes_from_its_cursor(
         assert await export(home, "--otlp", first.url) == 0
     finally:
         first.stop()
-    assert sorted(by_seq(first.logs())) == list(range(len(ledger)))
-    spans = collections.Counter(span["attributes"]["gen_ai.tool.call.id"] for span in first.spans())
-    assert sorted(spans.values()) == [1, 1, 1, 1]
+    every_record_and_call_once(first, ledger)
     capsys.readouterr()
 
 
@@ -581,7 +584,5 @@ async def test_an_export_stopped_while_a_request_is_in_flight_records_what_was_t
         assert await export(home, "--otlp", slow.url) == 0
     finally:
         slow.stop()
-    assert sorted(by_seq(slow.logs())) == list(range(len(ledger)))
-    spans = collections.Counter(span["attributes"]["gen_ai.tool.call.id"] for span in slow.spans())
-    assert sorted(spans.values()) == [1, 1, 1, 1]
+    every_record_and_call_once(slow, ledger)
     capsys.readouterr()
