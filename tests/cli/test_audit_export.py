@@ -13,6 +13,7 @@ import collections
 import errno
 import hashlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -586,3 +587,43 @@ async def test_an_export_stopped_while_a_request_is_in_flight_records_what_was_t
         slow.stop()
     every_record_and_call_once(slow, ledger)
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("stop", "follow", "code"),
+    [(signal.SIGINT, False, 130), (signal.SIGTERM, True, 0), (signal.SIGINT, True, 0)],
+)
+async def test_ctrl_c_or_a_service_managers_stop_ends_the_export_with_the_cursor_said(
+    home: Home,
+    ledger: list[dict[str, Any]],
+    tmp_path: Path,
+    stop: signal.Signals,
+    follow: bool,
+    code: int,
+) -> None:
+    """The real command, stopped as a terminal's Ctrl-C (its whole process group) or a
+    service manager stops it, while a request is in flight: no traceback, the answer
+    awaited, the cursor on disk and said."""
+    slow = Receiver(tmp_path / "received.jsonl")
+    await trio.to_thread.run_sync(lambda: slow.start(answer_after=1.0))
+    argv = [sys.executable, "-m", "boxmaker.cli.app", "audit", "export", "--otlp", slow.url]
+    argv += ["--home", str(home.root), *(["--follow"] if follow else [])]
+    out, err = tmp_path / "out", tmp_path / "err"
+    try:
+        with out.open("w") as stdout, err.open("w") as stderr, trio.fail_after(WITHIN):
+            process = await trio.lowlevel.open_process(
+                argv, stdout=stdout, stderr=stderr, start_new_session=True
+            )
+            while not slow.logs():  # noqa: ASYNC110 - another process's file
+                await trio.sleep(0.01)
+            os.killpg(process.pid, stop)
+            await process.wait()
+    finally:
+        slow.stop()
+    cursor = orjson.loads((home.state_dir / "otlp-cursor.json").read_bytes())
+    assert cursor["logs_through"] == max(log["attributes"]["boxmaker.seq"] for log in slow.logs())
+    assert (process.returncode, err.read_text()) == (code, "")
+    assert out.read_text() == (
+        f"stopped; the receiver has the ledger through seq {cursor['seq']} (the cursor "
+        f"{home.state_dir / 'otlp-cursor.json'}); the next run goes on from there\n"
+    )

@@ -4,14 +4,17 @@ team's Collector (docs/operations.md). It needs the optional extra ``boxmaker[ot
 
 from __future__ import annotations
 
+import signal
 import sys
 import urllib.parse
 from pathlib import Path
 from typing import Annotated, Final
 
+import trio
 from cyclopts import Parameter
 
 from boxmaker.cli.common import DEFAULT, Common, Exit, fail
+from boxmaker.cli.terminal import until_interrupted
 from boxmaker.formats.printable import printable
 
 RUNBOOK_EXPORT: Final = "docs/runbook.md#otlp-export"
@@ -58,7 +61,9 @@ async def export(
         Also send each call's arguments (gen_ai.tool.call.arguments). The ledger holds
         no result content (only its SHA-256 and size), so none is sent.
     follow
-        Keep sending as the ledger grows, until Ctrl-C.
+        Keep sending as the ledger grows, until Ctrl-C or SIGTERM (exit 0; without
+        --follow, Ctrl-C stops the export with exit 130). Either way the cursor says
+        what the receiver took, and the next run goes on from it.
     cursor
         The cursor file. Default: otlp-cursor.json in the home's state directory.
     """
@@ -69,7 +74,7 @@ async def export(
         # so its absence is found whatever boxmaker modules were imported before.
         import opentelemetry.proto  # noqa: F401
 
-        from boxmaker.ledger.otlp_export import ExportProblem, export_ledger
+        from boxmaker.ledger.otlp_export import ExportProblem, Sent, export_ledger, read_cursor
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in SDK_MODULES:
             raise
@@ -79,17 +84,36 @@ async def export(
         )
     home = common.resolve()
     cursor_path = cursor if cursor is not None else home.state_dir / CURSOR_NAME
-    try:
-        sent = await export_ledger(
-            home.audit_log,
-            otlp,
-            cursor_path,
-            capture_content=capture_content,
-            follow=follow,
-            say=_say,
+
+    async def run() -> Sent | ExportProblem:
+        try:
+            return await export_ledger(
+                home.audit_log,
+                otlp,
+                cursor_path,
+                capture_content=capture_content,
+                follow=follow,
+                say=_say,
+            )
+        except ExportProblem as exc:  # a value: raised here it would come out grouped
+            return exc
+
+    # Ctrl-C or a service manager's stop cancels the export, which then waits for the
+    # answer to a request in flight and writes the cursor (docs/operations.md).
+    sent = await until_interrupted(run, (signal.SIGINT, signal.SIGTERM))
+    if isinstance(sent, ExportProblem):
+        return fail(str(sent))
+    if sent is None:
+        try:
+            stopped = await trio.to_thread.run_sync(read_cursor, cursor_path)
+        except ExportProblem as exc:
+            return fail(str(exc))
+        through = stopped.seq if stopped is not None else -1
+        print(
+            f"stopped; the receiver has the ledger through seq {through} (the cursor "
+            f"{cursor_path}); the next run goes on from there"
         )
-    except ExportProblem as exc:
-        return fail(str(exc))
+        return Exit.DONE if follow else Exit.INTERRUPTED
     print(
         f"sent {sent.logs} log record(s) and {sent.spans} span(s) to {otlp}; "
         f"the receiver has the ledger through seq {sent.through}"

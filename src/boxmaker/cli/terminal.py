@@ -52,10 +52,13 @@ REFUSE_HINT: Final = f"Enter alone refuses: {REFUSED_WITHOUT_REASON}; Esc goes b
 T = TypeVar("T")
 
 
-async def until_interrupted(work: Callable[[], Awaitable[T]]) -> T | None:
-    """``work``'s result, or None when Ctrl-C (SIGINT) came first and cancelled it."""
+async def until_interrupted(
+    work: Callable[[], Awaitable[T]], signals: tuple[signal.Signals, ...] = (signal.SIGINT,)
+) -> T | None:
+    """``work``'s result, or None when Ctrl-C (SIGINT; or one of ``signals``) came first
+    and cancelled it: what ``work`` shields from a cancel still runs to its end."""
     result: T | None = None
-    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+    with trio.open_signal_receiver(*signals) as interrupts:
         async with trio.open_nursery() as nursery:
 
             async def stop_on_interrupt() -> None:
