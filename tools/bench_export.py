@@ -41,6 +41,7 @@ from tests.harness.otlp_receiver import receiver  # noqa: E402
 from boxmaker.ledger import otlp_export  # noqa: E402
 from boxmaker.ledger.otel_mapping import CallTracker, log_of  # noqa: E402
 from boxmaker.ledger.otlp_batch import BatchJob, make_part, stitch  # noqa: E402
+from boxmaker.ledger.otlp_cursor import ledger_id  # noqa: E402
 from boxmaker.ledger.otlp_proto import ProtoEncoder  # noqa: E402
 from boxmaker.ledger.reader import LedgerReader, iter_lines  # noqa: E402
 from boxmaker.ledger.records import GENESIS_PREV, Genesis, encode_line  # noqa: E402
@@ -83,7 +84,7 @@ def encode_only(path: Path, count: int) -> float:
 def receiver_alone(path: Path, out: Path) -> float:
     """Seconds the receiver's own work takes for every request the export sends: each
     body made as the export makes it, then decoded and written as the receiver does."""
-    ledger = otlp_export._ledger_id(path)
+    ledger = ledger_id(path)
     lines = tuple(path.read_bytes().splitlines())
     bodies: list[tuple[str, bytes]] = []
     tracker = CallTracker(ledger, capture_content=False)
